@@ -1,0 +1,69 @@
+"""The `wakefl` command. Each sub-command lives in its own module, which provides
+`register(subparsers)`; modules are imported only when their command runs, so that
+`wakefl edge detect` on a detection-only device never imports torch."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from wakefl import __version__
+from wakefl.errors import WakeflError
+
+# command -> (module implementing it, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "model": ("wakefl.tools.cli_model", "inspect and export the wake-word model"),
+    "edge": ("wakefl.tools.cli_edge", "streaming wake-word detection with onnxruntime"),
+    "corpus": ("wakefl.tools.cli_corpus", "build a synthetic corpus or import recordings"),
+    "eval": ("wakefl.tools.cli_eval", "relative FA/FR of candidates against a baseline"),
+    "paper": ("wakefl.tools.cli_paper", "the Self-FL paper's synthetic Gaussian study"),
+    "server": ("wakefl.tools.cli_server", "run the aggregation server over MQTT"),
+    "device": ("wakefl.tools.cli_device", "run one device of the fleet over MQTT"),
+    "provision": ("wakefl.tools.cli_provision", "provision broker credentials for a device"),
+    "experiment": ("wakefl.tools.cli_experiment", "the paper's wake-word study"),
+    "demo": ("wakefl.tools.cli_demo", "a small federation end to end, with a report"),
+}
+
+
+def _build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="wakefl", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"wakefl {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # Only the chosen command's module is imported; the others are listed by name.
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    for name, (module, help_text) in COMMANDS.items():
+        if name == chosen:
+            try:
+                mod = importlib.import_module(module)
+            except ModuleNotFoundError as exc:
+                if exc.name == module:
+                    raise WakeflError(f"command '{name}' is not available in this build") from exc
+                raise
+            mod.register(sub)
+        else:
+            sub.add_parser(name, help=help_text)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        parser = _build_parser(argv)
+        args = parser.parse_args(argv)
+        func = getattr(args, "func", None)
+        if func is None:
+            parser.print_help()
+            return 2
+        result = func(args)
+        return int(result or 0)
+    except WakeflError as exc:
+        print(f"wakefl: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("wakefl: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

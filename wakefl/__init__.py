@@ -1,0 +1,3 @@
+"""wakefl: on-device wake-word personalization with Self-FL."""
+
+__version__ = "0.1.0"
