@@ -1,0 +1,26 @@
+"""Detect-only runtime for devices: WAV decoding, onnxruntime scoring and streaming
+detection, with numpy and onnxruntime as the only third-party dependencies."""
+
+from .audio_input import load_audio, resample, to_float32
+from .onnx_scorer import OnnxScorer
+from .streaming_detector import (
+    Detection,
+    DetectionResult,
+    StreamingDetector,
+    WindowScorer,
+    detect_audio,
+    detect_file,
+)
+
+__all__ = [
+    "Detection",
+    "DetectionResult",
+    "OnnxScorer",
+    "StreamingDetector",
+    "WindowScorer",
+    "detect_audio",
+    "detect_file",
+    "load_audio",
+    "resample",
+    "to_float32",
+]

@@ -1,0 +1,52 @@
+"""The pure Self-FL core: uncertainty rules, aggregation, strategies and simulation."""
+
+from wakefl.sdk.selffl.aggregation import (
+    Representative,
+    aggregate,
+    aggregate_clusters,
+    aggregate_stream,
+    smooth,
+    update_representatives,
+)
+from wakefl.sdk.selffl.gaussian_problem import GaussianLocalProblem
+from wakefl.sdk.selffl.registry import available_strategies, make_strategy
+from wakefl.sdk.selffl.rules import initial_point, local_steps, precision, trace_variance
+from wakefl.sdk.selffl.running_variance import RunningVariance
+from wakefl.sdk.selffl.selffl_strategy import SelfFL, run_sgd
+from wakefl.sdk.selffl.simulation import RoundRecord, SimulationResult, run_simulation
+from wakefl.sdk.selffl.strategy import (
+    ClientInstructions,
+    ClientResult,
+    ClientState,
+    LocalProblem,
+    ServerState,
+    Strategy,
+)
+
+__all__ = [
+    "ClientInstructions",
+    "ClientResult",
+    "ClientState",
+    "GaussianLocalProblem",
+    "LocalProblem",
+    "Representative",
+    "RoundRecord",
+    "RunningVariance",
+    "SelfFL",
+    "ServerState",
+    "SimulationResult",
+    "Strategy",
+    "aggregate",
+    "aggregate_clusters",
+    "aggregate_stream",
+    "available_strategies",
+    "initial_point",
+    "local_steps",
+    "make_strategy",
+    "precision",
+    "run_sgd",
+    "run_simulation",
+    "smooth",
+    "trace_variance",
+    "update_representatives",
+]

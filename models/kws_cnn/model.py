@@ -1,0 +1,89 @@
+"""The wake-word CNN: log-mel frontend, 7 convolution + 4 pooling layers (11 in total),
+global average pooling and a small classification head. GroupNorm rather than BatchNorm:
+there are no running statistics, so the trainable parameters are the model's whole state
+and a flat parameter vector describes it completely (what federated averaging needs)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .config import ModelConfig
+from .frontend import LogMelFrontend
+
+# ("conv", channels at width 1.0) or ("pool", (freq, time) kernel). Channels grow as the
+# map shrinks, so most parameters sit where the feature map is small and cheap to run.
+LAYOUT: tuple[tuple[str, object], ...] = (
+    ("conv", 24),
+    ("pool", (2, 3)),
+    ("conv", 48),
+    ("pool", (2, 2)),
+    ("conv", 96),
+    ("conv", 128),
+    ("pool", (2, 2)),
+    ("conv", 256),
+    ("conv", 384),
+    ("pool", (2, 2)),
+    ("conv", 448),
+)
+HEAD_HIDDEN = 64
+GROUPS = 8
+
+
+def scaled_channels(base: int, width: float) -> int:
+    """Channels at `width`, a multiple of the GroupNorm group count (at least one group)."""
+    return max(GROUPS, int(round(base * width / GROUPS)) * GROUPS)
+
+
+class KwsCnn(nn.Module):
+    """wave [B, T] float32 -> logits [B, 2]; class 1 is the wake word."""
+
+    def __init__(self, cfg: ModelConfig | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg if cfg is not None else ModelConfig()
+        self.frontend = LogMelFrontend(self.cfg)
+        layers: list[nn.Module] = []
+        cin = 1
+        for kind, arg in LAYOUT:
+            if kind == "conv":
+                cout = scaled_channels(int(arg), self.cfg.width)
+                # No conv bias: GroupNorm's shift makes it redundant.
+                layers += [nn.Conv2d(cin, cout, 3, padding=1, bias=False),
+                           nn.GroupNorm(GROUPS, cout), nn.ReLU(inplace=True)]
+                cin = cout
+            else:
+                layers.append(nn.MaxPool2d(arg))
+        self.features = nn.Sequential(*layers)
+        # Registered last so the head's parameters come last in `parameters()` order.
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(cin, HEAD_HIDDEN), nn.ReLU(inplace=True),
+                                  nn.Linear(HEAD_HIDDEN, self.cfg.n_classes))
+
+    def forward(self, wave: torch.Tensor) -> torch.Tensor:
+        x = self.frontend(wave).unsqueeze(1)
+        x = self.features(x)
+        x = x.mean(dim=(2, 3))
+        return self.head(x)
+
+    def predict_proba(self, wave: torch.Tensor) -> torch.Tensor:
+        """Probability of the wake word, [B]."""
+        return torch.softmax(self.forward(wave), dim=-1)[:, 1]
+
+    def num_trainable_params(self) -> int:
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+    def layer_counts(self) -> dict[str, int]:
+        return {
+            "conv_layers": sum(isinstance(m, nn.Conv2d) for m in self.features),
+            "pool_layers": sum(isinstance(m, nn.MaxPool2d) for m in self.features),
+        }
+
+
+class ProbabilityModel(nn.Module):
+    """Wraps a `KwsCnn` so its forward returns the wake probability (what ONNX ships)."""
+
+    def __init__(self, model: KwsCnn) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, wave: torch.Tensor) -> torch.Tensor:
+        return self.model.predict_proba(wave)

@@ -1,0 +1,446 @@
+"""The federation's wire messages: typed, versioned, validated at the boundary.
+
+Every message on the wire is one frame:
+
+    b"WKFL" | sha256(body) (32 bytes) | body
+
+and `body` is a safetensors file: the tensors (float32 or float16) plus, in the safetensors
+header's `__metadata__`, one entry `wakefl` holding the message's JSON fields. Nothing is
+ever unpickled; the header is checked by hand (size, dtypes, shapes, offsets) before the
+safetensors library reads the tensors, and every refusal is a `MessageRejected` whose
+`reason` is one of `REJECT_REASONS` (the server counts rejections by that code).
+
+See docs/PROTOCOL.md for the topic layout and the ack/resend rules.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+from torch import Tensor
+
+from wakefl.errors import ProtocolError
+
+PROTOCOL_VERSION = 1
+MAGIC = b"WKFL"
+_HASH_LEN = 32
+_PREFIX_LEN = len(MAGIC) + _HASH_LEN
+# 64 MiB: a 3M-parameter fp32 model is ~12 MB, so this leaves room for Algorithm 2's second
+# model and larger widths while staying below the shipped broker's packet limit.
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024
+# The JSON header holds per-device scalars for every sampled device of a downlink.
+MAX_HEADER_BYTES = 8 * 1024 * 1024
+MAX_ID_LEN = 128
+
+WIRE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
+_ST_DTYPES = {"F32": (torch.float32, 4), "F16": (torch.float16, 2)}
+
+REJECT_REASONS = (
+    "malformed",  # not a frame, bad JSON, missing/ill-typed field
+    "bad_hash",  # sha256 mismatch: corrupted in transit
+    "oversized",  # larger than the configured limit
+    "version",  # protocol version this build does not speak
+    "pickle",  # pickle / torch.save content: never loaded
+    "dtype",  # tensor dtype other than float32/float16
+    "shape",  # tensor shape differs from the model's
+    "non_finite",  # NaN or Inf in a tensor or a scalar
+    "wrong_kind",  # e.g. a downlink on an uplink topic
+    "topic_mismatch",  # device id in the message differs from the topic's
+    "unknown_device",
+    "wrong_device_type",
+    "stale_round",  # round id other than the open round (late or replayed)
+    "not_sampled",  # device was not sampled for this round
+    "duplicate",  # second update for the same (round, device): QoS 1 redelivery or resend
+)
+
+
+class MessageRejected(ProtocolError):
+    """A message refused at the boundary; `reason` is one of REJECT_REASONS."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        if reason not in REJECT_REASONS:
+            raise ValueError(f"unknown reject reason {reason!r}")
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+# ----------------------------------------------------------------------------- messages
+
+
+@dataclass(frozen=True)
+class Downlink:
+    """Server -> all devices of a fleet, one per round (retained on the downlink topic).
+
+    `instructions` holds, for each device sampled this round, the scalars of the strategy's
+    `ClientInstructions` (Self-FL: `others_precision` = S_-m, ...). Devices not listed sit
+    the round out. `final=True` announces the end of the run (params = final global model).
+    """
+
+    fleet: str
+    run_id: str
+    round_id: int
+    global_params: Tensor
+    model_config: dict[str, Any]
+    sigma0_sq: float
+    instructions: dict[str, dict[str, float]]
+    hyperparameters: dict[str, Any]
+    deadline: float
+    final: bool = False
+    strategy: str = "selffl"
+    tensors: dict[str, Tensor] = field(default_factory=dict)  # shared extras for all devices
+    version: int = PROTOCOL_VERSION
+
+
+@dataclass(frozen=True)
+class Uplink:
+    """Device -> server: its update for one round."""
+
+    fleet: str
+    run_id: str
+    device_id: str
+    device_type: str
+    round_id: int
+    params: Tensor
+    sigma_m_sq: float
+    num_samples: int
+    local_steps: int
+    relative_fa: float | None = None
+    relative_fr: float | None = None
+    scalars: dict[str, float] = field(default_factory=dict)
+    tensors: dict[str, Tensor] = field(default_factory=dict)  # e.g. Algorithm 2's model
+    version: int = PROTOCOL_VERSION
+
+
+@dataclass(frozen=True)
+class Ack:
+    """Server -> one device: was its update for `round_id` recorded?"""
+
+    fleet: str
+    device_id: str
+    round_id: int
+    accepted: bool
+    reason: str = ""
+    version: int = PROTOCOL_VERSION
+
+
+@dataclass(frozen=True)
+class Hello:
+    """Device -> server on every (re)connect, and as its MQTT will with online=False."""
+
+    fleet: str
+    device_id: str
+    device_type: str
+    num_samples: int = 0
+    online: bool = True
+    version: int = PROTOCOL_VERSION
+
+
+Message = Downlink | Uplink | Ack | Hello
+
+# ----------------------------------------------------------------------------- encoding
+
+
+def _check_id(value: Any, name: str) -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_ID_LEN:
+        raise MessageRejected("malformed", f"{name} must be a non-empty string of at most {MAX_ID_LEN} chars")
+    if any(c in value for c in "/+#\x00") or not value.isprintable():
+        raise MessageRejected("malformed", f"{name} {value!r} contains '/', '+', '#' or control characters")
+    return value
+
+
+def _finite_float(value: Any, name: str, *, allow_none: bool = False) -> float | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise MessageRejected("malformed", f"{name} must be a number, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise MessageRejected("non_finite", f"{name} is {value}")
+    return float(value)
+
+
+def _int(value: Any, name: str, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise MessageRejected("malformed", f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _prepare_tensor(t: Tensor, name: str, wire: torch.dtype) -> Tensor:
+    if not isinstance(t, Tensor):
+        raise ProtocolError(f"tensor {name!r} is a {type(t).__name__}, not a torch.Tensor")
+    if not t.is_floating_point():
+        raise ProtocolError(f"tensor {name!r} has dtype {t.dtype}; only float tensors are sent")
+    out = t.detach().to("cpu", wire).contiguous()
+    if not bool(torch.isfinite(out).all()):
+        hint = " (values beyond the fp16 range?)" if wire == torch.float16 else ""
+        raise ProtocolError(f"tensor {name!r} holds NaN or Inf{hint}; refusing to send it")
+    return out
+
+
+def _frame(meta: dict[str, Any], tensors: dict[str, Tensor], wire_dtype: str, max_bytes: int) -> bytes:
+    if wire_dtype not in WIRE_DTYPES:
+        raise ProtocolError(f"wire dtype must be one of {sorted(WIRE_DTYPES)}, got {wire_dtype!r}")
+    wire = WIRE_DTYPES[wire_dtype]
+    prepared = {k: _prepare_tensor(v, k, wire) for k, v in tensors.items()}
+    body = st_save(prepared, metadata={"wakefl": json.dumps(meta, allow_nan=False, separators=(",", ":"))})
+    payload = MAGIC + hashlib.sha256(body).digest() + body
+    if len(payload) > max_bytes:
+        raise MessageRejected("oversized", f"message is {len(payload)} bytes, limit {max_bytes}")
+    return payload
+
+
+def encode(msg: Message, *, wire_dtype: str = "fp32", max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+    """Serialise a message to one wire frame. Raises ProtocolError for non-finite tensors
+    or scalars, and MessageRejected('oversized') past `max_bytes`."""
+    try:
+        if isinstance(msg, Downlink):
+            meta = {
+                "v": msg.version, "kind": "down", "fleet": msg.fleet, "run_id": msg.run_id,
+                "round_id": msg.round_id, "model_config": msg.model_config,
+                "sigma0_sq": msg.sigma0_sq, "instructions": msg.instructions,
+                "hyperparameters": msg.hyperparameters, "deadline": msg.deadline,
+                "final": msg.final, "strategy": msg.strategy, "wire_dtype": wire_dtype,
+            }
+            tensors = {"global_params": msg.global_params}
+            tensors.update({f"x.{k}": v for k, v in msg.tensors.items()})
+        elif isinstance(msg, Uplink):
+            meta = {
+                "v": msg.version, "kind": "up", "fleet": msg.fleet, "run_id": msg.run_id,
+                "device_id": msg.device_id, "device_type": msg.device_type,
+                "round_id": msg.round_id, "sigma_m_sq": msg.sigma_m_sq,
+                "num_samples": msg.num_samples, "local_steps": msg.local_steps,
+                "relative_fa": msg.relative_fa, "relative_fr": msg.relative_fr,
+                "scalars": msg.scalars, "wire_dtype": wire_dtype,
+            }
+            tensors = {"params": msg.params}
+            tensors.update({f"x.{k}": v for k, v in msg.tensors.items()})
+        elif isinstance(msg, Ack):
+            meta = {"v": msg.version, "kind": "ack", "fleet": msg.fleet, "device_id": msg.device_id,
+                    "round_id": msg.round_id, "accepted": msg.accepted, "reason": msg.reason}
+            tensors = {}
+        elif isinstance(msg, Hello):
+            meta = {"v": msg.version, "kind": "hello", "fleet": msg.fleet, "device_id": msg.device_id,
+                    "device_type": msg.device_type, "num_samples": msg.num_samples,
+                    "online": msg.online}
+            tensors = {}
+        else:
+            raise ProtocolError(f"cannot encode a {type(msg).__name__}")
+    except AttributeError as exc:
+        raise ProtocolError(f"incomplete message: {exc}") from exc
+    try:
+        return _frame(meta, tensors, wire_dtype, max_bytes)
+    except ValueError as exc:  # json.dumps(allow_nan=False)
+        raise ProtocolError(f"message scalars must be finite: {exc}") from exc
+
+
+# ----------------------------------------------------------------------------- decoding
+
+
+def _parse_body(body: bytes) -> tuple[dict[str, Any], dict[str, Tensor], str]:
+    """Validate the safetensors header by hand, then let safetensors read the tensors."""
+    if len(body) < 8:
+        raise MessageRejected("malformed", "body shorter than a safetensors header")
+    (hlen,) = struct.unpack("<Q", body[:8])
+    if hlen > MAX_HEADER_BYTES or 8 + hlen > len(body):
+        raise MessageRejected("malformed", f"safetensors header length {hlen} out of bounds")
+    try:
+        header = json.loads(body[8 : 8 + hlen].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MessageRejected("malformed", f"safetensors header is not JSON: {exc}") from exc
+    if not isinstance(header, dict):
+        raise MessageRejected("malformed", "safetensors header is not an object")
+    st_meta = header.pop("__metadata__", None)
+    if not isinstance(st_meta, dict) or not isinstance(st_meta.get("wakefl"), str):
+        raise MessageRejected("malformed", "no wakefl metadata in the safetensors header")
+    data_len = len(body) - 8 - hlen
+    dtypes = set()
+    for name, entry in header.items():
+        if not isinstance(entry, dict):
+            raise MessageRejected("malformed", f"tensor entry {name!r} is not an object")
+        dt, shape, offs = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if dt not in _ST_DTYPES:
+            raise MessageRejected("dtype", f"tensor {name!r} has dtype {dt!r}; only F32/F16 are accepted")
+        if (not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape)
+                or not isinstance(offs, list) or len(offs) != 2
+                or not all(isinstance(o, int) for o in offs)):
+            raise MessageRejected("malformed", f"tensor {name!r} has a bad shape or offsets")
+        numel = math.prod(shape)
+        if not 0 <= offs[0] <= offs[1] <= data_len or offs[1] - offs[0] != numel * _ST_DTYPES[dt][1]:
+            raise MessageRejected("malformed", f"tensor {name!r} offsets do not match its shape")
+        dtypes.add(dt)
+    if len(dtypes) > 1:
+        raise MessageRejected("dtype", f"mixed tensor dtypes {sorted(dtypes)}")
+    try:
+        meta = json.loads(st_meta["wakefl"])
+    except json.JSONDecodeError as exc:
+        raise MessageRejected("malformed", f"wakefl metadata is not JSON: {exc}") from exc
+    if not isinstance(meta, dict):
+        raise MessageRejected("malformed", "wakefl metadata is not an object")
+    try:
+        tensors = st_load(body) if header else {}
+    except Exception as exc:  # the library's own checks (overlaps, alignment...)
+        raise MessageRejected("malformed", f"safetensors refused the body: {exc}") from exc
+    for name, t in tensors.items():
+        if not bool(torch.isfinite(t).all()):
+            raise MessageRejected("non_finite", f"tensor {name!r} holds NaN or Inf")
+    return meta, tensors, (next(iter(dtypes)) if dtypes else "")
+
+
+def _unframe(data: bytes, max_bytes: int) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise MessageRejected("malformed", f"payload is a {type(data).__name__}, not bytes")
+    data = bytes(data)
+    if len(data) > max_bytes:
+        raise MessageRejected("oversized", f"message is {len(data)} bytes, limit {max_bytes}")
+    if data[:1] == b"\x80" or data[:4] == b"PK\x03\x04":
+        raise MessageRejected("pickle", "payload looks like a pickle or torch.save archive; never loaded")
+    if len(data) < _PREFIX_LEN or data[: len(MAGIC)] != MAGIC:
+        if b"pickle" in data[:256] or data[:2] in (b"\x80\x02", b"\x80\x04"):
+            raise MessageRejected("pickle", "payload looks like a pickle; never loaded")
+        raise MessageRejected("malformed", "not a wakefl frame (bad magic or too short)")
+    body = data[_PREFIX_LEN:]
+    if hashlib.sha256(body).digest() != data[len(MAGIC) : _PREFIX_LEN]:
+        raise MessageRejected("bad_hash", "sha256 of the body does not match: corrupted payload")
+    if body[:1] == b"\x80" or body[:4] == b"PK\x03\x04":
+        raise MessageRejected("pickle", "body looks like a pickle or torch.save archive; never loaded")
+    meta, tensors, _ = _parse_body(body)
+    version = meta.get("v")
+    if version != PROTOCOL_VERSION:
+        raise MessageRejected("version", f"protocol version {version!r}, this build speaks {PROTOCOL_VERSION}")
+    return meta, tensors
+
+
+def _extras(tensors: dict[str, Tensor], main: str) -> dict[str, Tensor]:
+    extra = {}
+    for k, v in tensors.items():
+        if k == main:
+            continue
+        if not k.startswith("x."):
+            raise MessageRejected("malformed", f"unexpected tensor {k!r}")
+        extra[k[2:]] = v.float()
+    return extra
+
+
+def _scalar_map(value: Any, name: str) -> dict[str, float]:
+    if not isinstance(value, dict):
+        raise MessageRejected("malformed", f"{name} must be an object")
+    return {str(k): _finite_float(v, f"{name}.{k}") for k, v in value.items()}
+
+
+def _main_tensor(tensors: dict[str, Tensor], name: str, expected_numel: int | None) -> Tensor:
+    t = tensors.get(name)
+    if t is None:
+        raise MessageRejected("malformed", f"tensor {name!r} is missing")
+    if t.dim() != 1:
+        raise MessageRejected("shape", f"{name} must be a flat vector, got shape {list(t.shape)}")
+    if expected_numel is not None and t.numel() != expected_numel:
+        raise MessageRejected("shape", f"{name} has {t.numel()} entries, the model has {expected_numel}")
+    return t.float()
+
+
+def decode(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES,
+           expected_numel: int | None = None) -> Message:
+    """Parse and validate one wire frame; raises MessageRejected with a precise reason.
+    `expected_numel` (the model's parameter count) checks every shipped model vector."""
+    meta, tensors = _unframe(data, max_bytes)
+    kind = meta.get("kind")
+    try:
+        if kind == "down":
+            instr = meta["instructions"]
+            if not isinstance(instr, dict):
+                raise MessageRejected("malformed", "instructions must be an object")
+            instructions = {_check_id(d, "device id"): _scalar_map(s, f"instructions.{d}")
+                            for d, s in instr.items()}
+            if not isinstance(meta["model_config"], dict) or not isinstance(meta["hyperparameters"], dict):
+                raise MessageRejected("malformed", "model_config and hyperparameters must be objects")
+            extras = _extras(tensors, "global_params")
+            if expected_numel is not None:
+                for k, v in extras.items():
+                    if v.numel() != expected_numel:
+                        raise MessageRejected("shape", f"extra tensor {k!r} has {v.numel()} entries")
+            return Downlink(
+                fleet=_check_id(meta["fleet"], "fleet"), run_id=_check_id(meta["run_id"], "run_id"),
+                round_id=_int(meta["round_id"], "round_id"),
+                global_params=_main_tensor(tensors, "global_params", expected_numel),
+                model_config=meta["model_config"],
+                sigma0_sq=_finite_float(meta["sigma0_sq"], "sigma0_sq"),
+                instructions=instructions, hyperparameters=meta["hyperparameters"],
+                deadline=_finite_float(meta["deadline"], "deadline"),
+                final=bool(meta["final"]), strategy=str(meta.get("strategy", "selffl")),
+                tensors=extras, version=meta["v"],
+            )
+        if kind == "up":
+            extras = _extras(tensors, "params")
+            if expected_numel is not None:
+                for k, v in extras.items():
+                    if v.dim() != 1 or v.numel() != expected_numel:
+                        raise MessageRejected("shape", f"extra tensor {k!r} has shape {list(v.shape)}")
+            sigma = _finite_float(meta["sigma_m_sq"], "sigma_m_sq")
+            if sigma < 0:
+                raise MessageRejected("malformed", f"sigma_m_sq must be >= 0, got {sigma}")
+            return Uplink(
+                fleet=_check_id(meta["fleet"], "fleet"), run_id=_check_id(meta["run_id"], "run_id"),
+                device_id=_check_id(meta["device_id"], "device_id"),
+                device_type=_check_id(meta["device_type"], "device_type"),
+                round_id=_int(meta["round_id"], "round_id"),
+                params=_main_tensor(tensors, "params", expected_numel),
+                sigma_m_sq=sigma,
+                num_samples=_int(meta["num_samples"], "num_samples"),
+                local_steps=_int(meta["local_steps"], "local_steps"),
+                relative_fa=_finite_float(meta.get("relative_fa"), "relative_fa", allow_none=True),
+                relative_fr=_finite_float(meta.get("relative_fr"), "relative_fr", allow_none=True),
+                scalars=_scalar_map(meta.get("scalars", {}), "scalars"),
+                tensors=extras, version=meta["v"],
+            )
+        if tensors:
+            raise MessageRejected("malformed", f"a {kind} message carries no tensors")
+        if kind == "ack":
+            if not isinstance(meta["accepted"], bool) or not isinstance(meta.get("reason", ""), str):
+                raise MessageRejected("malformed", "ack fields ill-typed")
+            return Ack(fleet=_check_id(meta["fleet"], "fleet"),
+                       device_id=_check_id(meta["device_id"], "device_id"),
+                       round_id=_int(meta["round_id"], "round_id"), accepted=meta["accepted"],
+                       reason=meta.get("reason", ""), version=meta["v"])
+        if kind == "hello":
+            return Hello(fleet=_check_id(meta["fleet"], "fleet"),
+                         device_id=_check_id(meta["device_id"], "device_id"),
+                         device_type=_check_id(meta["device_type"], "device_type"),
+                         num_samples=_int(meta.get("num_samples", 0), "num_samples"),
+                         online=bool(meta.get("online", True)), version=meta["v"])
+    except KeyError as exc:
+        raise MessageRejected("malformed", f"{kind} message lacks field {exc}") from exc
+    raise MessageRejected("malformed", f"unknown message kind {kind!r}")
+
+
+def decode_as(data: bytes, cls: type, **kw: Any) -> Any:
+    """`decode`, then insist on one message class (MessageRejected('wrong_kind') otherwise)."""
+    msg = decode(data, **kw)
+    if not isinstance(msg, cls):
+        raise MessageRejected("wrong_kind", f"expected {cls.__name__}, got {type(msg).__name__}")
+    return msg
+
+
+def payload_dtype(data: bytes) -> str:
+    """'fp32', 'fp16' or '' (no tensors) of an already valid frame, for logs and benchmarks."""
+    _, _, dt = _parse_body(bytes(data)[_PREFIX_LEN:])
+    return {"F32": "fp32", "F16": "fp16"}.get(dt, "")
+
+
+def wire_size(numel: int, wire_dtype: str = "fp32") -> int:
+    """Approximate bytes of one uplink for a model of `numel` parameters (header excluded)."""
+    return numel * (2 if wire_dtype == "fp16" else 4) + _PREFIX_LEN
+
+
+def scalars_only(mapping: Mapping[str, Any]) -> dict[str, float]:
+    """Keep the finite numeric entries of a mapping (what fits in `instructions`)."""
+    return {k: float(v) for k, v in mapping.items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}

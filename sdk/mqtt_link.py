@@ -1,0 +1,261 @@
+"""A thin paho-mqtt 2.x wrapper that both the server and the device use.
+
+What it adds to paho: broker URLs (`mqtt://user:pass@host:port`, `mqtts://...?ca=/path`),
+MQTT v5 persistent sessions (clean_start=False + a session expiry), automatic reconnect,
+re-subscription when the broker did not keep the session, a publish that waits for the
+PUBACK and checks its v5 reason code (an ACL-denied publish is acknowledged with 0x87 and
+paho's own `wait_for_publish()` would still report success), and a size check before a
+message leaves (mosquitto drops a v5 connection on an oversized packet).
+
+Handlers run on paho's network thread, one message at a time; the PUBACK of a QoS 1
+message is sent only after its handler returns, so a handler that records the message
+durably before returning gives at-least-once delivery across crashes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import parse_qs, unquote, urlsplit
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from wakefl.errors import ConfigError, ProtocolError
+
+log = logging.getLogger("wakefl.mqtt")
+
+# keepalive must exceed half the worst-case upload time of one model, or paho drops its
+# own connection mid-upload: 12 MB over a 1 Mbit/s uplink takes ~100 s.
+DEFAULT_KEEPALIVE_S = 300
+DEFAULT_SESSION_EXPIRY_S = 7 * 24 * 3600
+DEFAULT_MAX_PAYLOAD = 64 * 1024 * 1024
+
+Handler = Callable[[str, bytes], None]
+
+
+class PublishError(ProtocolError):
+    """The broker refused a publish (v5 reason code >= 0x80, e.g. 0x87 not authorized)."""
+
+    def __init__(self, topic: str, code: int, text: str) -> None:
+        super().__init__(f"broker refused publish to {topic!r}: reason 0x{code:02x} ({text})")
+        self.code = code
+
+
+@dataclass(frozen=True)
+class BrokerURL:
+    """A parsed broker address. `ca_file` switches on server verification for mqtts."""
+
+    host: str
+    port: int
+    tls: bool = False
+    username: str | None = None
+    password: str | None = None
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    def redacted(self) -> str:
+        user = f"{self.username}:***@" if self.username else ""
+        return f"{'mqtts' if self.tls else 'mqtt'}://{user}{self.host}:{self.port}"
+
+
+def parse_broker_url(url: str, *, username: str | None = None, password: str | None = None,
+                     ca_file: str | None = None) -> BrokerURL:
+    """`mqtt://[user[:pass]@]host[:port]` or `mqtts://...[?ca=PATH&cert=PATH&key=PATH]`.
+    Explicit arguments override what the URL carries."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"bad broker URL {url!r}: {exc}") from exc
+    if parts.scheme not in ("mqtt", "mqtts", "tcp", "ssl"):
+        raise ConfigError(f"broker URL {url!r} must start with mqtt:// or mqtts://")
+    if not parts.hostname:
+        raise ConfigError(f"broker URL {url!r} has no host")
+    tls = parts.scheme in ("mqtts", "ssl")
+    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    unknown = set(query) - {"ca", "cert", "key"}
+    if unknown:
+        raise ConfigError(f"broker URL {url!r}: unknown options {sorted(unknown)}")
+    ca = ca_file or query.get("ca")
+    if ca and not tls:
+        raise ConfigError(f"broker URL {url!r}: a CA file needs mqtts://")
+    return BrokerURL(
+        host=parts.hostname, port=port or (8883 if tls else 1883), tls=tls,
+        username=username or (unquote(parts.username) if parts.username else None),
+        password=password or (unquote(parts.password) if parts.password else None),
+        ca_file=ca, cert_file=query.get("cert"), key_file=query.get("key"),
+    )
+
+
+class MqttLink:
+    """One MQTT v5 connection with a persistent session.
+
+    `subscribe` registers a handler (topic filter -> handler); `publish` blocks until the
+    broker acknowledged the message (QoS 1) and raises PublishError on refusal."""
+
+    def __init__(self, url: str | BrokerURL, client_id: str, *,
+                 keepalive: int = DEFAULT_KEEPALIVE_S,
+                 session_expiry: int = DEFAULT_SESSION_EXPIRY_S,
+                 max_payload: int = DEFAULT_MAX_PAYLOAD,
+                 will: tuple[str, bytes] | None = None, will_retain: bool = True,
+                 clean_start: bool = False) -> None:
+        self.url = parse_broker_url(url) if isinstance(url, str) else url
+        self.client_id = client_id
+        self.keepalive = keepalive
+        self.max_payload = max_payload
+        self._session_expiry = session_expiry
+        self._clean_start = clean_start
+        self._subs: dict[str, tuple[int, Handler]] = {}
+        self._lock = threading.RLock()
+        self._cond = threading.Condition(self._lock)
+        self._pending: dict[int, int | None] = {}  # mid -> reason code once acknowledged
+        self._connected = False
+        self._connect_error: str | None = None
+        self.connects = 0  # number of successful (re)connections
+        self.on_connect_hooks: list[Callable[[bool], None]] = []
+
+        c = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
+                        protocol=paho.MQTTv5, reconnect_on_failure=True)
+        if self.url.username:
+            c.username_pw_set(self.url.username, self.url.password)
+        if self.url.tls:
+            c.tls_set(ca_certs=self.url.ca_file, certfile=self.url.cert_file,
+                      keyfile=self.url.key_file)
+        if will is not None:
+            c.will_set(will[0], will[1], qos=1, retain=will_retain)
+        c.reconnect_delay_set(min_delay=1, max_delay=10)
+        c.max_queued_messages_set(0)
+        c.on_connect = self._on_connect
+        c.on_disconnect = self._on_disconnect
+        c.on_publish = self._on_publish
+        c.on_message = self._on_message
+        self._client = c
+
+    # ------------------------------------------------------------------ connection
+    def connect(self, timeout: float = 30.0) -> MqttLink:
+        """Start the network loop and wait for the first CONNACK."""
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = self._session_expiry
+        self._client.connect_async(self.url.host, self.url.port, keepalive=self.keepalive,
+                                   clean_start=self._clean_start, properties=props)
+        self._client.loop_start()
+        if not self.wait_connected(timeout):
+            err = self._connect_error or "no answer"
+            self.close()
+            raise ProtocolError(f"cannot connect to {self.url.redacted()} as "
+                                f"{self.client_id!r} within {timeout:.0f} s: {err}")
+        return self
+
+    def wait_connected(self, timeout: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: self._connected, timeout)
+
+    @property
+    def connected(self) -> bool:
+        return self._connected
+
+    def close(self) -> None:
+        try:
+            self._client.disconnect()
+        finally:
+            self._client.loop_stop()
+            with self._cond:
+                self._connected = False
+                self._cond.notify_all()
+
+    def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
+        if reason_code.is_failure:
+            self._connect_error = str(reason_code)
+            log.warning("connection to %s refused: %s", self.url.redacted(), reason_code)
+            if reason_code.value in (0x86, 0x87, 0x85):  # bad credentials / not authorized
+                client.disconnect()
+            return
+        present = bool(flags.session_present)
+        with self._lock:
+            subs = list(self._subs.items())
+        if not present:
+            for topic, (qos, _) in subs:
+                client.subscribe(topic, qos=qos)
+        with self._cond:
+            self._connected = True
+            self.connects += 1
+            self._cond.notify_all()
+        log.info("connected to %s as %s (session %s)", self.url.redacted(), self.client_id,
+                 "resumed" if present else "new")
+        for hook in list(self.on_connect_hooks):
+            try:
+                hook(present)
+            except Exception:
+                log.exception("on-connect hook failed")
+
+    def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
+        with self._cond:
+            self._connected = False
+            self._cond.notify_all()
+        log.info("disconnected from %s: %s", self.url.redacted(), reason_code)
+
+    # ------------------------------------------------------------------ messages
+    def subscribe(self, topic: str, handler: Handler, qos: int = 1) -> None:
+        with self._lock:
+            self._subs[topic] = (qos, handler)
+        if self._connected:
+            self._client.subscribe(topic, qos=qos)
+
+    def _on_message(self, client, userdata, message) -> None:
+        with self._lock:
+            handlers = [h for f, (_, h) in self._subs.items()
+                        if paho.topic_matches_sub(f, message.topic)]
+        for h in handlers:
+            try:
+                h(message.topic, message.payload)
+            except Exception:
+                # An exception escaping here would stop paho's network thread.
+                log.exception("handler for %s failed", message.topic)
+
+    def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
+        with self._cond:
+            if mid in self._pending:
+                self._pending[mid] = int(getattr(reason_code, "value", reason_code))
+                self._cond.notify_all()
+
+    def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False,
+                timeout: float = 60.0, wait: bool = True) -> None:
+        """Publish and, for QoS >= 1, wait for the broker's acknowledgement.
+        Raises ProtocolError when too large or not acknowledged in time, PublishError
+        when the broker refused it (e.g. 0x87 not authorized by the ACL).
+        `wait=False` only queues the message: required inside a handler, which runs on the
+        network thread that would deliver the acknowledgement."""
+        if len(payload) > self.max_payload:
+            raise ProtocolError(f"message of {len(payload)} bytes exceeds the {self.max_payload}-byte limit")
+        with self._cond:
+            info = self._client.publish(topic, payload, qos=qos, retain=retain)
+            if info.rc not in (paho.MQTT_ERR_SUCCESS, paho.MQTT_ERR_NO_CONN):
+                raise ProtocolError(f"publish to {topic!r} failed: {paho.error_string(info.rc)}")
+            if qos == 0 or not wait:
+                return
+            self._pending[info.mid] = None
+            done = self._cond.wait_for(lambda: self._pending.get(info.mid) is not None, timeout)
+            code = self._pending.pop(info.mid, None)
+        if not done:
+            raise ProtocolError(f"publish to {topic!r} not acknowledged within {timeout:.0f} s")
+        if code is not None and code >= 0x80:
+            text = {0x87: "not authorized", 0x97: "quota exceeded",
+                    0x95: "packet too large", 0x90: "topic name invalid"}.get(code, "error")
+            raise PublishError(topic, code, text)
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:
+    """Poll `predicate` until true or `timeout` seconds passed."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()

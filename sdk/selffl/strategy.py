@@ -1,0 +1,125 @@
+"""The federation engine's pluggable algorithm interface, independent of any transport.
+
+A `Strategy` says what the server sends each sampled client (`configure_client`), what a
+client does with it on its own data (`client_update`), and how the server folds the
+clients' results into its state (`aggregate`). The same strategy object drives the
+in-process simulation (tests, studies) and the MQTT server/device (where the transport
+carries `ClientInstructions` down and `ClientResult` up).
+
+Everything here works on flat float parameter vectors (1-D tensors); local training is
+reached only through the `LocalProblem` gradient oracle, so the scalar Gaussian study and
+the wake-word CNN use the very same code.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+
+@runtime_checkable
+class LocalProblem(Protocol):
+    """A client's local objective, seen through a stochastic gradient oracle."""
+
+    @property
+    def num_samples(self) -> int:
+        """Number of local training samples (n_m)."""
+
+    def gradient(self, params: Tensor, generator: torch.Generator) -> Tensor:
+        """Stochastic gradient of the local loss at `params` (one minibatch drawn with
+        `generator`). Same shape as `params`; must not modify `params`."""
+
+
+@dataclass(frozen=True)
+class ClientInstructions:
+    """Server -> client for one round (the downlink's content)."""
+
+    client_id: str
+    round_id: int
+    global_params: Tensor
+    scalars: dict[str, float] = field(default_factory=dict)  # e.g. sigma0_sq, others_precision
+    tensors: dict[str, Tensor] = field(default_factory=dict)  # method-specific extras
+
+
+@dataclass(frozen=True)
+class ClientResult:
+    """Client -> server for one round (the uplink's content)."""
+
+    client_id: str
+    round_id: int
+    params: Tensor  # the model the server aggregates
+    num_samples: int
+    scalars: dict[str, float] = field(default_factory=dict)  # e.g. sigma_m_sq, local_steps
+    tensors: dict[str, Tensor] = field(default_factory=dict)  # e.g. Algorithm 2's converged model
+    group: str = ""  # cluster key (device type) for cluster-level aggregation
+
+
+@dataclass
+class ClientState:
+    """What a client keeps between the rounds it takes part in (persisted on the device)."""
+
+    tensors: dict[str, Tensor] = field(default_factory=dict)  # e.g. personal params, variance mean
+    scalars: dict[str, float] = field(default_factory=dict)  # e.g. variance value, counter t_m
+
+
+@dataclass
+class ServerState:
+    """What the server keeps between rounds (persisted by the server)."""
+
+    round_id: int
+    global_params: Tensor
+    tensors: dict[str, Tensor] = field(default_factory=dict)  # e.g. cluster representatives
+    scalars: dict[str, float] = field(default_factory=dict)  # e.g. sigma0_sq
+    clients: dict[str, dict[str, float]] = field(default_factory=dict)  # per-client scalars
+
+
+class Strategy(ABC):
+    """A federated (personalization) algorithm. Implementations are pure: no I/O."""
+
+    name: str = "strategy"
+
+    @abstractmethod
+    def init_server(self, initial_params: Tensor) -> ServerState:
+        """Server state before round 1, from the warm-start model."""
+
+    @abstractmethod
+    def configure_client(
+        self, server: ServerState, client_id: str, round_id: int
+    ) -> ClientInstructions:
+        """What client `client_id` receives for `round_id`."""
+
+    @abstractmethod
+    def client_update(
+        self,
+        instructions: ClientInstructions,
+        state: ClientState,
+        problem: LocalProblem,
+        generator: torch.Generator,
+    ) -> tuple[ClientResult, ClientState]:
+        """Local work of one client in one round; returns the uplink and the new state.
+        Must refuse non-finite results (raise NonFiniteError) and leave `state` unchanged."""
+
+    @abstractmethod
+    def aggregate(
+        self, server: ServerState, results: Iterable[ClientResult], activity_rate: float
+    ) -> ServerState:
+        """New server state from this round's results. `results` may be a lazy view that
+        loads one update at a time (the server's disk-backed store): iterate it at most
+        twice and keep O(d) memory, whatever the number of results."""
+
+    @abstractmethod
+    def personalized_params(
+        self, server: ServerState, state: ClientState, problem: LocalProblem,
+        generator: torch.Generator,
+    ) -> Tensor:
+        """The client's personalized model for evaluation (may run local steps, e.g.
+        Per-FedAvg or fine-tuning)."""
+
+    def global_params(self, server: ServerState) -> Tensor:
+        """The updated global model for evaluation."""
+        return server.global_params

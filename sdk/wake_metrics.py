@@ -1,0 +1,428 @@
+"""Wake-word metrics: FR/FA at a threshold, relative FA at matched FR against a baseline,
+bootstrap confidence intervals, DET curves and false accepts per hour.
+
+One implementation used by the offline evaluation, by a device's local report and by the
+experiments. Pure numpy, no I/O.
+
+Conventions (every function below follows them):
+
+* A score is accepted as the wake word when ``score >= threshold``; ties with the threshold
+  accept. FR = share of wake-word scores ``< threshold``; FA = share of other scores
+  ``>= threshold``.
+* FR on n wake-word utterances can only take the values k/n, so a target FR is usually not
+  hit exactly. The baseline's operating threshold is the LARGEST threshold whose FR is
+  ``<= target_fr``: it is always one of the baseline's positive scores (a threshold between
+  two scores has the FR of the next score above it and a higher FA). FR is compared with the
+  target on counts, ``k <= target_fr * n`` (with a 1e-9 slack for floating point).
+* The candidate's threshold is the one whose FR is closest to the baseline's achieved FR.
+  Among thresholds with the same FR the largest is taken (it has the lowest FA). When two
+  FR values are equally close, the LOWER FR wins: the candidate is never allowed to buy
+  false accepts with extra false rejects. A candidate that scores exactly like the baseline
+  therefore gets the baseline's threshold and relative FA = relative FR = 1 exactly.
+* Ratios never come out as NaN or inf. ``x / 0`` is reported as ``None`` with a note saying
+  the baseline's rate is 0; ``0 / 0`` is 1.0 (both models make no such error, so there is no
+  measurable difference), also with a note.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from wakefl.errors import NonFiniteError
+
+# Slack when comparing k/n with a target given as a decimal (0.05 * 20 is not exactly 1).
+_COUNT_SLACK = 1e-9
+# Two FR values closer than this are "equally close" to the target.
+_TIE_SLACK = 1e-12
+
+
+def _scores(x: Sequence[float] | np.ndarray, name: str, allow_empty: bool = False) -> np.ndarray:
+    arr = np.asarray(x, dtype=np.float64).reshape(-1)
+    if arr.size == 0 and not allow_empty:
+        raise ValueError(f"{name}: no scores")
+    if not np.all(np.isfinite(arr)):
+        raise NonFiniteError(f"{name}: {int(np.count_nonzero(~np.isfinite(arr)))} non-finite score(s)")
+    return arr
+
+
+def _check_rate(value: float, name: str) -> float:
+    if not (isinstance(value, (int, float, np.floating)) and math.isfinite(value) and 0.0 <= value < 1.0):
+        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
+    return float(value)
+
+
+def fr_at(pos_scores: Sequence[float] | np.ndarray, thr: float) -> float:
+    """False-reject rate: share of wake-word scores strictly below `thr`."""
+    pos = _scores(pos_scores, "pos_scores")
+    return float(np.count_nonzero(pos < thr)) / pos.size
+
+
+def fa_at(neg_scores: Sequence[float] | np.ndarray, thr: float) -> float:
+    """False-accept rate per utterance: share of non-wake-word scores at or above `thr`."""
+    neg = _scores(neg_scores, "neg_scores")
+    return float(np.count_nonzero(neg >= thr)) / neg.size
+
+
+def baseline_threshold(pos_scores: Sequence[float] | np.ndarray, target_fr: float) -> float:
+    """The largest threshold whose FR is <= `target_fr` (see the module docstring).
+
+    It is always one of the positive scores; with target_fr = 0 it is the smallest one.
+    """
+    pos = np.sort(_scores(pos_scores, "pos_scores"))
+    target_fr = _check_rate(target_fr, "target_fr")
+    grid = np.unique(pos)
+    rejected = np.searchsorted(pos, grid, side="left")  # k = #scores < threshold
+    ok = rejected <= target_fr * pos.size + _COUNT_SLACK
+    # grid[0] rejects nothing, so at least one threshold qualifies.
+    return float(grid[np.flatnonzero(ok)[-1]])
+
+
+def matched_threshold(cand_pos: Sequence[float] | np.ndarray, target_fr_value: float) -> float:
+    """The candidate's threshold whose FR is closest to `target_fr_value` (the baseline's
+    achieved FR). Equal FR: the largest threshold (lowest FA). Equally close FR values: the
+    lower FR. The threshold just above the highest score (FR = 1) is a candidate too.
+    """
+    pos = np.sort(_scores(cand_pos, "cand_pos"))
+    if not (math.isfinite(target_fr_value) and 0.0 <= target_fr_value <= 1.0):
+        raise ValueError(f"target_fr_value must be in [0, 1], got {target_fr_value!r}")
+    uniq = np.unique(pos)
+    grid = np.append(uniq, np.nextafter(uniq[-1], np.inf))
+    # FR strictly increases along the grid, so each FR value has one (the largest) threshold.
+    fr = np.searchsorted(pos, grid, side="left") / pos.size
+    dist = np.abs(fr - target_fr_value)
+    best = np.flatnonzero(dist <= dist.min() + _TIE_SLACK)
+    return float(grid[best[0]])  # the lowest FR among the equally close
+
+
+def safe_ratio(num: float, den: float, what: str) -> tuple[float | None, str]:
+    """num / den by the module's conventions: (None, note) when only den is 0, (1.0, note)
+    when both are 0, (num / den, "") otherwise."""
+    if den > 0:
+        return num / den, ""
+    if num == 0:
+        return 1.0, f"baseline and candidate both have {what} = 0 (ratio set to 1)"
+    return None, f"baseline {what} is 0 and candidate {what} is {num:.4g}: the ratio is unbounded"
+
+
+@dataclass(frozen=True)
+class RelativeResult:
+    """Candidate vs baseline at the baseline's operating point (see the module docstring)."""
+
+    target_fr: float
+    baseline_threshold: float
+    candidate_threshold: float
+    baseline_fr: float
+    baseline_fa: float
+    candidate_fr: float
+    candidate_fa: float
+    relative_fa: float | None  # None: baseline FA is 0 and candidate's is not, see `note`
+    relative_fr: float | None  # None: baseline FR is 0 and candidate's is not, see `note`
+    n_positive: int
+    n_negative: int
+    note: str = ""
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def relative_fa_fr(
+    base_pos: Sequence[float] | np.ndarray,
+    base_neg: Sequence[float] | np.ndarray,
+    cand_pos: Sequence[float] | np.ndarray,
+    cand_neg: Sequence[float] | np.ndarray,
+    target_fr: float,
+) -> RelativeResult:
+    """Relative FA and FR of a candidate against the baseline at matched FR.
+
+    Both models score the same utterances (paired), so `base_pos`/`cand_pos` and
+    `base_neg`/`cand_neg` must have equal lengths.
+    """
+    bp = _scores(base_pos, "base_pos")
+    bn = _scores(base_neg, "base_neg")
+    cp = _scores(cand_pos, "cand_pos")
+    cn = _scores(cand_neg, "cand_neg")
+    if bp.size != cp.size or bn.size != cn.size:
+        raise ValueError(
+            "baseline and candidate must score the same utterances: "
+            f"{bp.size}/{cp.size} positives, {bn.size}/{cn.size} negatives"
+        )
+    tb = baseline_threshold(bp, target_fr)
+    fr_b, fa_b = fr_at(bp, tb), fa_at(bn, tb)
+    tc = matched_threshold(cp, fr_b)
+    fr_c, fa_c = fr_at(cp, tc), fa_at(cn, tc)
+    rel_fa, note_fa = safe_ratio(fa_c, fa_b, "FA")
+    rel_fr, note_fr = safe_ratio(fr_c, fr_b, "FR")
+    return RelativeResult(
+        target_fr=float(target_fr),
+        baseline_threshold=tb,
+        candidate_threshold=tc,
+        baseline_fr=fr_b,
+        baseline_fa=fa_b,
+        candidate_fr=fr_c,
+        candidate_fa=fa_c,
+        relative_fa=rel_fa,
+        relative_fr=rel_fr,
+        n_positive=int(bp.size),
+        n_negative=int(bn.size),
+        note="; ".join(n for n in (note_fa, note_fr) if n),
+    )
+
+
+def _group_members(ids: np.ndarray, keys: np.ndarray) -> list[np.ndarray]:
+    return [np.flatnonzero(ids == k) for k in keys]
+
+
+def _percentile_interval(values: list[float], level: float) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    arr = np.sort(np.asarray(values))
+    alpha = (1.0 - level) / 2.0
+    lo_i = max(0, math.floor(alpha * (arr.size - 1)))
+    hi_i = min(arr.size - 1, math.ceil((1.0 - alpha) * (arr.size - 1)))
+    low, high = float(arr[lo_i]), float(arr[hi_i])
+    return (None if math.isinf(low) else low), (None if math.isinf(high) else high)
+
+
+def bootstrap_relative_fa_by_subset(
+    base_pos: Sequence[float] | np.ndarray,
+    base_neg: Sequence[float] | np.ndarray,
+    cand_pos: Sequence[float] | np.ndarray,
+    cand_neg: Sequence[float] | np.ndarray,
+    target_fr: float,
+    neg_subsets: dict[str, np.ndarray],
+    groups: tuple[Sequence[str], Sequence[str]] | None = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> dict[str, tuple[float | None, float | None]]:
+    """Bootstrap intervals of the relative FA on subsets of the negatives (e.g. device
+    states) whose operating point is set on the whole set, as in `bootstrap_relative_fa_ci`.
+
+    Each replicate resamples the whole set, redoes the matching on it, and evaluates the
+    relative FA of every subset (boolean mask over the negatives) at those thresholds; a
+    subset with no negative in a replicate skips that replicate.
+    """
+    bp = _scores(base_pos, "base_pos")
+    bn = _scores(base_neg, "base_neg")
+    cp = _scores(cand_pos, "cand_pos")
+    cn = _scores(cand_neg, "cand_neg")
+    if bp.size != cp.size or bn.size != cn.size:
+        raise ValueError("baseline and candidate must score the same utterances")
+    if n_boot < 1:
+        raise ValueError(f"n_boot must be >= 1, got {n_boot}")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    _check_rate(target_fr, "target_fr")
+    masks = {}
+    for name, m in neg_subsets.items():
+        m = np.asarray(m, dtype=bool).reshape(-1)
+        if m.size != bn.size:
+            raise ValueError(f"subset {name!r}: mask of {m.size} entries for {bn.size} negatives")
+        masks[name] = m
+    rng = np.random.default_rng(seed)
+
+    if groups is not None:
+        gp = np.asarray(groups[0], dtype=str).reshape(-1)
+        gn = np.asarray(groups[1], dtype=str).reshape(-1)
+        if gp.size != bp.size or gn.size != bn.size:
+            raise ValueError("groups must give one speaker id per positive and per negative score")
+        keys = np.unique(np.concatenate([gp, gn]))
+        pos_members = _group_members(gp, keys)
+        neg_members = _group_members(gn, keys)
+
+    values: dict[str, list[float]] = {name: [] for name in masks}
+    for _ in range(n_boot):
+        if groups is None:
+            ip = rng.integers(0, bp.size, bp.size)
+            ineg = rng.integers(0, bn.size, bn.size)
+        else:
+            drawn = rng.integers(0, keys.size, keys.size)
+            ip = np.concatenate([pos_members[i] for i in drawn])
+            ineg = np.concatenate([neg_members[i] for i in drawn])
+            if ip.size == 0 or ineg.size == 0:
+                continue
+        tb = baseline_threshold(bp[ip], target_fr)
+        tc = matched_threshold(cp[ip], fr_at(bp[ip], tb))
+        for name, m in masks.items():
+            sel = ineg[m[ineg]]
+            if sel.size == 0:
+                continue
+            ratio, _ = safe_ratio(fa_at(cn[sel], tc), fa_at(bn[sel], tb), "FA")
+            values[name].append(math.inf if ratio is None else ratio)
+    return {name: _percentile_interval(v, level) for name, v in values.items()}
+
+
+def bootstrap_relative_fa_ci(
+    base_pos: Sequence[float] | np.ndarray,
+    base_neg: Sequence[float] | np.ndarray,
+    cand_pos: Sequence[float] | np.ndarray,
+    cand_neg: Sequence[float] | np.ndarray,
+    target_fr: float,
+    groups: tuple[Sequence[str], Sequence[str]] | None = None,
+    n_boot: int = 1000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> tuple[float | None, float | None]:
+    """Percentile bootstrap interval for the relative FA, paired between the two models.
+
+    Each replicate resamples with replacement and redoes the whole matching (baseline
+    threshold, matched candidate threshold), so the interval includes the threshold's own
+    noise. `groups=None` resamples utterances; `groups=(pos_speakers, neg_speakers)`
+    resamples speakers (all utterances of a drawn speaker come along), which respects the
+    correlation between one speaker's utterances.
+
+    A replicate whose baseline FA is 0 while the candidate's is not counts as +inf: a bound
+    of +inf is returned as None ("unbounded"). Replicates without positives or without
+    negatives are dropped; if none is left the interval is (None, None). The bounds are the
+    order statistics just outside the nominal quantiles (no interpolation), so the interval
+    is never narrower than the nominal level asks.
+    """
+    n_neg = np.asarray(base_neg).size
+    out = bootstrap_relative_fa_by_subset(
+        base_pos, base_neg, cand_pos, cand_neg, target_fr, {"all": np.ones(n_neg, dtype=bool)},
+        groups=groups, n_boot=n_boot, seed=seed, level=level,
+    )
+    return out["all"]
+
+
+def det_curve(
+    pos: Sequence[float] | np.ndarray, neg: Sequence[float] | np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Detection error trade-off: (fa_rates, fr_rates) at every distinct score used as a
+    threshold, plus one just above the highest score; ordered by increasing threshold, so FA
+    falls and FR rises along the arrays.
+    """
+    p = np.sort(_scores(pos, "pos"))
+    n = np.sort(_scores(neg, "neg"))
+    uniq = np.unique(np.concatenate([p, n]))
+    thr = np.append(uniq, np.nextafter(uniq[-1], np.inf))
+    fr = np.searchsorted(p, thr, side="left") / p.size
+    fa = (n.size - np.searchsorted(n, thr, side="left")) / n.size
+    return fa, fr
+
+
+def false_accepts_per_hour(event_times: Sequence[float] | np.ndarray, hours: float) -> float:
+    """False accepts per hour of negative audio: detection events / hours.
+
+    `event_times` are the detections (seconds) on audio that holds no wake word; the
+    streaming detector's refractory period already merges the hits of one event.
+    """
+    times = _scores(event_times, "event_times", allow_empty=True)
+    if not (math.isfinite(hours) and hours > 0):
+        raise ValueError(f"hours must be a positive finite number, got {hours!r}")
+    if np.any(times < 0):
+        raise ValueError("event_times must be >= 0 s")
+    return float(times.size) / float(hours)
+
+
+def _uncertainty_statement(
+    res: RelativeResult, ci: tuple[float | None, float | None], target_fr: float
+) -> tuple[str, str]:
+    """A plain-language statement of how far the figure can be trusted, and a level."""
+    n_pos, n_neg = res.n_positive, res.n_negative
+    parts = [f"Based on {n_pos} wake-word and {n_neg} other clips."]
+    level = "low"
+    if 1.0 / n_pos > target_fr:
+        parts.append(
+            f"With {n_pos} wake-word clips FR moves in steps of {1.0 / n_pos:.1%}, coarser "
+            f"than the {target_fr:.1%} target, so the operating point is only approximate."
+        )
+        level = "high"
+    fa_count = round(res.baseline_fa * n_neg)
+    if fa_count == 0:
+        parts.append(
+            f"The baseline made no false accepts on these clips; with {n_neg} negatives a "
+            f"false-accept rate up to {min(1.0, 3.0 / n_neg):.1%} cannot be ruled out."
+        )
+        level = "high"
+    elif fa_count < 10:
+        parts.append(f"The relative FA rests on only {fa_count} baseline false accept(s).")
+        level = "high"
+    low, high = ci
+    if low is None and high is None:
+        parts.append("No confidence interval could be computed.")
+        level = "high"
+    else:
+        lo_txt = "unbounded" if low is None else f"{low:.2f}"
+        hi_txt = "unbounded" if high is None else f"{high:.2f}"
+        parts.append(f"95% bootstrap interval for relative FA: {lo_txt} to {hi_txt}.")
+        if high is None or (low is not None and low <= 1.0 <= high):
+            parts.append("The interval includes 1: the data cannot tell the two models apart.")
+            if high is None or high - (low or 0.0) > 1.0:
+                level = "high"
+            elif level == "low":
+                level = "moderate"
+        elif high < 1.0:
+            parts.append("The personal model makes fewer false accepts than the baseline.")
+        else:
+            parts.append("The personal model makes more false accepts than the baseline.")
+    return " ".join(parts), level
+
+
+def local_relative_report(
+    baseline_scores: Sequence[float] | np.ndarray,
+    candidate_scores: Sequence[float] | np.ndarray,
+    labels: Sequence[int] | np.ndarray,
+    target_fr: float = 0.05,
+    n_boot: int = 200,
+    seed: int = 0,
+) -> dict:
+    """A device's report of its personal model against the baseline on local validation
+    clips: relative FA/FR at matched FR, a bootstrap interval over clips, and a plain
+    statement of how uncertain the figure is (local data is small). JSON-serialisable.
+
+    Never raises for too little data: without positives or negatives the figures are None
+    and `statement` says why.
+    """
+    base = _scores(baseline_scores, "baseline_scores", allow_empty=True)
+    cand = _scores(candidate_scores, "candidate_scores", allow_empty=True)
+    lab = np.asarray(labels).reshape(-1)
+    if not (base.size == cand.size == lab.size):
+        raise ValueError(
+            f"baseline_scores, candidate_scores and labels differ in length: "
+            f"{base.size}, {cand.size}, {lab.size}"
+        )
+    if not np.all(np.isin(lab, (0, 1))):
+        raise ValueError("labels must be 0 or 1")
+    target_fr = _check_rate(target_fr, "target_fr")
+    is_pos = lab == 1
+    n_pos, n_neg = int(np.count_nonzero(is_pos)), int(np.count_nonzero(~is_pos))
+    report: dict = {
+        "target_fr": target_fr,
+        "relative_fa": None,
+        "relative_fr": None,
+        "ci": [None, None],
+        "n_positive": n_pos,
+        "n_negative": n_neg,
+    }
+    if n_pos == 0 or n_neg == 0:
+        missing = "wake-word" if n_pos == 0 else "non-wake-word"
+        report.update(
+            uncertainty="undefined",
+            note="",
+            statement=f"No {missing} clips in the local validation data: relative FA/FR cannot be computed.",
+        )
+        return report
+    bp, bn, cp, cn = base[is_pos], base[~is_pos], cand[is_pos], cand[~is_pos]
+    res = relative_fa_fr(bp, bn, cp, cn, target_fr)
+    ci = bootstrap_relative_fa_ci(bp, bn, cp, cn, target_fr, n_boot=n_boot, seed=seed)
+    statement, level = _uncertainty_statement(res, ci, target_fr)
+    report.update(
+        relative_fa=res.relative_fa,
+        relative_fr=res.relative_fr,
+        ci=[ci[0], ci[1]],
+        baseline_threshold=res.baseline_threshold,
+        candidate_threshold=res.candidate_threshold,
+        baseline_fr=res.baseline_fr,
+        baseline_fa=res.baseline_fa,
+        candidate_fr=res.candidate_fr,
+        candidate_fa=res.candidate_fa,
+        uncertainty=level,
+        note=res.note,
+        statement=statement,
+    )
+    return report

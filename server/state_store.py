@@ -1,0 +1,320 @@
+"""The server's durable state: one SQLite database plus files written atomically.
+
+Layout of the state directory:
+
+    server.sqlite                 meta, rounds, devices, clients, updates, rejections
+    models/state_rNNNNNN.st       ServerState after round N (safetensors + JSON metadata)
+    updates/rNNNNNN/<device>.wkfl the accepted uplink frame, byte for byte
+
+An update counts as accepted once its row is committed (synchronous=FULL, after the file
+was fsynced); only then is it acknowledged. A round's new ServerState file is written and
+fsynced first, then the round is marked closed in the same transaction that points at that
+file, so SIGKILL at any point leaves either the old or the new state, never a mix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from wakefl.errors import ConfigError
+from wakefl.sdk.messages import DEFAULT_MAX_BYTES, Uplink, decode_as
+from wakefl.sdk.selffl.strategy import ClientResult, ServerState
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS rounds (
+    round_id INTEGER PRIMARY KEY, status TEXT NOT NULL, sampled TEXT NOT NULL,
+    deadline REAL NOT NULL, opened_at REAL NOT NULL, closed_at REAL,
+    accepted INTEGER NOT NULL DEFAULT 0, state_file TEXT);
+CREATE TABLE IF NOT EXISTS devices (
+    device_id TEXT PRIMARY KEY, device_type TEXT NOT NULL, source TEXT NOT NULL,
+    online INTEGER NOT NULL DEFAULT 0, last_seen REAL);
+CREATE TABLE IF NOT EXISTS clients (
+    device_id TEXT PRIMARY KEY, sigma_m_sq REAL, num_samples INTEGER, local_steps INTEGER,
+    rounds_reported INTEGER NOT NULL DEFAULT 0, last_round INTEGER,
+    relative_fa REAL, relative_fr REAL, rejected INTEGER NOT NULL DEFAULT 0);
+CREATE TABLE IF NOT EXISTS updates (
+    round_id INTEGER NOT NULL, device_id TEXT NOT NULL, device_type TEXT NOT NULL,
+    path TEXT NOT NULL, nbytes INTEGER NOT NULL, sigma_m_sq REAL NOT NULL,
+    num_samples INTEGER NOT NULL, local_steps INTEGER NOT NULL, received_at REAL NOT NULL,
+    PRIMARY KEY (round_id, device_id));
+CREATE TABLE IF NOT EXISTS rejections (reason TEXT PRIMARY KEY, count INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS rejection_log (
+    at REAL NOT NULL, reason TEXT NOT NULL, device_id TEXT, round_id INTEGER, detail TEXT);
+"""
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write-to-temp, fsync, rename, fsync the directory: old or new content, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def server_state_to_bytes(state: ServerState) -> bytes:
+    tensors = {"global_params": state.global_params.detach().cpu().contiguous().clone()}
+    for k, v in state.tensors.items():
+        tensors[f"t.{k}"] = v.detach().cpu().contiguous().clone()
+    meta = {"round_id": state.round_id, "scalars": state.scalars, "clients": state.clients}
+    return st_save(tensors, metadata={"wakefl_server_state": json.dumps(meta)})
+
+
+def server_state_from_bytes(data: bytes) -> ServerState:
+    hlen = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + hlen])
+    meta = json.loads(header["__metadata__"]["wakefl_server_state"])
+    tensors = st_load(data)
+    return ServerState(
+        round_id=int(meta["round_id"]),
+        global_params=tensors.pop("global_params"),
+        tensors={k[2:]: v for k, v in tensors.items()},
+        scalars={k: float(v) for k, v in meta["scalars"].items()},
+        clients={c: {k: float(v) for k, v in d.items()} for c, d in meta["clients"].items()},
+    )
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    round_id: int
+    status: str  # "open" or "closed"
+    sampled: list[str]
+    deadline: float
+    accepted: int
+
+
+class UpdateView:
+    """The accepted updates of one round as `ClientResult`s, read from disk one at a time
+    on each iteration (re-iterable; memory O(d) whatever the number of updates)."""
+
+    def __init__(self, store: StateStore, round_id: int, expected_numel: int | None,
+                 max_bytes: int) -> None:
+        self.round_id = round_id
+        self._root = store.root
+        self._expected = expected_numel
+        self._max_bytes = max_bytes
+        self.rows = store.update_rows(round_id)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[ClientResult]:
+        for row in self.rows:
+            msg: Uplink = decode_as((self._root / row["path"]).read_bytes(), Uplink,
+                                    max_bytes=self._max_bytes, expected_numel=self._expected)
+            scalars = dict(msg.scalars)
+            scalars["sigma_sq"] = msg.sigma_m_sq
+            scalars["local_steps"] = float(msg.local_steps)
+            yield ClientResult(client_id=msg.device_id, round_id=msg.round_id, params=msg.params,
+                               num_samples=msg.num_samples, scalars=scalars, tensors=msg.tensors,
+                               group=msg.device_type)
+
+
+class StateStore:
+    """All durable server state of one fleet run. Thread-safe (one lock, one connection)."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).resolve()
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "models").mkdir(exist_ok=True)
+        (self.root / "updates").mkdir(exist_ok=True)
+        self._lock = threading.RLock()
+        try:
+            self._db = sqlite3.connect(self.root / "server.sqlite", check_same_thread=False,
+                                       isolation_level=None, timeout=30)
+            self._db.row_factory = sqlite3.Row
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            raise ConfigError(f"server state {self.root} is not usable: {exc}") from exc
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # ------------------------------------------------------------------ meta
+    def get_meta(self, key: str, default: Any = None) -> Any:
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return default if row is None else json.loads(row[0])
+
+    def set_meta(self, **values: Any) -> None:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            for k, v in values.items():
+                self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (k, json.dumps(v)))
+            self._db.execute("COMMIT")
+
+    def run_id(self) -> str:
+        rid = self.get_meta("run_id")
+        if rid is None:
+            rid = uuid.uuid4().hex[:16]
+            self.set_meta(run_id=rid)
+        return rid
+
+    # ------------------------------------------------------------------ server state
+    def load_server_state(self) -> ServerState | None:
+        name = self.get_meta("state_file")
+        if name is None:
+            return None
+        return server_state_from_bytes((self.root / "models" / name).read_bytes())
+
+    def save_initial_state(self, state: ServerState) -> None:
+        name = f"state_r{state.round_id:06d}.st"
+        write_atomic(self.root / "models" / name, server_state_to_bytes(state))
+        self.set_meta(state_file=name)
+
+    # ------------------------------------------------------------------ rounds
+    def open_round(self, round_id: int, sampled: list[str], deadline: float) -> None:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute(
+                "INSERT OR REPLACE INTO rounds (round_id, status, sampled, deadline, opened_at)"
+                " VALUES (?, 'open', ?, ?, ?)", (round_id, json.dumps(sampled), deadline, time.time()))
+            self._db.execute("COMMIT")
+
+    def extend_deadline(self, round_id: int, deadline: float) -> None:
+        with self._lock:
+            self._db.execute("UPDATE rounds SET deadline=? WHERE round_id=?", (deadline, round_id))
+
+    def round(self, round_id: int) -> RoundRecord | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM rounds WHERE round_id=?", (round_id,)).fetchone()
+            n = self._db.execute("SELECT COUNT(*) FROM updates WHERE round_id=?", (round_id,)).fetchone()[0]
+        if row is None:
+            return None
+        return RoundRecord(row["round_id"], row["status"], json.loads(row["sampled"]), row["deadline"], n)
+
+    def close_round(self, round_id: int, new_state: ServerState) -> None:
+        """Persist the state after `round_id` (file first), then mark the round closed."""
+        name = f"state_r{new_state.round_id:06d}.st"
+        write_atomic(self.root / "models" / name, server_state_to_bytes(new_state))
+        with self._lock:
+            n = self._db.execute("SELECT COUNT(*) FROM updates WHERE round_id=?", (round_id,)).fetchone()[0]
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("UPDATE rounds SET status='closed', closed_at=?, accepted=?, state_file=?"
+                             " WHERE round_id=?", (time.time(), n, name, round_id))
+            self._db.execute("INSERT OR REPLACE INTO meta VALUES ('state_file', ?)", (json.dumps(name),))
+            self._db.execute("COMMIT")
+        # Keep the previous state file as a fallback; older ones are no longer referenced.
+        for old in (self.root / "models").glob("state_r*.st"):
+            if old.name < f"state_r{new_state.round_id - 1:06d}.st":
+                old.unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ devices
+    def register_device(self, device_id: str, device_type: str, source: str) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR IGNORE INTO devices (device_id, device_type, source)"
+                             " VALUES (?, ?, ?)", (device_id, device_type, source))
+
+    def devices(self) -> dict[str, str]:
+        with self._lock:
+            rows = self._db.execute("SELECT device_id, device_type FROM devices").fetchall()
+        return {r[0]: r[1] for r in rows}
+
+    def set_online(self, device_id: str, online: bool) -> None:
+        with self._lock:
+            self._db.execute("UPDATE devices SET online=?, last_seen=? WHERE device_id=?",
+                             (int(online), time.time(), device_id))
+
+    def online_devices(self) -> list[str]:
+        with self._lock:
+            rows = self._db.execute("SELECT device_id FROM devices WHERE online=1").fetchall()
+        return sorted(r[0] for r in rows)
+
+    # ------------------------------------------------------------------ updates
+    def has_update(self, round_id: int, device_id: str) -> bool:
+        with self._lock:
+            return self._db.execute("SELECT 1 FROM updates WHERE round_id=? AND device_id=?",
+                                    (round_id, device_id)).fetchone() is not None
+
+    def record_update(self, msg: Uplink, payload: bytes) -> bool:
+        """Durably record an accepted update; False when (round, device) is already on record."""
+        rel = f"updates/r{msg.round_id:06d}/{msg.device_id}.wkfl"
+        with self._lock:
+            if self.has_update(msg.round_id, msg.device_id):
+                return False
+            write_atomic(self.root / rel, payload)
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute(
+                "INSERT INTO updates VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (msg.round_id, msg.device_id, msg.device_type, rel, len(payload), msg.sigma_m_sq,
+                 msg.num_samples, msg.local_steps, time.time()))
+            self._db.execute(
+                "INSERT INTO clients (device_id, sigma_m_sq, num_samples, local_steps,"
+                " rounds_reported, last_round, relative_fa, relative_fr) VALUES (?,?,?,?,1,?,?,?)"
+                " ON CONFLICT(device_id) DO UPDATE SET sigma_m_sq=excluded.sigma_m_sq,"
+                " num_samples=excluded.num_samples, local_steps=excluded.local_steps,"
+                " rounds_reported=rounds_reported+1, last_round=excluded.last_round,"
+                " relative_fa=excluded.relative_fa, relative_fr=excluded.relative_fr",
+                (msg.device_id, msg.sigma_m_sq, msg.num_samples, msg.local_steps, msg.round_id,
+                 msg.relative_fa, msg.relative_fr))
+            self._db.execute("COMMIT")
+        return True
+
+    def update_rows(self, round_id: int) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM updates WHERE round_id=? ORDER BY received_at,"
+                                    " device_id", (round_id,)).fetchall()
+        return [dict(r) for r in rows]
+
+    def updates(self, round_id: int, expected_numel: int | None = None,
+                max_bytes: int = DEFAULT_MAX_BYTES) -> UpdateView:
+        return UpdateView(self, round_id, expected_numel, max_bytes)
+
+    def clients(self) -> dict[str, dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM clients").fetchall()
+        return {r["device_id"]: dict(r) for r in rows}
+
+    def prune_update_files(self, before_round: int) -> None:
+        """Delete the tensor files of rounds < before_round (their rows stay as the record)."""
+        for d in (self.root / "updates").glob("r*"):
+            if d.is_dir() and d.name < f"r{before_round:06d}":
+                for f in d.iterdir():
+                    f.unlink(missing_ok=True)
+                d.rmdir()
+
+    # ------------------------------------------------------------------ rejections
+    def count_rejection(self, reason: str, device_id: str | None, round_id: int | None,
+                        detail: str) -> None:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute("INSERT INTO rejections VALUES (?, 1) ON CONFLICT(reason)"
+                             " DO UPDATE SET count=count+1", (reason,))
+            self._db.execute("INSERT INTO rejection_log VALUES (?, ?, ?, ?, ?)",
+                             (time.time(), reason, device_id, round_id, detail[:500]))
+            if device_id is not None:
+                self._db.execute("UPDATE clients SET rejected=rejected+1 WHERE device_id=?", (device_id,))
+            self._db.execute("COMMIT")
+
+    def rejection_counts(self) -> dict[str, int]:
+        with self._lock:
+            rows = self._db.execute("SELECT reason, count FROM rejections").fetchall()
+        return {r[0]: r[1] for r in rows}
+

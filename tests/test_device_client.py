@@ -1,0 +1,312 @@
+"""The device client against a real mosquitto on 127.0.0.1, with the server's side of the
+protocol played by the test (so each rule can be provoked: a lost ack, a crash between
+training and the ack, a round the device is not sampled for, the end of the run)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import Dataset
+
+from wakefl.models.kws_cnn import KwsCnn, ModelConfig, get_flat_params
+from wakefl.sdk import messages, topics
+from wakefl.sdk.device_client import DeviceClient
+from wakefl.sdk.device_state import DeviceStateStore
+from wakefl.sdk.mqtt_link import MqttLink
+from wakefl.server.broker import ManagedBroker
+
+WIDTH = 0.05
+CFG = ModelConfig(width=WIDTH)
+ARGS = {"lr": 0.05, "batch_size": 4, "l_max": 3, "warmup_steps": 2}
+
+
+class ToneDataset(Dataset):
+    """Wake word = a 440 Hz tone in noise, other = noise: a learnable local task."""
+
+    def __init__(self, n: int, seed: int) -> None:
+        g = np.random.default_rng(seed)
+        t = np.arange(CFG.window_samples) / CFG.sample_rate
+        self.labels = np.array([i % 2 for i in range(n)], dtype=np.int64)
+        self.waves = [
+            (0.05 * g.standard_normal(t.size) + 0.3 * lab * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+            for lab in self.labels
+        ]
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int):
+        return torch.from_numpy(self.waves[i]), int(self.labels[i])
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    with ManagedBroker(tmp_path_factory.mktemp("broker")) as b:
+        yield b
+
+
+class FakeServer:
+    """The server's half of docs/PROTOCOL.md, scripted by the test."""
+
+    def __init__(self, url: str, fleet: str) -> None:
+        self.fleet = fleet
+        self.uplinks: queue.Queue[messages.Uplink] = queue.Queue()
+        self.hellos: queue.Queue[messages.Hello] = queue.Queue()
+        self.link = MqttLink(url, f"server-{fleet}", clean_start=True).connect()
+        self.link.subscribe(topics.uplink_filter(fleet), self._up)
+        self.link.subscribe(topics.hello_filter(fleet), self._hello)
+        self.initial = get_flat_params(KwsCnn(CFG))
+
+    def _up(self, topic, payload):
+        self.uplinks.put(messages.decode_as(payload, messages.Uplink))
+
+    def _hello(self, topic, payload):
+        self.hellos.put(messages.decode_as(payload, messages.Hello))
+
+    def downlink(self, round_id: int, sampled: list[str], final: bool = False,
+                 deadline_s: float = 60.0, run_id: str = "run1", args: dict | None = None) -> None:
+        msg = messages.Downlink(
+            fleet=self.fleet, run_id=run_id, round_id=round_id, global_params=self.initial,
+            model_config=CFG.to_dict(), sigma0_sq=0.0,
+            instructions={d: {"sigma0_sq": 0.0, "others_precision": 0.0} for d in sampled},
+            hyperparameters={"strategy": "selffl", "strategy_args": args or ARGS, "ack_timeout_s": 1.0,
+                             "wire_dtype": "fp32"},
+            deadline=time.time() + deadline_s, final=final)
+        self.link.publish(topics.downlink(self.fleet), messages.encode(msg), retain=True)
+
+    def ack(self, device: str, round_id: int, accepted: bool = True, reason: str = "") -> None:
+        self.link.publish(topics.ack(self.fleet, device), messages.encode(
+            messages.Ack(fleet=self.fleet, device_id=device, round_id=round_id,
+                         accepted=accepted, reason=reason)))
+
+    def next_uplink(self, timeout: float = 30.0) -> messages.Uplink:
+        return self.uplinks.get(timeout=timeout)
+
+    def close(self) -> None:
+        # Clear the retained downlink so the next test's fleet starts clean.
+        self.link.publish(topics.downlink(self.fleet), b"", retain=True)
+        self.link.close()
+
+
+def _start(client: DeviceClient, **kw):
+    out: dict = {}
+
+    def target():
+        try:
+            out["summary"] = client.run(**kw)
+        except BaseException as exc:  # surfaced by the test
+            out["error"] = exc
+
+    th = threading.Thread(target=target, daemon=True)
+    th.start()
+    return th, out
+
+
+def _client(tmp_path, broker, fleet, device="dev1", **kw) -> DeviceClient:
+    return DeviceClient(device, "A", ToneDataset(8, 1), tmp_path / device,
+                        validation=ToneDataset(8, 2), broker_url=broker.url, fleet=fleet,
+                        ack_timeout_s=1.0, **kw)
+
+
+def test_round_trip_resend_and_run_end(tmp_path, broker):
+    server = FakeServer(broker.url, "f1")
+    # The broker still holds the end of an earlier run: a new device does not leave on it.
+    server.downlink(7, [], final=True, run_id="run0")
+    client = _client(tmp_path, broker, "f1")
+    th, out = _start(client)
+    try:
+        hello = server.hellos.get(timeout=20)
+        assert (hello.device_id, hello.device_type, hello.num_samples, hello.online) == ("dev1", "A", 8, True)
+
+        server.downlink(1, ["dev1"])
+        up = server.next_uplink()
+        assert (up.device_id, up.device_type, up.round_id, up.run_id) == ("dev1", "A", 1, "run1")
+        assert up.params.numel() == server.initial.numel()
+        assert up.local_steps == ARGS["warmup_steps"]  # t_m < 2: warm-up steps
+        assert not torch.equal(up.params, server.initial)  # it trained
+        assert up.num_samples == 8 and up.relative_fr is not None and up.relative_fa is not None
+        # No ack: the same update comes again after the ack timeout.
+        again = server.next_uplink(timeout=10)
+        assert again.round_id == 1 and torch.equal(again.params, up.params)
+        server.ack("dev1", 1)
+        assert _wait(lambda: DeviceStateStore(tmp_path / "dev1").load().last_acked_round == 1)
+
+        # Round 2 does not sample dev1: no uplink.
+        server.downlink(2, ["other"])
+        with pytest.raises(queue.Empty):
+            server.next_uplink(timeout=2)
+        # A redelivered round-1 downlink does not make it train again.
+        server.downlink(1, ["dev1"])
+        with pytest.raises(queue.Empty):
+            server.next_uplink(timeout=2)
+
+        server.downlink(3, ["dev1"])
+        up3 = server.next_uplink()
+        assert up3.round_id == 3
+        server.ack("dev1", 3, accepted=True, reason="duplicate")
+        server.downlink(3, [], final=True)
+        th.join(30)
+        assert not th.is_alive() and "error" not in out
+        summary = out["summary"]
+        assert summary.finished and summary.updates_accepted == 2 and summary.rounds_trained == 2
+        state = DeviceStateStore(tmp_path / "dev1").load()
+        assert state.finished and state.participations == 2 and state.pending is None
+        assert state.client.scalars["t_m"] == 2.0
+        assert torch.equal(state.personal_params, up3.params)
+        assert torch.equal(state.baseline_params, server.initial)
+        assert state.last_acked_round == 3
+    finally:
+        client.stop()
+        th.join(10)
+        client.close()
+        server.close()
+
+
+def test_restart_resends_saved_update_without_training_again(tmp_path, broker):
+    server = FakeServer(broker.url, "f2")
+    first = _client(tmp_path, broker, "f2", max_sends=1)
+    th, out = _start(first)
+    try:
+        server.downlink(1, ["dev1"])
+        up = server.next_uplink()
+        # The device gives up (max_sends=1, no ack); the process "dies" now.
+        first.stop()
+        th.join(20)
+        first.close()
+        saved = DeviceStateStore(tmp_path / "dev1").load()
+        assert saved.pending is not None and saved.pending.round_id == 1
+        assert saved.participations == 1
+
+        second = _client(tmp_path, broker, "f2")
+        th2, out2 = _start(second)
+        # The retained downlink of the open round arrives again: the saved update goes out.
+        again = server.next_uplink()
+        assert again.round_id == 1 and torch.equal(again.params, up.params)
+        server.ack("dev1", 1)
+        assert _wait(lambda: DeviceStateStore(tmp_path / "dev1").load().pending is None)
+        assert DeviceStateStore(tmp_path / "dev1").load().participations == 1  # trained once
+        server.downlink(1, [], final=True)
+        th2.join(20)
+        assert out2["summary"].finished
+        second.close()
+    finally:
+        first.stop()
+        server.close()
+
+
+def test_refused_update_is_dropped_and_state_folder_is_locked(tmp_path, broker):
+    server = FakeServer(broker.url, "f3")
+    client = _client(tmp_path, broker, "f3")
+    from wakefl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="in use"):
+        _client(tmp_path, broker, "f3")
+    th, out = _start(client)
+    try:
+        server.downlink(1, ["dev1"])
+        server.next_uplink()
+        server.ack("dev1", 1, accepted=False, reason="stale_round")
+        assert _wait(lambda: DeviceStateStore(tmp_path / "dev1").load().pending is None)
+        assert DeviceStateStore(tmp_path / "dev1").load().last_acked_round == 0
+        # The same round announced again: trained once already, so nothing is sent.
+        server.downlink(1, ["dev1"])
+        with pytest.raises(queue.Empty):
+            server.next_uplink(timeout=2)
+        assert DeviceStateStore(tmp_path / "dev1").load().participations == 1
+        server.downlink(1, [], final=True)
+        th.join(20)
+        assert out["summary"].updates_accepted == 0
+    finally:
+        client.stop()
+        th.join(10)
+        client.close()
+        server.close()
+
+
+def test_diverging_training_is_refused_and_the_state_kept(tmp_path, broker):
+    server = FakeServer(broker.url, "f5")
+    client = _client(tmp_path, broker, "f5")
+    th, out = _start(client)
+    try:
+        server.downlink(1, ["dev1"])
+        first = server.next_uplink()
+        server.ack("dev1", 1)
+        assert _wait(lambda: DeviceStateStore(tmp_path / "dev1").load().last_acked_round == 1)
+        # A learning rate that overflows the parameters to Inf.
+        server.downlink(2, ["dev1"], args={**ARGS, "lr": 1e38})
+        with pytest.raises(queue.Empty):
+            server.next_uplink(timeout=3)
+        state = DeviceStateStore(tmp_path / "dev1").load()
+        assert state.participations == 1 and state.pending is None
+        assert torch.equal(state.personal_params, first.params)
+        assert bool(torch.isfinite(state.client.tensors["rv_mean"]).all())
+        server.downlink(2, [], final=True)
+        th.join(20)
+        assert out["summary"].finished
+        assert any("training refused" in o.note for o in out["summary"].outcomes)
+    finally:
+        client.stop()
+        th.join(10)
+        client.close()
+        server.close()
+
+
+def test_export_personal_model_and_onnx_for_the_edge_runtime(tmp_path, broker):
+    from wakefl.edge_runtime import OnnxScorer
+    from wakefl.models.kws_cnn import load_model
+
+    server = FakeServer(broker.url, "f4")
+    client = _client(tmp_path, broker, "f4")
+    th, out = _start(client)
+    try:
+        server.downlink(1, ["dev1"])
+        up = server.next_uplink()
+        server.ack("dev1", 1)
+        server.downlink(1, [], final=True)
+        th.join(30)
+        assert out["summary"].finished
+        ckpt = client.export_personal_model(tmp_path / "personal.safetensors")
+        assert torch.equal(get_flat_params(load_model(ckpt)), up.params)
+        onnx_path = client.export_onnx(tmp_path / "personal.onnx")
+        scorer = OnnxScorer(str(onnx_path))
+        waves = np.stack([ToneDataset(4, 5)[i][0].numpy() for i in range(4)])
+        with torch.no_grad():
+            expected = client.personal_model().predict_proba(torch.from_numpy(waves)).numpy()
+        np.testing.assert_allclose(scorer.score(waves), expected, atol=1e-4)
+    finally:
+        client.stop()
+        th.join(10)
+        client.close()
+        server.close()
+
+
+def _wait(pred, timeout: float = 20.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if pred():
+                return True
+        except Exception:
+            pass
+        time.sleep(0.05)
+    return False
+
+
+def test_embedding_example_runs(tiny_corpus):
+    """tools/examples/device_app.py (the README's "Embedding the SDK") runs end to end."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "tools" / "examples" / "device_app.py"
+    res = subprocess.run([sys.executable, str(script), "--data", str(tiny_corpus), "--type", "B",
+                          "--width", "0.05", "--rounds", "1"],
+                         capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "took part in 1 round(s); 1 update(s) accepted" in res.stdout, res.stdout
+    assert "personal model exported" in res.stdout and "streamed" in res.stdout, res.stdout

@@ -1,0 +1,167 @@
+"""The wake-word CNN: frontend against librosa, size and layer budget, flat parameters,
+safetensors checkpoints and their mismatch refusal."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import librosa
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from wakefl.edge_runtime import load_audio
+from wakefl.errors import ConfigError, NonFiniteError
+from wakefl.models.kws_cnn import (
+    KwsCnn,
+    ModelConfig,
+    get_flat_params,
+    head_slice,
+    load_model,
+    save_model,
+    set_flat_params,
+)
+from wakefl.models.kws_cnn.frontend import LOG_FLOOR, LogMelFrontend
+
+# Max absolute difference of log-mel values (natural log of power) between torchaudio in
+# float32 and librosa in float64: 1e-3 is a 0.1 % difference in mel power.
+LOG_MEL_TOL = 1e-3
+
+
+def test_frontend_matches_librosa_on_speech(hey_nova_wav):
+    cfg = ModelConfig()
+    y = load_audio(hey_nova_wav, cfg.sample_rate)[: cfg.window_samples]
+    assert y.size == cfg.window_samples and np.abs(y).max() > 0.1
+    ours = LogMelFrontend(cfg)(torch.from_numpy(y)[None])[0].numpy()
+    mel = librosa.feature.melspectrogram(
+        y=y.astype(np.float64), sr=cfg.sample_rate, n_fft=cfg.n_fft, win_length=cfg.win_length,
+        hop_length=cfg.hop_length, center=True, pad_mode="reflect", power=2.0,
+        n_mels=cfg.n_mels, fmin=cfg.f_min, fmax=cfg.sample_rate / 2, htk=False, norm="slaney")
+    ref = np.log(mel + LOG_FLOOR)
+    assert ours.shape == ref.shape == (cfg.n_mels, cfg.n_frames)
+    assert np.abs(ours - ref).max() <= LOG_MEL_TOL
+    # The spectrogram is not degenerate: speech spans a wide log range.
+    assert ref.max() - ref.min() > 10
+
+
+def test_default_size_and_layer_budget():
+    model = KwsCnn(ModelConfig())
+    n = model.num_trainable_params()
+    assert 2_500_000 <= n <= 3_500_000
+    counts = model.layer_counts()
+    assert counts["conv_layers"] + counts["pool_layers"] == 11
+    assert ModelConfig().window_samples == 24000
+    small = KwsCnn(ModelConfig(width=0.25))
+    assert small.num_trainable_params() < n / 8
+    assert sum(small.layer_counts().values()) == 11
+
+
+def test_forward_shapes_and_probabilities(tiny_kws_model):
+    x = torch.randn(3, tiny_kws_model.cfg.window_samples) * 0.1
+    with torch.no_grad():
+        logits = tiny_kws_model(x)
+        p = tiny_kws_model.predict_proba(x)
+    assert logits.shape == (3, 2) and p.shape == (3,)
+    assert torch.allclose(p, torch.softmax(logits, -1)[:, 1])
+    assert ((p >= 0) & (p <= 1)).all()
+
+
+def test_state_is_only_trainable_parameters():
+    model = KwsCnn(ModelConfig(width=0.25))
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
+    assert list(model.frontend.parameters()) == []
+    buffers = {name for name, _ in model.named_buffers()}
+    assert buffers and all(name.startswith("frontend.") for name in buffers)
+    names = [name for name, _ in model.named_parameters()]
+    assert names[-4:] == ["head.1.weight", "head.1.bias", "head.3.weight", "head.3.bias"]
+
+
+def test_flat_params_round_trip_and_head_slice():
+    torch.manual_seed(0)
+    a, b = KwsCnn(ModelConfig(width=0.25)), KwsCnn(ModelConfig(width=0.25))
+    va = get_flat_params(a)
+    assert va.shape == (a.num_trainable_params(),) and va.dtype == torch.float32
+    va_copy = va.clone()
+    va.zero_()  # a detached copy: the model is untouched
+    assert torch.equal(get_flat_params(a), va_copy)
+    set_flat_params(b, va_copy)
+    x = torch.randn(2, a.cfg.window_samples) * 0.1
+    with torch.no_grad():
+        assert torch.equal(a(x), b(x))
+    hs = head_slice(a)
+    head = torch.cat([p.detach().reshape(-1) for p in a.head.parameters()])
+    assert hs.stop == va_copy.numel()
+    assert torch.equal(va_copy[hs], head)
+
+
+def test_set_flat_params_validates():
+    model = KwsCnn(ModelConfig(width=0.25))
+    v = get_flat_params(model)
+    with pytest.raises(ConfigError, match="entries"):
+        set_flat_params(model, v[:-1])
+    bad = v.clone()
+    bad[7] = float("nan")
+    with pytest.raises(NonFiniteError):
+        set_flat_params(model, bad)
+    assert torch.equal(get_flat_params(model), v)
+
+
+def test_config_json_round_trip():
+    cfg = ModelConfig(width=0.5, n_mels=32)
+    again = ModelConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    assert again == cfg and again.window_samples == 24000
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.width = 1.0  # type: ignore[misc]
+    with pytest.raises(ConfigError, match="unknown model config field"):
+        ModelConfig.from_dict({**cfg.to_dict(), "depth": 3})
+    with pytest.raises(ConfigError, match="version"):
+        ModelConfig(version=99)
+
+
+def test_save_load_round_trip(tmp_path, tiny_kws_model):
+    path = save_model(tiny_kws_model, tmp_path / "m.safetensors")
+    meta = json.loads(path.with_suffix(".json").read_text())
+    assert meta["architecture"] == "kws_cnn"
+    assert meta["trainable_params"] == tiny_kws_model.num_trainable_params()
+    assert meta["config"]["width"] == 0.25
+    loaded = load_model(path)
+    assert loaded.cfg == tiny_kws_model.cfg
+    assert torch.equal(get_flat_params(loaded), get_flat_params(tiny_kws_model))
+    x = torch.randn(2, 24000) * 0.1
+    with torch.no_grad():
+        assert torch.equal(loaded.predict_proba(x), tiny_kws_model.predict_proba(x))
+
+
+def test_load_refuses_mismatch(tmp_path, tiny_kws_model):
+    path = save_model(tiny_kws_model, tmp_path / "m.safetensors")
+    cpath = path.with_suffix(".json")
+    meta = json.loads(cpath.read_text())
+
+    # Config says a different width than the weights.
+    cpath.write_text(json.dumps({**meta, "config": {**meta["config"], "width": 0.5}}))
+    with pytest.raises(ConfigError, match="wrong shape"):
+        load_model(path)
+    # Unknown version.
+    cpath.write_text(json.dumps({**meta, "version": 7}))
+    with pytest.raises(ConfigError, match="unknown model version"):
+        load_model(path)
+    cpath.write_text(json.dumps(meta))
+
+    tensors = load_file(str(path))
+    missing = dict(tensors)
+    missing.pop("head.3.bias")
+    save_file(missing, str(path))
+    with pytest.raises(ConfigError, match=r"missing \['head.3.bias'\]"):
+        load_model(path)
+    save_file({**tensors, "extra.weight": torch.zeros(3)}, str(path))
+    with pytest.raises(ConfigError, match="unexpected"):
+        load_model(path)
+
+    path.write_bytes(b"not safetensors at all")
+    with pytest.raises(ConfigError, match="safetensors"):
+        load_model(path)
+    cpath.unlink()
+    with pytest.raises(ConfigError, match="not found"):
+        load_model(path)

@@ -1,0 +1,174 @@
+"""Wire messages: round trips and every hostile payload refused with its reason."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+
+import pytest
+import torch
+from safetensors.torch import save as st_save
+
+from wakefl.errors import ProtocolError
+from wakefl.sdk import messages as M
+from wakefl.sdk import topics
+
+
+def _uplink(d: int = 1000, **kw) -> M.Uplink:
+    g = torch.Generator().manual_seed(0)
+    base = dict(fleet="f1", run_id="run1", device_id="dev-a", device_type="speaker", round_id=3,
+                params=torch.randn(d, generator=g), sigma_m_sq=0.25, num_samples=120,
+                local_steps=17, relative_fa=0.9, relative_fr=None,
+                scalars={"has_variance": 1.0}, tensors={"personal": torch.randn(d, generator=g)})
+    base.update(kw)
+    return M.Uplink(**base)
+
+
+def _frame_from_body(body: bytes) -> bytes:
+    return M.MAGIC + hashlib.sha256(body).digest() + body
+
+
+def _body(meta: dict, tensors: dict) -> bytes:
+    return st_save(tensors, metadata={"wakefl": json.dumps(meta)})
+
+
+def _reason(data: bytes, **kw) -> str:
+    with pytest.raises(M.MessageRejected) as info:
+        M.decode(data, **kw)
+    assert isinstance(info.value, ProtocolError)
+    return info.value.reason
+
+
+def test_uplink_round_trip_fp32_is_exact():
+    up = _uplink()
+    back = M.decode(M.encode(up), expected_numel=1000)
+    assert isinstance(back, M.Uplink)
+    assert torch.equal(back.params, up.params)
+    assert torch.equal(back.tensors["personal"], up.tensors["personal"])
+    assert (back.device_id, back.round_id, back.sigma_m_sq, back.local_steps) == ("dev-a", 3, 0.25, 17)
+    assert back.relative_fa == 0.9 and back.relative_fr is None
+    assert back.scalars == {"has_variance": 1.0}
+
+
+def test_round_trip_fp16_halves_size_and_rounds_to_half_precision():
+    up = _uplink(d=20000)
+    b32, b16 = M.encode(up), M.encode(up, wire_dtype="fp16")
+    assert len(b16) < 0.55 * len(b32)
+    assert M.payload_dtype(b16) == "fp16"
+    back = M.decode(b16)
+    assert back.params.dtype == torch.float32
+    assert torch.equal(back.params, up.params.half().float())
+
+
+def test_downlink_and_ack_and_hello_round_trip():
+    down = M.Downlink(fleet="f1", run_id="run1", round_id=2, global_params=torch.arange(10.0),
+                      model_config={"width": 0.25}, sigma0_sq=0.5,
+                      instructions={"dev-a": {"others_precision": 3.5, "sigma0_sq": 0.5}},
+                      hyperparameters={"lr": 0.01}, deadline=1.7e9, final=False)
+    back = M.decode(M.encode(down), expected_numel=10)
+    assert back.instructions == down.instructions and back.model_config == {"width": 0.25}
+    assert torch.equal(back.global_params, down.global_params)
+    ack = M.decode(M.encode(M.Ack("f1", "dev-a", 2, False, "stale_round")))
+    assert ack == M.Ack("f1", "dev-a", 2, False, "stale_round")
+    hello = M.decode(M.encode(M.Hello("f1", "dev-a", "speaker", 50, online=False)))
+    assert hello == M.Hello("f1", "dev-a", "speaker", 50, online=False)
+
+
+def test_garbage_bytes_rejected_as_malformed():
+    assert _reason(b"\x00\x01garbage" * 10) == "malformed"
+    assert _reason(b"") == "malformed"
+    # A correct hash over a body that is not safetensors.
+    assert _reason(_frame_from_body(b"not a safetensors body at all")) == "malformed"
+
+
+def test_corrupted_payload_rejected_by_hash():
+    data = bytearray(M.encode(_uplink()))
+    data[-5] ^= 0xFF
+    assert _reason(bytes(data)) == "bad_hash"
+
+
+def test_oversized_rejected_on_receipt_and_before_publish():
+    data = M.encode(_uplink(d=5000))
+    assert _reason(data, max_bytes=len(data) - 1) == "oversized"
+    with pytest.raises(M.MessageRejected) as info:
+        M.encode(_uplink(d=5000), max_bytes=1000)
+    assert info.value.reason == "oversized"
+
+
+def test_wrong_protocol_version_rejected():
+    assert _reason(M.encode(_uplink(version=2))) == "version"
+
+
+def test_wrong_shape_and_dtype_rejected():
+    assert _reason(M.encode(_uplink(d=999)), expected_numel=1000) == "shape"
+    meta = json.loads(json.dumps({"v": 1, "kind": "up", "fleet": "f1", "run_id": "r", "device_id": "a",
+                                  "device_type": "t", "round_id": 1, "sigma_m_sq": 0.1,
+                                  "num_samples": 1, "local_steps": 1}))
+    two_d = _frame_from_body(_body(meta, {"params": torch.zeros(10, 100)}))
+    assert _reason(two_d) == "shape"
+    ints = _frame_from_body(_body(meta, {"params": torch.zeros(1000, dtype=torch.int32)}))
+    assert _reason(ints) == "dtype"
+    doubles = _frame_from_body(_body(meta, {"params": torch.zeros(1000, dtype=torch.float64)}))
+    assert _reason(doubles) == "dtype"
+
+
+def test_non_finite_tensor_and_scalar_rejected():
+    meta = {"v": 1, "kind": "up", "fleet": "f1", "run_id": "r", "device_id": "a",
+            "device_type": "t", "round_id": 1, "sigma_m_sq": 0.1, "num_samples": 1,
+            "local_steps": 1}
+    bad = torch.zeros(100)
+    bad[7] = float("nan")
+    assert _reason(_frame_from_body(_body(meta, {"params": bad}))) == "non_finite"
+    bad[7] = float("inf")
+    assert _reason(_frame_from_body(_body(meta, {"params": bad}))) == "non_finite"
+    # JSON's non-standard Infinity token in a scalar
+    body = st_save({"params": torch.zeros(100)},
+                   metadata={"wakefl": json.dumps({**meta, "sigma_m_sq": float("inf")})})
+    assert _reason(_frame_from_body(body)) == "non_finite"
+    # and the sender refuses to emit them, fp16 overflow included
+    with pytest.raises(ProtocolError):
+        M.encode(_uplink(params=torch.full((1000,), 1e6)), wire_dtype="fp16")
+
+
+def test_pickle_and_torch_save_content_rejected_without_loading():
+    evil = pickle.dumps({"params": [1.0, 2.0]})
+    assert _reason(evil) == "pickle"
+    assert _reason(_frame_from_body(evil)) == "pickle"
+    import io
+
+    buf = io.BytesIO()
+    torch.save({"params": torch.zeros(3)}, buf)
+    assert _reason(buf.getvalue()) == "pickle"
+
+
+def test_missing_field_and_wrong_kind():
+    meta = {"v": 1, "kind": "up", "fleet": "f1", "run_id": "r", "device_id": "a"}
+    assert _reason(_frame_from_body(_body(meta, {"params": torch.zeros(4)}))) == "malformed"
+    ack = M.encode(M.Ack("f1", "a", 1, True))
+    with pytest.raises(M.MessageRejected) as info:
+        M.decode_as(ack, M.Uplink)
+    assert info.value.reason == "wrong_kind"
+    bad_id = _uplink(device_id="a/b")
+    assert _reason(M.encode(bad_id)) == "malformed"
+
+
+def test_lying_safetensors_header_rejected():
+    good = M.encode(_uplink(d=100))
+    body = bytearray(good[36:])
+    hlen = int.from_bytes(body[:8], "little")
+    header = json.loads(body[8 : 8 + hlen])
+    header["params"]["shape"] = [10**9]  # claims far more data than present
+    raw = json.dumps(header).encode()
+    new_body = len(raw).to_bytes(8, "little") + raw + bytes(body[8 + hlen :])
+    assert _reason(_frame_from_body(new_body)) == "malformed"
+
+
+def test_topics_layout_and_names():
+    assert topics.uplink("f1", "dev-a") == "wakefl/f1/up/dev-a"
+    assert topics.ack("f1", "dev-a") == "wakefl/f1/ack/dev-a"
+    assert topics.downlink("f1") == "wakefl/f1/down"
+    assert topics.parse("wakefl/f1/up/dev-a") == ("f1", "up", "dev-a")
+    for bad in ("a/b", "+", "#", "", "a b"):
+        with pytest.raises(ProtocolError):
+            topics.uplink("f1", bad)

@@ -1,0 +1,94 @@
+"""ONNX export: one self-contained file with metadata, dynamic batch, onnxruntime against
+torch on real speech, and the int8 variant's agreement with fp32."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from wakefl.edge_runtime import OnnxScorer, load_audio
+from wakefl.errors import ConfigError
+from wakefl.models.kws_cnn import export_onnx
+from wakefl.tools.cli import main
+
+PROB_TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def speech_windows(hey_nova_wav) -> np.ndarray:
+    """Windows every 100 ms over decoded espeak-ng speech, quiet lead-in and a quieter
+    repetition, so the model sees speech, silence and levels in between."""
+    x = load_audio(hey_nova_wav, 16000)
+    x = np.concatenate([np.zeros(8000, np.float32), x, 0.3 * x])
+    return np.stack([x[i:i + 24000] for i in range(0, x.size - 24000 + 1, 1600)])
+
+
+def test_single_file_with_metadata(tiny_kws_onnx):
+    assert not tiny_kws_onnx.with_name(tiny_kws_onnx.name + ".data").exists()
+    proto = onnx.load(str(tiny_kws_onnx))  # loads only if self-contained
+    onnx.checker.check_model(proto)
+    meta = {p.key: p.value for p in proto.metadata_props}
+    assert meta["sample_rate"] == "16000" and meta["window_samples"] == "24000"
+    assert meta["precision"] == "fp32" and meta["hop_length"] == "160"
+    assert json.loads(meta["model_config"])["width"] == 0.25
+    assert any(op.domain in ("", "ai.onnx") and op.version == 18 for op in proto.opset_import)
+
+
+def test_onnxruntime_matches_torch_on_speech(tiny_kws_model, tiny_kws_onnx, speech_windows):
+    scorer = OnnxScorer(tiny_kws_onnx)
+    assert (scorer.sample_rate, scorer.window_samples) == (16000, 24000)
+    ort_p = scorer.score(speech_windows)  # dynamic batch: all windows at once
+    with torch.no_grad():
+        torch_p = tiny_kws_model.predict_proba(torch.from_numpy(speech_windows)).numpy()
+    assert ort_p.shape == (len(speech_windows),)
+    # Probabilities spread out, so agreement is not trivial.
+    assert torch_p.std() > 0.1
+    assert np.abs(ort_p - torch_p).max() <= PROB_TOL
+    single = np.array([scorer.score(w[None])[0] for w in speech_windows[:5]])
+    assert np.abs(single - torch_p[:5]).max() <= PROB_TOL
+
+
+def test_int8_size_and_agreement(tiny_kws_model, tiny_kws_onnx, speech_windows, tmp_path):
+    int8_path = export_onnx(tiny_kws_model, tmp_path / "tiny_int8.onnx", int8=True,
+                            calibration_windows=speech_windows[::3])
+    assert not (tmp_path / "tiny_int8.onnx.data").exists()
+    fp32_size, int8_size = tiny_kws_onnx.stat().st_size, int8_path.stat().st_size
+    assert int8_size < 0.6 * fp32_size
+    q = OnnxScorer(int8_path)
+    assert q.metadata["precision"] == "int8" and q.window_samples == 24000
+    p32 = OnnxScorer(tiny_kws_onnx).score(speech_windows)
+    p8 = q.score(speech_windows)
+    differ = float(np.mean((p32 >= 0.5) != (p8 >= 0.5)))
+    print(f"\nint8: {int8_size} B vs fp32 {fp32_size} B; decisions differ at 0.5 on "
+          f"{differ:.1%} of {len(p32)} windows; max |dp| {np.abs(p32 - p8).max():.3f}")
+    assert differ <= 0.1
+
+
+def test_export_refuses_bad_output(tiny_kws_model, tmp_path):
+    with pytest.raises(ConfigError, match=".onnx"):
+        export_onnx(tiny_kws_model, tmp_path / "m.bin")
+    with pytest.raises(ConfigError, match="calibration"):
+        export_onnx(tiny_kws_model, tmp_path / "m.onnx", int8=True,
+                    calibration_windows=np.zeros((2, 100), np.float32))
+
+
+def test_cli_model_info_and_export(tmp_path, tiny_kws_model, capsys):
+    # In-process: the exporter import is already paid for by the fixtures.
+    assert main(["model", "info", "--width", "0.25", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["trainable_params"] == tiny_kws_model.num_trainable_params()
+    assert d["conv_layers"] + d["pool_layers"] == 11 and d["window_samples"] == 24000
+
+    out = tmp_path / "cli.onnx"
+    assert main(["model", "export", "--width", "0.25", "--out", str(out), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["bytes"] == out.stat().st_size
+    assert OnnxScorer(out).score(np.zeros((2, 24000), np.float32)).shape == (2,)
+
+    rc = main(["model", "export", "--weights", str(tmp_path / "nope.safetensors"),
+               "--out", str(tmp_path / "x.onnx")])
+    err = capsys.readouterr().err
+    assert rc != 0 and "not found" in err and "Traceback" not in err

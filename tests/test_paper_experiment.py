@@ -1,0 +1,137 @@
+"""The paper study end to end on the tiny corpus (real synthesized audio, real training),
+plus its pure rules."""
+
+from __future__ import annotations
+
+import io
+import json
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from wakefl.errors import ConfigError
+from wakefl.tools.paper_experiment import (
+    METHODS,
+    NO_GLOBAL,
+    resolve_profile,
+    run_paper_study,
+    selection_score,
+    split_speakers,
+)
+from wakefl.tools.paper_report import format_cell, render_markdown
+
+ROW_KEYS = {"setting", "method", "model", "device_type", "state", "relative_fa", "relative_fr",
+            "relative_fa_ci"}
+DEVICE_TYPES = ["A", "B", "C", "D", "E"]
+
+
+def test_split_speakers_is_a_balanced_partition():
+    counts = {f"s{i}": c for i, c in enumerate([9, 7, 5, 5, 4, 3, 2, 2, 1, 1])}
+    groups = split_speakers(counts, 4)
+    flat = [s for g in groups for s in g]
+    assert sorted(flat) == sorted(counts) and len(flat) == len(set(flat))
+    sizes = [sum(counts[s] for s in g) for g in groups]
+    assert max(sizes) - min(sizes) <= 2, sizes
+    assert split_speakers(counts, 4) == groups  # deterministic
+    with pytest.raises(ConfigError, match="cannot split 3 training speakers into 4"):
+        split_speakers({"a": 1, "b": 1, "c": 1}, 4)
+
+
+def test_profile_overrides_and_selection_score():
+    prof = resolve_profile("small", width=0.5, rounds=4)
+    assert (prof.width, prof.rounds, prof.sampling_rounds) == (0.5, 4, 8)
+    with pytest.raises(ConfigError, match="unknown study profile"):
+        resolve_profile("huge")
+    with pytest.raises(ConfigError, match="--rounds"):
+        resolve_profile("tiny", rounds=0)
+    assert selection_score([0.5, 1.5]) == 1.0
+    assert selection_score([0.5, None]) > 100  # an unbounded ratio is never selected
+
+
+def test_format_cell():
+    row = {"relative_fa": 0.9234, "relative_fa_ci": [0.81, None], "note": ""}
+    assert format_cell(row) == "0.92 [0.81, inf]"
+    assert format_cell({"relative_fa": None, "relative_fa_ci": [None, None],
+                        "note": "diverged: lr=0.05: NaN"}) == "diverged"
+    assert format_cell(None) == "n/a"
+
+
+def test_tiny_study_end_to_end(tiny_corpus: Path, tmp_path: Path):
+    from wakefl.tools.cli import main
+
+    cache = tmp_path / "cache"
+    result = run_paper_study(tmp_path / "run1", profile="tiny", seed=0, rounds=2,
+                             manifest=tiny_corpus, cache_dir=cache, progress=False,
+                             log=lambda _m: None)
+    cfg, rows = result["config"], result["rows"]
+    assert cfg["device_types"] == DEVICE_TYPES
+    assert cfg["settings"] == ["full-participation", "sampling-0.25", "sampling-0.1"]
+    assert cfg["tuning"]["grid"]["lr"] and set(cfg["tuning"]["per_method"]) == set(METHODS)
+    for row in rows:
+        assert set(row) >= ROW_KEYS, row
+        assert row["model"] in ("global", "personalized")
+        assert row["state"] in ("all", "normal", "playback", "alarm")
+        assert len(row["relative_fa_ci"]) == 2
+        if row["relative_fa"] is not None:
+            assert row["relative_fa"] >= 0
+            lo, hi = row["relative_fa_ci"]
+            assert lo is None or lo <= row["relative_fa"] + 1e-9 or hi is None
+    # Every method and device type is present, for both models where the method has both.
+    full = {(r["method"], r["model"], r["device_type"]) for r in rows
+            if r["setting"] == "full-participation" and r["state"] == "all"}
+    for m in METHODS:
+        for dt in DEVICE_TYPES:
+            assert (m, "personalized", dt) in full
+            assert ((m, "global", dt) in full) == (m not in NO_GLOBAL)
+    for setting in ("sampling-0.25", "sampling-0.1"):
+        cells = {(r["method"], r["model"], r["device_type"], r["state"]) for r in rows
+                 if r["setting"] == setting}
+        assert len(cells) == 2 * 2 * 5 * 4  # levels x models x device types x states
+    # With matched FR the candidate's FR stays at the baseline's wherever scores allow it.
+    matched = [r["relative_fr"] for r in rows if r["relative_fr"] is not None]
+    assert matched and sum(abs(v - 1.0) < 1e-9 for v in matched) > len(matched) / 2
+    # Self-FL's step counts: one per client and round it took part in.
+    steps = [s for s in result["step_counts"] if s["setting"] == "full-participation"
+             and s["method"] == "selffl"]
+    assert {(s["client"], s["round"]) for s in steps} == {(d, r) for d in DEVICE_TYPES
+                                                          for r in (1, 2)}
+    assert all(1 <= s["local_steps"] <= cfg["profile"]["l_max"] for s in steps)
+    sampled = [s for s in result["step_counts"] if s["setting"] == "sampling-0.25"
+               and s["method"] == "selffl-client"]
+    assert len(sampled) == 5 * cfg["profile"]["sampling_rounds"]  # 5 of 20 per round
+
+    out1 = tmp_path / "run1"
+    md = (out1 / "results.md").read_text()
+    for heading in ("Table 2a", "Table 2b", "Table 5", "Table 6", "Tuning", "Comparison with"):
+        assert heading in md
+    assert "reduced width and rounds" in md
+    for fig in ("fig11_steps_full_participation.png", "fig12_steps_sampling.png",
+                "det_full-participation_global_A.png", "det_full-participation_personalized_E.png"):
+        assert (out1 / fig).stat().st_size > 1000
+    assert json.loads((out1 / "results.json").read_text())["rows"] == rows
+    assert render_markdown(result, None) == render_markdown(json.loads(json.dumps(result)), None)
+
+    # Same seed, same tables: the CLI reruns Self-FL alone (warm start from the cache) and
+    # must reproduce every Self-FL cell bit for bit.
+    buf = io.StringIO()
+    with redirect_stdout(buf):
+        code = main(["experiment", "paper", "--profile", "tiny", "--out", str(tmp_path / "run2"),
+                     "--rounds", "2", "--manifest", str(tiny_corpus), "--cache-dir", str(cache),
+                     "--methods", "selffl", "--json"])
+    assert code == 0
+    again = json.loads(buf.getvalue())
+    assert again["config"]["methods"] == ["selffl"]
+    first = sorted(json.dumps(r, sort_keys=True) for r in rows if r["method"].startswith("selffl")
+                    and r["method"] != "selffl-alg2")
+    second = sorted(json.dumps(r, sort_keys=True) for r in again["rows"])
+    assert first == second
+
+
+def test_cli_rejects_unknown_method(tiny_corpus: Path, tmp_path: Path, capsys):
+    from wakefl.tools.cli import main
+
+    code = main(["experiment", "paper", "--profile", "tiny", "--out", str(tmp_path),
+                 "--manifest", str(tiny_corpus), "--methods", "selffl,fedprox"])
+    assert code == 2
+    assert "unknown method(s) fedprox" in capsys.readouterr().err

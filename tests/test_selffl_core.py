@@ -1,0 +1,173 @@
+"""Closed-form and edge-case checks of the pure Self-FL rules."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from wakefl.errors import ConfigError, NonFiniteError
+from wakefl.sdk.selffl import (
+    Representative,
+    RunningVariance,
+    aggregate,
+    aggregate_clusters,
+    aggregate_stream,
+    initial_point,
+    local_steps,
+    smooth,
+    trace_variance,
+    update_representatives,
+)
+
+
+def _two_pass(xs: list[torch.Tensor]) -> float:
+    stack = torch.stack(xs)
+    return float(((stack - stack.mean(0)) ** 2).sum(1).mean())
+
+
+def test_running_variance_matches_two_pass_on_random_data():
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(500, generator=g, dtype=torch.float64) * (1 + i % 3) + i * 0.1 for i in range(60)]
+    rv = RunningVariance()
+    for t, x in enumerate(xs, start=1):
+        got = rv.update(x)
+        if t >= 2:
+            want = _two_pass(xs[:t])
+            assert abs(got - want) / want < 1e-6
+    assert rv.count == 60
+    torch.testing.assert_close(rv.mean, torch.stack(xs).mean(0))
+
+
+def test_running_variance_state_roundtrip_and_single_update():
+    rv = RunningVariance()
+    assert rv.update(torch.ones(3)) == 0.0 and rv.count == 1
+    rv.update(torch.zeros(3))
+    other = RunningVariance()
+    other.load_state_dict(rv.state_dict())
+    assert other.update(torch.full((3,), 2.0)) == pytest.approx(rv.update(torch.full((3,), 2.0)))
+    assert other.value == pytest.approx(3 * (2 / 3))  # per-entry population var of {1,0,2}
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_running_variance_refuses_non_finite_and_keeps_state(bad):
+    rv = RunningVariance()
+    rv.update(torch.zeros(4))
+    rv.update(torch.ones(4))
+    before = (rv.count, rv.value, rv.mean.clone())
+    x = torch.ones(4)
+    x[2] = bad
+    with pytest.raises(NonFiniteError, match="NaN or Inf"):
+        rv.update(x)
+    assert (rv.count, rv.value) == before[:2]
+    torch.testing.assert_close(rv.mean, before[2])
+    with pytest.raises(ConfigError):
+        rv.update(torch.ones(5))
+
+
+def test_trace_variance_streams_a_generator():
+    xs = [torch.tensor([float(i), 2.0 * i]) for i in range(5)]
+    assert trace_variance(x for x in xs) == pytest.approx(_two_pass(xs))
+    assert trace_variance([]) == 0.0
+
+
+def test_initial_point_is_precision_weighted_mean_of_the_others():
+    s0 = 0.3
+    sig = [0.1, 0.5, 0.02, 1.0]
+    params = [torch.tensor([1.0, -2.0], dtype=torch.float64) * (k + 1) for k in range(4)]
+    w = [1 / (s0 + s) for s in sig]
+    glob = sum(wk * p for wk, p in zip(w, params, strict=True)) / sum(w)
+    for m in range(4):
+        s_others = sum(w) - w[m]
+        want = sum(w[k] * params[k] for k in range(4) if k != m) / s_others
+        got = initial_point(glob, params[m], sig[m], s_others, sigma0_sq=s0)
+        torch.testing.assert_close(got, want)
+
+
+def test_initial_point_edge_cases():
+    glob, pers = torch.tensor([1.0]), torch.tensor([3.0])
+    torch.testing.assert_close(initial_point(glob, pers, 0.1, 0.0, sigma0_sq=0.1), glob)
+    torch.testing.assert_close(initial_point(glob, pers, 0.1, math.inf, sigma0_sq=0.1), glob)
+    torch.testing.assert_close(initial_point(glob, pers, 0.0, 2.0, sigma0_sq=0.0), glob)
+    with pytest.raises(NonFiniteError):
+        initial_point(torch.tensor([float("nan")]), pers, 0.1, 1.0, sigma0_sq=0.1)
+    with pytest.raises(NonFiniteError):
+        initial_point(glob, pers, float("nan"), 1.0, sigma0_sq=0.1)
+
+
+def test_local_steps_solves_eqn16_and_exact_steps_give_eqn6():
+    lr, b, sig, s_others = 0.001, 1, 0.05, 3.0
+    steps = local_steps(lr, b, sig, s_others, 10_000, 5)
+    exact = math.log(s_others / (1 / sig + s_others)) / math.log(1 - lr / (b * sig))
+    assert steps == round(exact)
+    # exact gradient descent from theta_init on (theta - z)^2/(2 sig) for `steps` steps is the
+    # posterior mean under the prior N(theta_init, 1/S_-m) (Eqn 6), up to the integer rounding
+    z, theta_init = 2.0, -1.0
+    theta = theta_init
+    for _ in range(steps):
+        theta -= lr * (theta - z) / sig
+    eqn6 = (z / sig + s_others * theta_init) / (1 / sig + s_others)
+    assert abs(theta - eqn6) < 3 * abs(z - theta_init) * lr / sig
+
+
+def test_local_steps_edge_cases():
+    assert local_steps(0.01, 4, None, 2.0, 40, 7) == 7  # warm-up, t_m < 2
+    assert local_steps(0.01, 4, None, 2.0, 5, 7) == 5  # warm-up capped at l_max
+    assert local_steps(0.5, 1, 0.1, 2.0, 40, 7) == 40  # eta/(B sigma^2) >= 1
+    assert local_steps(0.01, 1, 0.0, 2.0, 40, 7) == 40  # sigma^2 = 0
+    assert local_steps(0.001, 1, 0.1, 0.0, 40, 7) == 40  # S_-m = 0
+    assert local_steps(0.001, 1, 0.1, math.inf, 40, 7) == 1
+    assert local_steps(0.001, 1, 0.1, 1e9, 40, 7) == 1  # clipped below at 1
+    with pytest.raises(NonFiniteError):
+        local_steps(0.01, 1, float("nan"), 1.0, 40, 7)
+    with pytest.raises(NonFiniteError):
+        local_steps(0.01, 1, 0.1, float("nan"), 40, 7)
+    with pytest.raises(ConfigError):
+        local_steps(-0.01, 1, 0.1, 1.0, 40, 7)
+
+
+def test_aggregate_eqn11_stream_equals_batch():
+    g = torch.Generator().manual_seed(3)
+    params = [torch.randn(7, generator=g, dtype=torch.float64) for _ in range(5)]
+    sig = [0.1, 0.2, 0.05, 1.0, 0.3]
+    s0 = 0.4
+    w = torch.tensor([1 / (s0 + s) for s in sig], dtype=torch.float64)
+    want = (w[:, None] * torch.stack(params)).sum(0) / w.sum()
+    torch.testing.assert_close(aggregate(params, sig, s0), want)
+    torch.testing.assert_close(aggregate(torch.stack(params), sig, s0), want)
+    torch.testing.assert_close(aggregate_stream(iter(zip(params, sig, strict=True)), s0), want)
+    # infinite precision (sigma0^2 = sigma_m^2 = 0) -> the plain mean of those clients
+    torch.testing.assert_close(
+        aggregate(params[:3], [0.0, 0.1, 0.0], 0.0), (params[0] + params[2]) / 2
+    )
+    with pytest.raises(NonFiniteError):
+        aggregate([params[0], torch.full((7,), float("inf"), dtype=torch.float64)], [0.1, 0.1], s0)
+    with pytest.raises(NonFiniteError):
+        aggregate(params[:2], [0.1, float("nan")], s0)
+    with pytest.raises(ConfigError):
+        aggregate([], [], s0)
+
+
+def test_smooth_with_activity_rate():
+    prev, new = torch.tensor([0.0, 10.0]), torch.tensor([1.0, 0.0])
+    torch.testing.assert_close(smooth(prev, new, 0.2), torch.tensor([0.2, 8.0]))
+    torch.testing.assert_close(smooth(prev, new, 1.0), new)
+    with pytest.raises(ConfigError):
+        smooth(prev, new, 0.0)
+
+
+def test_cluster_level_aggregation_keeps_inactive_representatives():
+    reps = {"speaker": Representative(torch.tensor([5.0]), 0.5)}
+    updates = [("tv", torch.tensor([1.0]), 0.1), ("tv", torch.tensor([3.0]), 0.3), ("car", torch.tensor([0.0]), 0.2)]
+    out = update_representatives(reps, updates, sigma0_sq=0.1)
+    assert set(out) == {"speaker", "tv", "car"}
+    w1, w2 = 1 / 0.2, 1 / 0.4
+    torch.testing.assert_close(out["tv"].params, torch.tensor([(w1 * 1 + w2 * 3) / (w1 + w2)]))
+    assert out["tv"].sigma_sq == pytest.approx(1 / (1 / 0.1 + 1 / 0.3))
+    torch.testing.assert_close(out["speaker"].params, torch.tensor([5.0]))
+    glob, s0 = aggregate_clusters(out)
+    vals = [out[k].params for k in sorted(out)]
+    assert s0 == pytest.approx(trace_variance(vals))
+    want = aggregate(vals, [out[k].sigma_sq for k in sorted(out)], s0)
+    torch.testing.assert_close(glob, want)

@@ -1,0 +1,360 @@
+"""The aggregation server against a real mosquitto, with lightweight simulated devices
+written here on top of paho directly (small vectors, no training)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import threading
+import time
+import zlib
+from pathlib import Path
+
+import paho.mqtt.client as paho
+import pytest
+import torch
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from safetensors.torch import save_file
+
+from wakefl.sdk import messages as M
+from wakefl.sdk import topics
+from wakefl.sdk.selffl.registry import make_strategy
+from wakefl.sdk.selffl.strategy import ClientResult
+from wakefl.server.aggregation_server import AggregationServer, ServerConfig
+from wakefl.server.state_store import StateStore
+
+FLEET = "t"
+D = 48
+
+
+class SimDevice:
+    """A device that answers each round it is sampled for with a deterministic update,
+    waits for the ack and re-sends on timeout. While `hold` is clear it does not answer
+    rounds >= `hold_from`."""
+
+    def __init__(self, url: str, dev: str, typ: str, *, answer: bool = True, resend_s: float = 2.0):
+        self.dev, self.typ, self.answer, self.resend_s = dev, typ, answer, resend_s
+        self.hold = threading.Event()
+        self.hold.set()
+        self.hold_from = 1
+        self.sent: dict[int, M.Uplink] = {}  # round -> the update it sent
+        self.acked: dict[int, M.Ack] = {}
+        self.final: M.Downlink | None = None
+        self._lock = threading.Lock()
+        self._todo: M.Downlink | None = None
+        host, port = url.removeprefix("mqtt://").split(":")
+        c = paho.Client(CallbackAPIVersion.VERSION2, client_id=dev, protocol=paho.MQTTv5)
+        c.will_set(topics.hello(FLEET, dev), M.encode(M.Hello(FLEET, dev, typ, 10, online=False)), qos=1,
+                   retain=True)
+        c.on_connect = self._on_connect
+        c.on_message = self._on_message
+        c.reconnect_delay_set(0.2, 1)
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = 3600
+        c.connect(host, int(port), keepalive=60, clean_start=False, properties=props)
+        self.client = c
+        self._stop = threading.Event()
+        self._worker = threading.Thread(target=self._work, daemon=True)
+        c.loop_start()
+        self._worker.start()
+
+    def _on_connect(self, client, userdata, flags, rc, props):
+        client.subscribe([(topics.downlink(FLEET), 1), (topics.ack(FLEET, self.dev), 1)])
+        client.publish(topics.hello(FLEET, self.dev), M.encode(M.Hello(FLEET, self.dev, self.typ, 10)),
+                       qos=1, retain=True)
+
+    def _on_message(self, client, userdata, msg):
+        m = M.decode(msg.payload)
+        with self._lock:
+            if isinstance(m, M.Ack) and m.accepted:
+                self.acked[m.round_id] = m
+            elif isinstance(m, M.Downlink):
+                if m.final:
+                    self.final = m
+                elif self.dev in m.instructions and m.round_id not in self.acked:
+                    self._todo = m
+
+    def update_for(self, down: M.Downlink) -> M.Uplink:
+        seed = zlib.crc32(f"{self.dev}:{down.round_id}".encode())
+        g = torch.Generator().manual_seed(seed)
+        idx = zlib.crc32(self.dev.encode()) % 5
+        params = down.global_params + 0.3 * (idx - 2) + 0.05 * torch.randn(D, generator=g)
+        sigma = 0.1 + 0.05 * idx
+        return M.Uplink(FLEET, down.run_id, self.dev, self.typ, down.round_id, params, sigma,
+                        num_samples=10 + idx, local_steps=5 + idx,
+                        scalars={"has_variance": 1.0, "sigma_sq": sigma})
+
+    def _work(self):
+        last_sent = 0.0
+        while not self._stop.is_set():
+            time.sleep(0.02)
+            if not self.answer:
+                continue
+            with self._lock:
+                down = self._todo
+                if down is None or down.round_id in self.acked:
+                    continue
+                if down.round_id >= self.hold_from and not self.hold.is_set():
+                    continue
+                up = self.sent.get(down.round_id)
+            if up is None:
+                up = self.sent[down.round_id] = self.update_for(down)
+            elif time.monotonic() - last_sent < self.resend_s:
+                continue
+            self.client.publish(topics.uplink(FLEET, self.dev), M.encode(up), qos=1)
+            last_sent = time.monotonic()
+
+    def close(self):
+        _close_all([self])
+
+
+def _close_all(devices: list[SimDevice]) -> None:
+    # Disconnect every client first: paho's loop thread then ends at once instead of
+    # sleeping out its select timeout in loop_stop.
+    for d in devices:
+        d._stop.set()
+    for d in devices:
+        d._worker.join()
+        d.client.disconnect()
+    for d in devices:
+        d.client.loop_stop()
+
+
+def _wait(pred, timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _server(broker, tmp_path, devices: dict[str, str], **kw) -> AggregationServer:
+    strategy_args = kw.pop("strategy_args", {})
+    cfg = ServerConfig(broker_url=broker.url, state_dir=tmp_path / "server",
+                       initial_params=torch.zeros(D), fleet=FLEET, devices=devices,
+                       strategy_args=strategy_args, **kw)
+    return AggregationServer(cfg, make_strategy("selffl", **strategy_args), progress=lambda s: None)
+
+
+def _start(server: AggregationServer) -> threading.Thread:
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    return t
+
+
+def _expected(devices: list[SimDevice], rounds: int, registry_size: int, cluster: bool,
+              order: dict[int, list[str]]) -> torch.Tensor:
+    """The in-process strategy on the very updates the devices sent, in the server's order."""
+    strat = make_strategy("selffl", cluster_by_group=cluster)
+    state = strat.init_server(torch.zeros(D))
+    by_id = {d.dev: d for d in devices}
+    for r in range(1, rounds + 1):
+        results = []
+        for dev in order[r]:
+            up = by_id[dev].sent[r]
+            results.append(ClientResult(dev, r, up.params, up.num_samples,
+                                        {**up.scalars, "sigma_sq": up.sigma_m_sq,
+                                         "local_steps": float(up.local_steps)}, {}, up.device_type))
+        state = strat.aggregate(state, results, len(results) / registry_size)
+    return state.global_params
+
+
+def _round_orders(state_dir: Path, rounds: int) -> dict[int, list[str]]:
+    store = StateStore(state_dir)
+    try:
+        return {r: [row["device_id"] for row in store.update_rows(r)] for r in range(1, rounds + 1)}
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("cluster", [False, True])
+def test_aggregate_equals_in_process_strategy(mqtt_broker, tmp_path, cluster):
+    reg = {"a": "speaker", "b": "speaker", "c": "tv"}
+    devs = [SimDevice(mqtt_broker.url, d, t) for d, t in reg.items()]
+    srv = _server(mqtt_broker, tmp_path, reg, rounds=3, round_timeout=20,
+                  strategy_args={"cluster_by_group": True} if cluster else {})
+    try:
+        final = srv.run()
+        _wait(lambda: all(d.final is not None for d in devs), 10, "the end announcement")
+    finally:
+        _close_all(devs)
+    assert final.round_id == 3
+    assert [r.closed_by for r in srv.reports] == ["all"] * 3
+    want = _expected(devs, 3, len(reg), cluster, _round_orders(tmp_path / "server", 3))
+    torch.testing.assert_close(final.global_params, want, rtol=0, atol=1e-6)
+    torch.testing.assert_close(devs[0].final.global_params, want, rtol=0, atol=1e-6)
+    assert not srv.rejections
+
+
+def test_every_rejection_kind_counted_while_round_completes(mqtt_broker, tmp_path):
+    reg = {"a": "speaker", "b": "tv", "evil": "speaker"}
+    a, b = SimDevice(mqtt_broker.url, "a", "speaker"), SimDevice(mqtt_broker.url, "b", "tv")
+    a.hold.clear()
+    b.hold.clear()
+    srv = _server(mqtt_broker, tmp_path, reg, rounds=1, round_timeout=30, min_clients=2,
+                  max_bytes=64 * 1024)
+    thread = _start(srv)
+    evil = paho.Client(CallbackAPIVersion.VERSION2, client_id="evil", protocol=paho.MQTTv5)
+    host, port = mqtt_broker.url.removeprefix("mqtt://").split(":")
+    evil.connect(host, int(port))
+    evil.loop_start()
+    try:
+        _wait(lambda: a._todo is not None, 15, "round 1 downlink")
+        down = a._todo
+        good = a.update_for(down)
+
+        def up(dev="evil", typ="speaker", **kw):
+            fields = dict(fleet=FLEET, run_id=down.run_id, device_id=dev, device_type=typ,
+                          round_id=1, params=torch.ones(D), sigma_m_sq=0.1, num_samples=1,
+                          local_steps=1)
+            fields.update(kw)
+            return M.Uplink(**fields)
+
+        corrupted = bytearray(M.encode(up()))
+        corrupted[-3] ^= 1
+        body = bytearray(M.encode(up())[36:])  # a valid frame, its last entry set to NaN
+        body[-4:] = torch.tensor([float("nan")]).numpy().tobytes()
+        nan = M.MAGIC + hashlib.sha256(bytes(body)).digest() + bytes(body)
+        hostile = {
+            "malformed": (topics.uplink(FLEET, "evil"), b"garbage" * 10),
+            "bad_hash": (topics.uplink(FLEET, "evil"), bytes(corrupted)),
+            "oversized": (topics.uplink(FLEET, "evil"), M.encode(up(params=torch.ones(20000)))),
+            "version": (topics.uplink(FLEET, "evil"), M.encode(up(version=9))),
+            "pickle": (topics.uplink(FLEET, "evil"), pickle.dumps([1, 2])),
+            "shape": (topics.uplink(FLEET, "evil"), M.encode(up(params=torch.ones(D + 1)))),
+            "non_finite": (topics.uplink(FLEET, "evil"), nan),
+            "topic_mismatch": (topics.uplink(FLEET, "evil"), M.encode(up(dev="a"))),
+            "unknown_device": (topics.uplink(FLEET, "ghost"), M.encode(up(dev="ghost"))),
+            "wrong_device_type": (topics.uplink(FLEET, "evil"), M.encode(up(typ="tv"))),
+            "stale_round": (topics.uplink(FLEET, "evil"), M.encode(up(round_id=7))),
+            "not_sampled": (topics.uplink(FLEET, "evil"), M.encode(up())),
+            "wrong_kind": (topics.uplink(FLEET, "evil"), M.encode(M.Ack(FLEET, "evil", 1, True))),
+        }
+        for topic, payload in hostile.values():
+            evil.publish(topic, payload, qos=1).wait_for_publish(5)
+        # the QoS 1 duplicate: a's valid update arrives twice
+        payload = M.encode(good)
+        a.sent[1] = good
+        for _ in range(2):
+            evil.publish(topics.uplink(FLEET, "a"), payload, qos=1).wait_for_publish(5)
+        _wait(lambda: sum(srv.rejections.values()) >= len(hostile) + 1, 15, "rejections counted")
+        b.hold.set()
+        thread.join(30)
+        assert not thread.is_alive()
+    finally:
+        evil.loop_stop()
+        a.close()
+        b.close()
+    for reason in hostile:
+        assert srv.rejections[reason] == 1, (reason, dict(srv.rejections))
+    assert srv.rejections["duplicate"] == 1
+    rep = srv.reports[0]
+    assert sorted(rep.reported) == ["a", "b"] and rep.closed_by == "all"
+    want = _expected([a, b], 1, len(reg), False, _round_orders(tmp_path / "server", 1))
+    store = StateStore(tmp_path / "server")
+    torch.testing.assert_close(store.load_server_state().global_params, want, rtol=0, atol=1e-6)
+    assert store.rejection_counts()["shape"] == 1
+
+
+def test_silent_device_round_closes_at_deadline(mqtt_broker, tmp_path):
+    reg = {"a": "speaker", "b": "tv", "mute": "tv"}
+    devs = [SimDevice(mqtt_broker.url, d, t, answer=(d != "mute")) for d, t in reg.items()]
+    srv = _server(mqtt_broker, tmp_path, reg, rounds=2, round_timeout=1.5)
+    try:
+        t0 = time.monotonic()
+        final = srv.run()
+        wall = time.monotonic() - t0
+    finally:
+        _close_all(devs)
+    assert final.round_id == 2
+    assert [r.closed_by for r in srv.reports] == ["deadline", "deadline"]
+    assert all(sorted(r.reported) == ["a", "b"] for r in srv.reports)
+    assert 3.0 <= wall < 10.0
+
+
+def _cli_server(broker_url: str, state: Path, init: Path, rounds: int) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.Popen(
+        [sys.executable, "-m", "wakefl.tools.cli", "server", "--broker", broker_url, "--state",
+         str(state), "--fleet", FLEET, "--devices", "a:speaker,b:speaker,c:tv", "--rounds",
+         str(rounds), "--round-timeout", "60", "--init-model", str(init), "--ack-timeout", "2"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_server_sigkill_mid_round_resumes_without_losing_updates(mqtt_broker, tmp_path):
+    init = tmp_path / "init.safetensors"
+    save_file({"params": torch.zeros(D)}, str(init))
+    state = tmp_path / "server"
+    devs = [SimDevice(mqtt_broker.url, d, t) for d, t in
+            {"a": "speaker", "b": "speaker", "c": "tv"}.items()]
+    c = devs[2]
+    c.hold_from = 2
+    c.hold.clear()
+    proc = _cli_server(mqtt_broker.url, state, init, rounds=3)
+    try:
+        _wait(lambda: all(1 in d.acked for d in devs), 30, "round 1")
+        _wait(lambda: all(2 in d.acked for d in devs[:2]), 30, "a and b acked in round 2")
+        acked_before = {(d.dev, r) for d in devs for r in d.acked}
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        proc = _cli_server(mqtt_broker.url, state, init, rounds=3)
+        c.hold.set()
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, out
+        assert "resumed with 2/3 updates on record" in out
+        _wait(lambda: all(d.final is not None for d in devs), 10, "the end announcement")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for d in devs:
+            d.close()
+    store = StateStore(state)
+    recorded = {(row["device_id"], r) for r in (1, 2, 3) for row in store.update_rows(r)}
+    assert acked_before <= recorded
+    assert len(recorded) == 9
+    assert store.load_server_state().round_id == 3
+    want = _expected(devs, 3, 3, False, _round_orders(state, 3))
+    torch.testing.assert_close(store.load_server_state().global_params, want, rtol=0, atol=1e-6)
+
+
+def test_broker_restart_run_completes(mqtt_broker, tmp_path):
+    reg = {"a": "speaker", "b": "tv"}
+    devs = [SimDevice(mqtt_broker.url, d, t) for d, t in reg.items()]
+    devs[1].hold_from = 2
+    devs[1].hold.clear()
+    srv = _server(mqtt_broker, tmp_path, reg, rounds=3, round_timeout=60)
+    thread = _start(srv)
+    try:
+        _wait(lambda: 2 in devs[0].acked, 30, "a's round 2 ack")
+        mqtt_broker.restart(kill=True)
+        devs[1].hold.set()
+        thread.join(60)
+        assert not thread.is_alive()
+    finally:
+        _close_all(devs)
+    assert [r.round_id for r in srv.reports] == [1, 2, 3]
+    assert all(sorted(r.reported) == ["a", "b"] for r in srv.reports)
+    assert srv.link.connects >= 2
+
+
+def test_hundred_devices_every_update_accounted_for(mqtt_broker, tmp_path):
+    reg = {f"d{i:03d}": f"type{i % 5}" for i in range(100)}
+    devs = [SimDevice(mqtt_broker.url, d, t, resend_s=5) for d, t in reg.items()]
+    srv = _server(mqtt_broker, tmp_path, reg, rounds=2, round_timeout=60)
+    try:
+        final = srv.run()
+    finally:
+        _close_all(devs)
+    assert final.round_id == 2
+    for rep in srv.reports:
+        assert len(rep.reported) == 100 and rep.closed_by == "all"
+    assert all(set(d.acked) == {1, 2} for d in devs)
+    dup = srv.rejections.get("duplicate", 0)
+    assert sum(srv.rejections.values()) == dup  # only re-sends, nothing else refused

@@ -1,0 +1,159 @@
+"""Edge benchmark: per-window latency of torch eager, onnxruntime fp32 and onnxruntime
+int8 (batch 1, 1 thread), the streaming detector's real-time factor and CPU share at the
+default hop, model sizes on disk, and int8-vs-fp32 decision agreement.
+
+    .venv/bin/python tools/bench_edge.py [--width 1.0 | --weights W.safetensors]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+SENTENCES = (
+    "hey nova", "turn on the kitchen lights", "hey nova, what is the weather tomorrow",
+    "set a timer for ten minutes", "play some music in the living room", "hey nova stop",
+)
+
+
+def bench_audio(seconds: float, sample_rate: int, workdir: Path) -> np.ndarray:
+    """Speech from espeak-ng with noisy pauses, looped to `seconds`; noise and tones when
+    espeak-ng is missing."""
+    from wakefl.edge_runtime import load_audio
+
+    rng = np.random.default_rng(0)
+    parts: list[np.ndarray] = []
+    if shutil.which("espeak-ng"):
+        for i, text in enumerate(SENTENCES):
+            p = workdir / f"s{i}.wav"
+            subprocess.run(["espeak-ng", "-w", str(p), text], check=True, capture_output=True)
+            parts += [load_audio(p, sample_rate),
+                      (0.01 * rng.standard_normal(int(0.7 * sample_rate))).astype(np.float32)]
+    else:
+        t = np.arange(sample_rate) / sample_rate
+        parts = [(0.3 * np.sin(2 * np.pi * 300 * t)).astype(np.float32),
+                 (0.02 * rng.standard_normal(sample_rate)).astype(np.float32)]
+    one = np.concatenate(parts)
+    reps = int(np.ceil(seconds * sample_rate / one.size))
+    return np.tile(one, reps)[: int(seconds * sample_rate)]
+
+
+def latency_ms(fn, windows: np.ndarray, n: int, label: str) -> dict[str, float]:
+    for w in windows[:5]:
+        fn(w[None])
+    times = []
+    for i in tqdm(range(n), desc=label, leave=False, file=sys.stderr):
+        w = windows[i % len(windows)][None]
+        t0 = time.perf_counter()
+        fn(w)
+        times.append(time.perf_counter() - t0)
+    ms = np.array(times) * 1e3
+    return {"median_ms": float(np.median(ms)), "p95_ms": float(np.percentile(ms, 95))}
+
+
+def stream_cost(scorer, audio: np.ndarray, hop_s: float, chunk_s: float = 0.01) -> dict:
+    from wakefl.edge_runtime import StreamingDetector
+
+    det = StreamingDetector(scorer, hop_s=hop_s)
+    pcm = np.round(audio * 32767).astype(np.int16)
+    chunk = int(chunk_s * scorer.sample_rate)
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    for i in range(0, pcm.size, chunk):
+        det.push(pcm[i:i + chunk])
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    dur = audio.size / scorer.sample_rate
+    return {"audio_s": dur, "real_time_factor": wall / dur, "cpu_share_of_one_core": cpu / dur}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--width", type=float, default=1.0)
+    src.add_argument("--weights", type=Path, default=None)
+    ap.add_argument("--iterations", type=int, default=200, help="timed windows per runtime")
+    ap.add_argument("--stream-s", type=float, default=60.0, help="seconds of streamed audio")
+    ap.add_argument("--hop", type=float, default=0.1, help="detector hop (default 0.1 s)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from wakefl.edge_runtime import OnnxScorer
+    from wakefl.models.kws_cnn import KwsCnn, ModelConfig, export_onnx, load_model, save_model
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = (load_model(args.weights) if args.weights is not None
+             else KwsCnn(ModelConfig(width=args.width)).eval())
+    cfg = model.cfg
+    res: dict = {"width": cfg.width, "trainable_params": model.num_trainable_params(),
+                 "trained_weights": args.weights is not None, "hop_s": args.hop,
+                 "cpu": os.cpu_count()}
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        audio = bench_audio(args.stream_s, cfg.sample_rate, tmp)
+        hop = int(args.hop * cfg.sample_rate)
+        windows = np.stack([audio[i:i + cfg.window_samples]
+                            for i in range(0, audio.size - cfg.window_samples + 1, hop)])
+        print(f"[bench] exporting width {cfg.width} ({res['trainable_params']} params)",
+              file=sys.stderr)
+        st = save_model(model, tmp / "model.safetensors")
+        fp32 = export_onnx(model, tmp / "model.onnx")
+        int8 = export_onnx(model, tmp / "model_int8.onnx", int8=True,
+                           calibration_windows=windows[:: max(1, len(windows) // 32)][:32])
+        res["size_bytes"] = {"safetensors": st.stat().st_size, "onnx_fp32": fp32.stat().st_size,
+                             "onnx_int8": int8.stat().st_size}
+        s32, s8 = OnnxScorer(fp32, threads=1), OnnxScorer(int8, threads=1)
+
+        def torch_fn(w: np.ndarray) -> None:
+            with torch.inference_mode():
+                model.predict_proba(torch.from_numpy(w))
+
+        res["latency_batch1_1thread"] = {
+            "torch_eager": latency_ms(torch_fn, windows, args.iterations, "torch"),
+            "onnx_fp32": latency_ms(s32.score, windows, args.iterations, "onnx fp32"),
+            "onnx_int8": latency_ms(s8.score, windows, args.iterations, "onnx int8"),
+        }
+        print("[bench] streaming", file=sys.stderr)
+        res["streaming"] = {"onnx_fp32": stream_cost(s32, audio, args.hop),
+                            "onnx_int8": stream_cost(s8, audio, args.hop)}
+        p32 = np.concatenate([s32.score(windows[i:i + 64]) for i in range(0, len(windows), 64)])
+        p8 = np.concatenate([s8.score(windows[i:i + 64]) for i in range(0, len(windows), 64)])
+        # An untrained model has no operating point; its median posterior splits the
+        # windows in half, the hardest threshold for agreement.
+        thr = 0.5 if args.weights is not None else float(np.median(p32))
+        res["int8_vs_fp32"] = {"windows": len(p32), "threshold": thr,
+                               "decision_differs_share": float(np.mean((p32 >= thr) != (p8 >= thr))),
+                               "max_abs_prob_diff": float(np.abs(p32 - p8).max())}
+    if args.json:
+        print(json.dumps(res, indent=2))
+    else:
+        print(f"width {cfg.width}, {res['trainable_params']} trainable params, hop {args.hop} s")
+        for k, v in res["size_bytes"].items():
+            print(f"  size {k:12s} {v / 1e6:8.2f} MB")
+        for k, v in res["latency_batch1_1thread"].items():
+            print(f"  latency {k:12s} median {v['median_ms']:7.2f} ms  p95 {v['p95_ms']:7.2f} ms")
+        for k, v in res["streaming"].items():
+            print(f"  streaming {k:10s} RTF {v['real_time_factor']:.4f}  CPU "
+                  f"{100 * v['cpu_share_of_one_core']:.2f}% of one core ({v['audio_s']:.0f} s audio)")
+        a = res["int8_vs_fp32"]
+        print(f"  int8 vs fp32: decisions differ on {100 * a['decision_differs_share']:.2f}% of "
+              f"{a['windows']} windows at threshold {a['threshold']:.3f}; "
+              f"max |dp| {a['max_abs_prob_diff']:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

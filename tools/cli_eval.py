@@ -1,0 +1,86 @@
+"""`wakefl eval`: relative FA at matched FR of candidate models against a baseline, per
+device type and device state, with FA per hour on the negative streams, DET curves and a
+report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "eval",
+        help="relative FA/FR of candidates against a baseline",
+        description="Evaluate candidate models against a baseline at matched FR, per device "
+        "type and state. Models are .onnx files (scored by onnxruntime, as on a device) or "
+        ".safetensors checkpoints.",
+    )
+    p.add_argument("--baseline", required=True, help="baseline model (.onnx or .safetensors)")
+    p.add_argument("--candidate", required=True, action="append", default=None,
+                   help="candidate model; repeat for several")
+    p.add_argument("--manifest", required=True, help="corpus manifest.csv")
+    p.add_argument("--split", default="test", choices=("train", "val", "test"))
+    p.add_argument("--target-fr", type=float, default=0.05,
+                   help="FR of the baseline's operating point (default 0.05)")
+    p.add_argument("--json", action="store_true", help='print {"rows": [...]} as JSON')
+    p.add_argument("--report", metavar="DIR", help="write DET plots and a Markdown/HTML report here")
+    p.add_argument("--format", choices=("md", "html", "both"), default="both",
+                   help="report format (default both)")
+    p.add_argument("--n-boot", type=int, default=200, help="bootstrap resamples for the CI")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    p.add_argument("--batch", type=int, default=64, help="clips per scoring batch")
+    p.add_argument("--hop-s", type=float, default=0.1, help="streaming detector hop (s)")
+    p.add_argument("--smoothing", type=int, default=None, help="detector smoothing (posteriors)")
+    p.add_argument("--refractory-s", type=float, default=None, help="detector refractory period (s)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.set_defaults(func=run)
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+def _table(rows: list[dict]) -> str:
+    head = f"{'candidate':<16} {'device':<7} {'state':<9} {'FR':>6} {'FA':>6} {'relFA':>6} {'CI':>15} {'relFR':>6} {'FA/h':>8} {'pos':>5} {'neg':>5}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lo, hi = r["relative_fa_ci"]
+        ci = f"[{_fmt(lo)},{'inf' if hi is None and lo is not None else _fmt(hi)}]"
+        fph = "n/a" if r["fa_per_hour"] is None else f"{r['fa_per_hour']:.1f}"
+        lines.append(
+            f"{r['candidate'][:16]:<16} {r['device_type']:<7} {r['state']:<9} {_fmt(r['fr']):>6} "
+            f"{_fmt(r['fa']):>6} {_fmt(r['relative_fa']):>6} {ci:>15} {_fmt(r['relative_fr']):>6} "
+            f"{fph:>8} {r['n_positive']:>5} {r['n_negative']:>5}"
+        )
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from wakefl.errors import ConfigError
+    from wakefl.tools.eval_report import result_json, write_report
+    from wakefl.tools.evaluation import EvalSettings, run_evaluation
+
+    if not (math.isfinite(args.target_fr) and 0.0 <= args.target_fr < 1.0):
+        raise ConfigError(f"--target-fr must be in [0, 1), got {args.target_fr}")
+    if args.n_boot < 1:
+        raise ConfigError(f"--n-boot must be at least 1, got {args.n_boot}")
+    if args.batch < 1:
+        raise ConfigError(f"--batch must be at least 1, got {args.batch}")
+    settings = EvalSettings(
+        split=args.split, target_fr=args.target_fr, n_boot=args.n_boot, seed=args.seed,
+        batch=args.batch, hop_s=args.hop_s, smoothing=args.smoothing,
+        refractory_s=args.refractory_s, progress=not args.quiet,
+    )
+    result = run_evaluation(args.baseline, args.candidate, args.manifest, settings)
+    if args.report:
+        formats = ("md", "html") if args.format == "both" else (args.format,)
+        written = write_report(result, args.report, formats)
+        print(f"report written to {args.report} ({len(written)} files)", file=sys.stderr)
+    if args.json:
+        print(json.dumps(result_json(result), allow_nan=False))
+    else:
+        print(_table(result.rows))
+    return 0

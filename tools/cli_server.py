@@ -1,0 +1,146 @@
+"""`wakefl server`: the aggregation server over MQTT (see docs/PROTOCOL.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from wakefl.errors import ConfigError
+
+
+def parse_devices(spec: str) -> dict[str, str]:
+    """`id:type,id:type` or a fleet file (JSON {"devices": {id: type}} as written by
+    `wakefl provision`)."""
+    path = Path(spec)
+    if path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            devices = data["devices"] if isinstance(data, dict) and "devices" in data else data
+            return {str(k): str(v) for k, v in devices.items()}
+        except (json.JSONDecodeError, AttributeError, KeyError) as exc:
+            raise ConfigError(f"fleet file {path} is not valid: {exc}") from exc
+    out: dict[str, str] = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        if ":" not in item:
+            raise ConfigError(f"--devices entry {item!r} must be ID:TYPE (or pass a fleet file)")
+        dev, typ = item.split(":", 1)
+        out[dev] = typ
+    if not out:
+        raise ConfigError("--devices is empty")
+    return out
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def load_initial_model(path: str | None, width: float, seed: int) -> tuple[Any, dict[str, Any]]:
+    """(flat params, model config dict) from a wakefl checkpoint (with its .json config),
+    a flat safetensors file holding one 1-D tensor `params`, or a fresh model."""
+    import torch
+
+    from wakefl.models.kws_cnn import KwsCnn, ModelConfig, get_flat_params, load_model
+
+    if path is None:
+        torch.manual_seed(seed)
+        cfg = ModelConfig(width=width)
+        return get_flat_params(KwsCnn(cfg)).detach().clone(), cfg.to_dict()
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"initial model {p} does not exist")
+    if p.with_suffix(p.suffix + ".json").is_file() or p.with_suffix(".json").is_file():
+        model = load_model(p)
+        return get_flat_params(model).detach().clone(), model.cfg.to_dict()
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(str(p))
+    except (SafetensorError, OSError) as exc:
+        raise ConfigError(f"initial model {p} is not a safetensors file: {exc}") from exc
+    if set(tensors) != {"params"} or tensors["params"].dim() != 1:
+        raise ConfigError(f"{p}: expected a checkpoint with a .json config or one flat 'params' tensor")
+    return tensors["params"].float(), {}
+
+
+def _handler(args: argparse.Namespace) -> int:
+    import torch
+
+    from wakefl.sdk.selffl.registry import make_strategy
+    from wakefl.server.aggregation_server import AggregationServer, ServerConfig
+    from wakefl.server.broker import ManagedBroker
+
+    torch.set_num_threads(1)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    strategy_args = {}
+    for item in args.strategy_arg:
+        if "=" not in item:
+            raise ConfigError(f"--strategy-arg {item!r} must be KEY=VALUE")
+        k, v = item.split("=", 1)
+        strategy_args[k] = _parse_value(v)
+    if args.group_by == "device_type":
+        strategy_args["cluster_by_group"] = True
+    strategy = make_strategy(args.strategy, **strategy_args)
+    params, model_config = load_initial_model(args.init_model, args.width, args.seed)
+    state = Path(args.state)
+    broker = None
+    url = args.broker
+    if url == "embedded":
+        broker = ManagedBroker(state / "broker", port=args.embedded_port).start()
+        url = broker.url
+        print(f"embedded broker: {url} (persistence in {state / 'broker'})", flush=True)
+    try:
+        cfg = ServerConfig(
+            broker_url=url, state_dir=state, initial_params=params, model_config=model_config,
+            fleet=args.fleet, rounds=args.rounds, activity_rate=args.activity_rate,
+            min_clients=args.min_clients, round_timeout=args.round_timeout,
+            devices=parse_devices(args.devices) if args.devices else None,
+            strategy_name=args.strategy, strategy_args=strategy_args,
+            wire_dtype=args.wire_dtype, ack_timeout_s=args.ack_timeout,
+            start_timeout=args.start_timeout, seed=args.seed)
+        AggregationServer(cfg, strategy).run()
+    finally:
+        if broker is not None:
+            broker.stop()
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("server", help="run the aggregation server over MQTT",
+                              description=__doc__)
+    p.add_argument("--broker", required=True,
+                   help="mqtt://[user:pass@]host:port, mqtts://...?ca=CA.pem, or 'embedded' "
+                        "(a managed mosquitto on 127.0.0.1)")
+    p.add_argument("--state", required=True, help="state directory (SQLite + models + updates)")
+    p.add_argument("--fleet", default="default")
+    p.add_argument("--group-by", choices=["none", "device_type"], default="none",
+                   help="device_type: cluster-level aggregation with one representative per type")
+    p.add_argument("--min-clients", type=int, default=None,
+                   help="quorum: close a round once this many updates are in (default: all sampled); "
+                        "also the number of devices that must be online before a round starts")
+    p.add_argument("--round-timeout", type=float, default=600.0, help="seconds per round (deadline)")
+    p.add_argument("--rounds", type=int, default=10)
+    p.add_argument("--activity-rate", type=float, default=1.0, help="share C of devices sampled")
+    p.add_argument("--init-model", default=None, help="warm-start checkpoint (.safetensors)")
+    p.add_argument("--width", type=float, default=1.0, help="model width without --init-model")
+    p.add_argument("--devices", default=None,
+                   help="registry: ID:TYPE,... or a fleet.json from `wakefl provision`; "
+                        "without it devices register with their first hello")
+    p.add_argument("--strategy", default="selffl")
+    p.add_argument("--strategy-arg", action="append", default=[], metavar="KEY=VALUE",
+                   help="strategy hyperparameter (repeatable), e.g. lr=0.01 l_max=40")
+    p.add_argument("--wire-dtype", choices=["fp32", "fp16"], default="fp32")
+    p.add_argument("--ack-timeout", type=float, default=30.0, help="device re-send interval (s)")
+    p.add_argument("--start-timeout", type=float, default=None,
+                   help="give up if the devices needed are not online after this many seconds")
+    p.add_argument("--embedded-port", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(func=_handler)

@@ -1,0 +1,255 @@
+"""Build the synthetic federated wake-word corpus: five device types A-E, clips of exactly
+one model window (1.5 s at 16 kHz) and long negative streams, with `manifest.csv` at the root.
+
+Every clip draws its randomness from a generator seeded by (seed, device type, kind, split,
+index), so the same seed and profile give byte-identical files whatever the order of work.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+
+from wakefl.errors import ConfigError
+from wakefl.sdk.manifest import CLIP_SAMPLES, SAMPLE_RATE, ManifestRow, write_manifest
+from wakefl.tools.background_sounds import ambient_noise, background_for_state
+from wakefl.tools.corpus_plan import (
+    PROFILES,
+    SPLITS,
+    STATES,
+    ClipRecipe,
+    CorpusProfile,
+    Speaker,
+    clip_recipes,
+    make_speakers,
+    phrase_variants,
+)
+from wakefl.tools.device_acoustics import DEVICE_PROFILES, capture, reverberate, scale_to
+from wakefl.tools.room_impulse import exponential_rir
+from wakefl.tools.speech_synthesis import Voice, synthesize_many
+
+_KIND_CLIP, _KIND_STREAM, _KIND_ROOM = 0, 1, 2
+_DEVICE_INDEX = {name: i for i, name in enumerate(DEVICE_PROFILES)}
+_MAX_PHRASE_S = 1.4  # the phrase must fit in the 1.5 s window with a margin
+_EDGE_S = 0.04
+_SPEECH_LEVEL_DB = (-32.0, -20.0)  # acoustic speech level at the device, dBFS RMS
+_STATE_SNR_FALLBACK = (5.0, 15.0)
+_CORPUS_INFO = "corpus.json"
+
+
+@dataclass
+class _Context:
+    seed: int
+    profile: CorpusProfile
+    speakers: dict[str, list[Speaker]]  # by split
+    speech: dict[tuple[Voice, str], np.ndarray]
+    phrases: tuple[str, ...]
+    rooms: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
+
+    def room(self, device: str, index: int) -> np.ndarray:
+        key = (device, index)
+        if key not in self.rooms:
+            prof = DEVICE_PROFILES[device]
+            rng = np.random.default_rng([self.seed, _DEVICE_INDEX[device], _KIND_ROOM, index])
+            self.rooms[key] = exponential_rir(rng, rng.uniform(*prof.rt60_s), rng.uniform(*prof.drr_db))
+        return self.rooms[key]
+
+
+def resolve_profile(profile: str | CorpusProfile) -> CorpusProfile:
+    if isinstance(profile, CorpusProfile):
+        return profile
+    if profile not in PROFILES:
+        raise ConfigError(f"unknown corpus profile {profile!r}; choose one of {', '.join(PROFILES)}")
+    return PROFILES[profile]
+
+
+def change_speed(x: np.ndarray, factor: float) -> np.ndarray:
+    """Play `x` `factor` times faster (tempo and pitch together, like a tape)."""
+    n_out = max(1, int(round(x.size / factor)))
+    return np.interp(np.arange(n_out) * factor, np.arange(x.size), x)
+
+
+def _utterance(ctx: _Context, rng: np.random.Generator, speaker: Speaker, content: str) -> np.ndarray:
+    if content == "pos":
+        text = ctx.phrases[int(rng.integers(len(ctx.phrases)))]
+    elif content == "conf":
+        text = speaker.confusables[int(rng.integers(len(speaker.confusables)))]
+    else:
+        text = speaker.others[int(rng.integers(len(speaker.others)))]
+    return change_speed(ctx.speech[(speaker.voice, text)], rng.uniform(0.92, 1.08))
+
+
+def _place(rng: np.random.Generator, speech: np.ndarray, content: str) -> np.ndarray:
+    """Put the utterance somewhere in the window. The wake phrase always fits whole; other
+    speech longer than the window is cut at a random point."""
+    out = np.zeros(CLIP_SAMPLES)
+    if content == "pos" and speech.size > _MAX_PHRASE_S * SAMPLE_RATE:
+        speech = change_speed(speech, speech.size / (_MAX_PHRASE_S * SAMPLE_RATE))
+    edge = int(_EDGE_S * SAMPLE_RATE)
+    if speech.size <= CLIP_SAMPLES - 2 * edge:
+        start = int(rng.integers(edge, CLIP_SAMPLES - edge - speech.size + 1))
+        out[start : start + speech.size] = speech
+    elif speech.size <= CLIP_SAMPLES:
+        start = int(rng.integers(0, CLIP_SAMPLES - speech.size + 1))
+        out[start : start + speech.size] = speech
+    else:
+        cut = int(rng.integers(0, speech.size - CLIP_SAMPLES + 1))
+        out[:] = speech[cut : cut + CLIP_SAMPLES]
+    return out
+
+
+def render_clip(ctx: _Context, recipe: ClipRecipe) -> tuple[np.ndarray, str]:
+    """One 1.5 s clip as recorded by the recipe's device; returns (wave, speaker id)."""
+    dev = DEVICE_PROFILES[recipe.device_type]
+    rng = np.random.default_rng(
+        [ctx.seed, _DEVICE_INDEX[recipe.device_type], _KIND_CLIP, SPLITS.index(recipe.split), recipe.index]
+    )
+    room = ctx.room(recipe.device_type, int(rng.integers(ctx.profile.rooms_per_device)))
+    ref_db = rng.uniform(*_SPEECH_LEVEL_DB)
+    field_ = scale_to(ambient_noise(rng, CLIP_SAMPLES, dev.ambient_exponent), ref_db + dev.noise_floor_db)
+    background = background_for_state(rng, recipe.state, CLIP_SAMPLES)
+    if recipe.content == "bg":
+        speaker_id = f"nospeech-{recipe.split}"
+        if background is not None:
+            field_ += scale_to(reverberate(background, room), ref_db)
+    else:
+        pool = ctx.speakers[recipe.split]
+        speaker = pool[int(rng.integers(len(pool)))]
+        speaker_id = speaker.speaker_id
+        dry = _place(rng, _utterance(ctx, rng, speaker, recipe.content), recipe.content)
+        field_ += scale_to(reverberate(dry, room), ref_db)
+        if background is not None:
+            snr = rng.uniform(*dev.snr_db.get(recipe.state, _STATE_SNR_FALLBACK))
+            field_ += scale_to(reverberate(background, room), ref_db - snr)
+    return capture(rng, dev, field_), speaker_id
+
+
+def _gate(rng: np.random.Generator, n: int, on_s: tuple[float, float], off_s: tuple[float, float]) -> np.ndarray:
+    """On/off bursts, for alarms that ring for a while and stop."""
+    gate = np.zeros(n)
+    t = int(rng.uniform(*off_s) * SAMPLE_RATE)
+    while t < n:
+        on = int(rng.uniform(*on_s) * SAMPLE_RATE)
+        gate[t : t + on] = 1.0
+        t += on + int(rng.uniform(*off_s) * SAMPLE_RATE)
+    ramp = int(0.02 * SAMPLE_RATE)
+    return np.convolve(gate, np.ones(ramp) / ramp, mode="same")
+
+
+def render_stream(ctx: _Context, device: str, index: int) -> tuple[np.ndarray, str]:
+    """A long negative recording: test-split speakers saying confusable phrases and other
+    speech with pauses, over the state's background. Returns (wave, state)."""
+    dev = DEVICE_PROFILES[device]
+    d_idx = _DEVICE_INDEX[device]
+    rng = np.random.default_rng([ctx.seed, d_idx, _KIND_STREAM, index])
+    state = STATES[(index + d_idx) % len(STATES)]
+    n = int(ctx.profile.stream_seconds * SAMPLE_RATE)
+    room = ctx.room(device, int(rng.integers(ctx.profile.rooms_per_device)))
+    ref_db = float(np.mean(_SPEECH_LEVEL_DB))
+    dry = np.zeros(n)
+    pool = ctx.speakers["test"]
+    t = int(rng.uniform(0.2, 2.0) * SAMPLE_RATE)
+    while t < n:
+        speaker = pool[int(rng.integers(len(pool)))]
+        content = "conf" if rng.random() < 0.4 else "other"
+        utt = scale_to(_utterance(ctx, rng, speaker, content), rng.uniform(*_SPEECH_LEVEL_DB))
+        seg = utt[: n - t]
+        dry[t : t + seg.size] += seg
+        # Conversational pauses, and now and then a long quiet stretch.
+        t += seg.size + int((rng.uniform(0.3, 2.5) if rng.random() < 0.8 else rng.uniform(4.0, 12.0)) * SAMPLE_RATE)
+    field_ = reverberate(dry, room)
+    field_ += scale_to(ambient_noise(rng, n, dev.ambient_exponent), ref_db + dev.noise_floor_db)
+    background = background_for_state(rng, state, n)
+    if background is not None:
+        if state == "alarm":
+            background = background * _gate(rng, n, (3.0, 8.0), (5.0, 15.0))
+        snr = rng.uniform(*dev.snr_db.get(state, _STATE_SNR_FALLBACK))
+        field_ += scale_to(reverberate(background, room), ref_db - snr)
+    return capture(rng, dev, field_), state
+
+
+def _write_wav(path: Path, wave: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sf.write(str(path), np.asarray(wave, dtype=np.float32), SAMPLE_RATE, subtype="PCM_16", format="WAV")
+
+
+def _prepare_out_dir(out: Path) -> None:
+    """Rebuild a previous corpus in place, but never write into a folder that holds other files."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()):
+        if not (out / _CORPUS_INFO).is_file():
+            raise ConfigError(
+                f"--out {out} is not empty and holds no wakefl corpus; choose an empty or new folder"
+            )
+        for sub in ("clips", "streams"):
+            shutil.rmtree(out / sub, ignore_errors=True)
+        for f in ("manifest.csv", "speakers.csv", _CORPUS_INFO):
+            (out / f).unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def build_corpus(
+    out_dir: str | Path,
+    seed: int = 0,
+    profile: str | CorpusProfile = "tiny",
+    phrase: str = "hey nova",
+    progress: bool = True,
+    tts_cache_dir: str | Path | None = None,
+) -> Path:
+    """Synthesize the corpus into `out_dir` and return the path of its `manifest.csv`."""
+    from tqdm import tqdm
+
+    prof = resolve_profile(profile)
+    phrase = " ".join(phrase.lower().split())
+    if not phrase or not all(c.isalpha() or c in " '-" for c in phrase):
+        raise ConfigError(f"the wake phrase must be words of letters, got {phrase!r}")
+    out = Path(out_dir)
+    _prepare_out_dir(out)
+
+    speakers = make_speakers(seed, prof, phrase)
+    phrases = phrase_variants(phrase)
+    jobs = [(s.voice, t) for s in speakers for t in (*phrases, *s.confusables, *s.others)]
+    speech = synthesize_many(jobs, Path(tts_cache_dir) if tts_cache_dir else None, progress=progress)
+    ctx = _Context(seed, prof, {sp: [s for s in speakers if s.split == sp] for sp in SPLITS}, speech, phrases)
+
+    rows: list[ManifestRow] = []
+    recipes = clip_recipes(seed, prof)
+    for r in tqdm(recipes, desc=f"clips ({prof.name})", unit="clip", disable=not progress):
+        wave, speaker_id = render_clip(ctx, r)
+        rel = f"clips/{r.device_type}/{r.split}/{r.device_type}_{r.split}_{r.index:05d}_{r.content}.wav"
+        _write_wav(out / rel, wave)
+        rows.append(
+            ManifestRow(rel, int(r.content == "pos"), r.device_type, r.state, speaker_id, r.split,
+                        CLIP_SAMPLES / SAMPLE_RATE, "clip")
+        )  # fmt: skip
+    stream_jobs = [(d, i) for d in DEVICE_PROFILES for i in range(prof.streams_per_device)]
+    for d, i in tqdm(stream_jobs, desc="streams", unit="stream", disable=not progress):
+        wave, state = render_stream(ctx, d, i)
+        rel = f"streams/{d}/{d}_stream_{i:03d}.wav"
+        _write_wav(out / rel, wave)
+        rows.append(ManifestRow(rel, 0, d, state, "mixed-test", "test", wave.size / SAMPLE_RATE, "stream"))
+
+    with (out / "speakers.csv").open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(["speaker", "split", "engine", "voice", "variant", "rate", "pitch"])
+        for s in speakers:
+            v = s.voice
+            w.writerow([s.speaker_id, s.split, v.engine, v.voice, v.variant, v.rate, v.pitch])
+    info = {
+        "generator": "wakefl corpus build",
+        "seed": seed,
+        "profile": asdict(prof),
+        "phrase": phrase,
+        "sample_rate": SAMPLE_RATE,
+        "clip_samples": CLIP_SAMPLES,
+        "device_types": {k: v.description for k, v in DEVICE_PROFILES.items()},
+    }
+    (out / _CORPUS_INFO).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return write_manifest(rows, out / "manifest.csv")

@@ -1,0 +1,120 @@
+"""Embedding the wakefl SDK in a device app: take part in federated rounds, report the
+personal model's relative FA/FR, then serve wake-word detections with the edge runtime.
+
+    .venv/bin/python tools/examples/device_app.py --data CORPUS/manifest.csv --type A
+
+With `--broker URL` the app joins a fleet whose server runs elsewhere (`wakefl server`).
+Without it, the example starts what a real deployment runs elsewhere — a managed mosquitto
+on 127.0.0.1 and an aggregation server for `--rounds` rounds — so that it runs on its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import threading
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from wakefl.edge_runtime import OnnxScorer, StreamingDetector, load_audio
+from wakefl.sdk import DeviceClient, WakeWordDataset, read_manifest
+
+
+def start_demo_fleet(workdir: Path, width: float, rounds: int, device_id: str, device_type: str):
+    """A local broker and server, standing in for the fleet's infrastructure."""
+    from wakefl.models.kws_cnn import KwsCnn, ModelConfig, get_flat_params
+    from wakefl.sdk.selffl.registry import make_strategy
+    from wakefl.server.aggregation_server import AggregationServer, ServerConfig
+    from wakefl.server.broker import ManagedBroker
+
+    # Its own folder directly under /tmp: mosquitto started as root runs as the mosquitto
+    # user and must reach its persistence folder.
+    broker = ManagedBroker(tempfile.mkdtemp(prefix="wakefl-demo-broker-")).start()
+    torch.manual_seed(0)
+    cfg = ModelConfig(width=width)
+    args = {"lr": 0.05, "batch_size": 8, "l_max": 5, "warmup_steps": 3}
+    server = AggregationServer(
+        ServerConfig(broker_url=broker.url, state_dir=workdir / "server",
+                     initial_params=get_flat_params(KwsCnn(cfg)), model_config=cfg.to_dict(),
+                     rounds=rounds, round_timeout=120, devices={device_id: device_type},
+                     strategy_args=args, ack_timeout_s=5),
+        make_strategy("selffl", **args), progress=lambda line: print(f"  [server] {line}"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    return broker, server, thread
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", required=True, help="corpus manifest.csv")
+    ap.add_argument("--type", default="A", help="this device's type")
+    ap.add_argument("--id", default="kitchen-speaker-1", help="this device's id")
+    ap.add_argument("--broker", default=None, help="join this broker's fleet (default: a local demo fleet)")
+    ap.add_argument("--state", default=None, help="state folder (default: a temporary one)")
+    ap.add_argument("--width", type=float, default=0.25, help="model width of the demo fleet")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of the demo fleet")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+
+    work = Path(tempfile.mkdtemp(prefix="wakefl-device-app-"))
+    state_dir = Path(args.state) if args.state else work / "state"
+    broker = server = thread = None
+    try:
+        if args.broker is None:
+            broker, server, thread = start_demo_fleet(work, args.width, args.rounds, args.id, args.type)
+        url = args.broker or broker.url
+
+        # 1. The device's local data: its own training clips, and validation clips for the
+        #    relative FA/FR report. 1.5 s windows at 16 kHz, as the model expects.
+        train = WakeWordDataset(args.data, args.type, "train", window_samples=24000)
+        val = WakeWordDataset(args.data, args.type, "val", window_samples=24000)
+
+        # 2. Join the fleet and take part in rounds until the server ends the run. State
+        #    (personal model, variance, pending update) survives a power cut at any point.
+        with DeviceClient(args.id, args.type, train, state_dir, validation=val,
+                          broker_url=url, progress=lambda line: print(f"  [device] {line}")) as device:
+            summary = device.run()
+            print(f"took part in {summary.rounds_trained} round(s); "
+                  f"{summary.updates_accepted} update(s) accepted by the server")
+            for o in summary.outcomes:
+                if o.relative_fa is not None:
+                    print(f"  round {o.round_id}: relative FA {o.relative_fa:.3f} at relative "
+                          f"FR {o.relative_fr:.3f} against the baseline (local validation clips)")
+
+            # 3. Hand the personal model to the edge runtime (ONNX: waveform in, score out).
+            onnx_path = device.export_onnx(work / "personal.onnx")
+            print(f"personal model exported: {onnx_path} ({onnx_path.stat().st_size / 1e6:.2f} MB)")
+
+        # 4. Serve detections: stream a recording chunk by chunk (here: clips of the test
+        #    split played back to back, as a microphone would deliver them).
+        scorer = OnnxScorer(onnx_path, threads=1)
+        detector = StreamingDetector(scorer, hop_s=0.1, threshold=0.5)
+        manifest = Path(args.data)
+        rows = [r for r in read_manifest(manifest)
+                if r.device_type == args.type and r.split == "test" and r.kind == "clip"][:8]
+        audio = np.concatenate([load_audio(r.resolve(manifest), scorer.sample_rate) for r in rows])
+        truth = [i * 1.5 for i, r in enumerate(rows) if r.label == 1]
+        chunk = scorer.sample_rate // 10  # 100 ms of audio at a time
+        detections = []
+        for start in range(0, audio.size, chunk):
+            detections += detector.push(audio[start:start + chunk])
+        print(f"streamed {audio.size / scorer.sample_rate:.1f} s of audio; wake word spoken in "
+              f"the clips starting at {truth} s")
+        for d in detections:
+            print(f"  detection at {d.time_s:.1f} s (score {d.score:.2f})")
+        if not detections:
+            print("  no detection (a small model after few rounds)")
+    finally:
+        if thread is not None:
+            thread.join(timeout=30)
+        if broker is not None:
+            broker.stop()
+            shutil.rmtree(broker.state_dir, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""Score manifest clips with a wake-word model given as an ONNX file (through onnxruntime,
+exactly as on a device) or a safetensors checkpoint (through torch), behind one scorer
+interface: `.sample_rate`, `.window_samples`, `.score(windows[B, T]) -> np.ndarray[B]`.
+
+Models compared against each other must hear the same audio: `check_same_frontend` refuses
+a candidate whose frontend (sample rate, window, log-mel parameters) differs from the
+baseline's.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+from tqdm import tqdm
+
+from wakefl.errors import AudioError, ConfigError, NonFiniteError
+from wakefl.sdk.manifest import ManifestRow
+
+# The ModelConfig fields that decide what the network hears; `width` is not among them.
+FRONTEND_FIELDS = ("sample_rate", "window_samples", "n_mels", "win_ms", "hop_ms", "n_fft", "f_min", "f_max")
+
+
+class Scorer(Protocol):
+    sample_rate: int
+    window_samples: int
+
+    def score(self, windows: np.ndarray) -> np.ndarray: ...
+
+
+class TorchScorer:
+    """A safetensors checkpoint behind the scorer interface (CPU, no gradients)."""
+
+    def __init__(self, path: str | Path) -> None:
+        from wakefl.models.kws_cnn import load_model
+
+        self.path = Path(path)
+        self.model = load_model(self.path)
+        self.cfg = self.model.cfg
+        self.sample_rate = int(self.cfg.sample_rate)
+        self.window_samples = int(self.cfg.window_samples)
+        self.frontend = frontend_from_config(self.cfg.to_dict())
+
+    def score(self, windows: np.ndarray) -> np.ndarray:
+        import torch
+
+        x = np.ascontiguousarray(windows, dtype=np.float32)
+        if x.ndim != 2 or x.shape[1] != self.window_samples:
+            raise AudioError(f"expected windows of shape [B, {self.window_samples}], got {x.shape}")
+        with torch.no_grad():
+            return self.model.predict_proba(torch.from_numpy(x)).numpy().astype(np.float64)
+
+
+def frontend_from_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The frontend fields of a ModelConfig dict; `window_samples` is derived if absent."""
+    out = {k: cfg.get(k) for k in FRONTEND_FIELDS if k != "window_samples"}
+    if "window_samples" in cfg:
+        out["window_samples"] = int(cfg["window_samples"])
+    elif cfg.get("window_s") is not None and cfg.get("sample_rate") is not None:
+        out["window_samples"] = int(round(float(cfg["window_s"]) * int(cfg["sample_rate"])))
+    return out
+
+
+def _onnx_frontend(meta: dict[str, str], path: Path) -> dict[str, Any]:
+    """Frontend fields from an exported model's metadata: the full `model_config` JSON when
+    present, else the individual keys."""
+    cfg: dict[str, Any] = {}
+    if "model_config" in meta:
+        try:
+            loaded = json.loads(meta["model_config"])
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}: metadata 'model_config' is not valid JSON: {exc}") from exc
+        if isinstance(loaded, dict):
+            cfg.update(loaded)
+    for key in FRONTEND_FIELDS:
+        if key not in cfg and key in meta:
+            try:
+                cfg[key] = json.loads(meta[key])
+            except json.JSONDecodeError:
+                cfg[key] = meta[key]
+    return frontend_from_config(cfg)
+
+
+class OnnxModelScorer:
+    """An ONNX file through the edge runtime's `OnnxScorer`, with its frontend fields."""
+
+    def __init__(self, path: str | Path, threads: int = 1) -> None:
+        from wakefl.edge_runtime import OnnxScorer
+
+        self.path = Path(path)
+        self.inner = OnnxScorer(str(self.path), threads=threads)
+        self.sample_rate = int(self.inner.sample_rate)
+        self.window_samples = int(self.inner.window_samples)
+        self.frontend = _onnx_frontend(dict(getattr(self.inner, "metadata", {})), self.path)
+        # The runtime's own view of rate and window is what the device uses: it wins.
+        self.frontend["sample_rate"] = self.sample_rate
+        self.frontend["window_samples"] = self.window_samples
+
+    def score(self, windows: np.ndarray) -> np.ndarray:
+        return np.asarray(self.inner.score(np.asarray(windows, dtype=np.float32)), dtype=np.float64)
+
+
+def load_scorer(path: str | Path) -> OnnxModelScorer | TorchScorer:
+    """A scorer for `path`: `.onnx` through onnxruntime, `.safetensors` through torch."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"model file not found: {path}")
+    suffix = path.suffix.lower()
+    if suffix == ".onnx":
+        return OnnxModelScorer(path)
+    if suffix == ".safetensors":
+        return TorchScorer(path)
+    raise ConfigError(f"{path}: unknown model format {suffix!r}; give a .onnx or .safetensors file")
+
+
+def check_same_frontend(baseline: Any, candidate: Any, name: str = "candidate") -> None:
+    """Refuse a candidate that does not hear the same audio features as the baseline.
+
+    Fields missing from an ONNX file's metadata are compared only where both models have
+    them; sample rate and window length are always known.
+    """
+    fb, fc = baseline.frontend, candidate.frontend
+    diffs = []
+    for key in FRONTEND_FIELDS:
+        vb, vc = fb.get(key), fc.get(key)
+        if key in ("sample_rate", "window_samples") or (vb is not None and vc is not None):
+            same = vb == vc or (
+                isinstance(vb, (int, float)) and isinstance(vc, (int, float)) and np.isclose(vb, vc)
+            )
+            if not same:
+                diffs.append(f"{key}: baseline {vb!r}, {name} {vc!r}")
+    if diffs:
+        raise ConfigError(
+            f"{name} has a different frontend from the baseline ({'; '.join(diffs)}); "
+            "models can only be compared on the same audio features"
+        )
+
+
+def load_clip_windows(
+    rows: Sequence[ManifestRow], manifest_dir: str | Path, sample_rate: int, window_samples: int,
+    progress: bool = True,
+) -> np.ndarray:
+    """Decode clip rows into a [N, window_samples] float32 array (one window per clip).
+
+    A clip may differ from the window by a rounding sample or two (trimmed or zero-padded
+    at the end); a larger difference is an AudioError naming the file.
+    """
+    from wakefl.edge_runtime import load_audio
+
+    out = np.zeros((len(rows), window_samples), dtype=np.float32)
+    tolerance = max(2, window_samples // 1000)
+    for i, row in enumerate(tqdm(rows, desc="load clips", unit="clip", disable=not progress)):
+        path = Path(manifest_dir) / row.path
+        if not path.is_file():
+            raise AudioError(f"clip listed in the manifest not found: {path}")
+        wave = load_audio(str(path), sample_rate=sample_rate)
+        if abs(wave.size - window_samples) > tolerance:
+            raise AudioError(
+                f"{path}: {wave.size} samples, but the model window is {window_samples} "
+                f"({window_samples / sample_rate:.3f} s)"
+            )
+        n = min(wave.size, window_samples)
+        out[i, :n] = wave[:n]
+    return out
+
+
+def score_windows(scorer: Scorer, windows: np.ndarray, batch: int = 64, desc: str = "score",
+                  progress: bool = True) -> np.ndarray:
+    """Scores of `windows` [N, T] in batches; a non-finite score is a NonFiniteError."""
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1, got {batch}")
+    scores = np.empty(len(windows), dtype=np.float64)
+    starts = range(0, len(windows), batch)
+    for s in tqdm(starts, desc=desc, unit="batch", disable=not progress):
+        scores[s : s + batch] = scorer.score(windows[s : s + batch])
+    if not np.all(np.isfinite(scores)):
+        raise NonFiniteError(f"{desc}: the model produced non-finite scores")
+    return scores
+
+
+def score_clips(
+    scorer: Scorer, rows: Sequence[ManifestRow], manifest_dir: str | Path, batch: int = 64,
+    progress: bool = True,
+) -> np.ndarray:
+    """Scores of the clip rows, in row order."""
+    windows = load_clip_windows(rows, manifest_dir, scorer.sample_rate, scorer.window_samples, progress)
+    return score_windows(scorer, windows, batch, progress=progress)

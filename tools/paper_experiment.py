@@ -1,0 +1,626 @@
+"""The Self-FL paper's wake-word study on the wakefl corpus (paper Section 5, Tables 2, 5, 6
+and Figures 11-12): Self-FL against FedAvg-w/-e, DITTO-w/-e, Per-FedAvg, pFedMe, pFedVEM,
+local fine-tuning and local-only training, all started from the same warm-start model and
+judged by relative FA at matched FR against it on held-out test speakers.
+
+Settings:
+* "full-participation": 5 clients, one per device type, every client active every round.
+* "sampling-0.25" / "sampling-0.1": 20 clients, 4 per device type (each device type's
+  training speakers split into 4 disjoint groups), activity rate C; Self-FL client-level
+  against cluster-level (clusters = device types), reported per device state.
+
+Tuning: every method gets the same grid of learning rates (the one hyperparameter every
+method has); each grid point is a full federated run in the full-participation setting,
+scored on the validation speakers, and the best point's run is then evaluated on the test
+speakers. The sampling settings reuse Self-FL's selected learning rate.
+
+The result is a plain dict `{"config": ..., "rows": [...], "step_counts": [...]}`;
+`wakefl.tools.paper_report` turns it into the Markdown tables and the plots.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from wakefl.errors import ConfigError, NonFiniteError
+
+SETTING_FULL = "full-participation"
+ACTIVITY_RATES = (0.25, 0.1)
+STATES = ("normal", "playback", "alarm")
+ALL_STATES = "all"
+
+# Methods of paper Table 2, in its row order (local-only training added as a floor).
+METHODS: tuple[str, ...] = (
+    "selffl", "selffl-alg2", "fedavg-w", "fedavg-e", "ditto-w", "ditto-e",
+    "perfedavg", "pfedme", "pfedvem", "finetune", "local",
+)  # fmt: skip
+METHOD_LABELS: dict[str, str] = {
+    "selffl": "Self-FL (Alg. 1)",
+    "selffl-alg2": "Self-FL (Alg. 2)",
+    "fedavg-w": "FedAvg-w",
+    "fedavg-e": "FedAvg-e",
+    "ditto-w": "DITTO-w",
+    "ditto-e": "DITTO-e",
+    "perfedavg": "Per-FedAvg (FO)",
+    "pfedme": "pFedMe",
+    "pfedvem": "pFedVEM",
+    "finetune": "Local fine-tuning",
+    "local": "Local only",
+    "selffl-client": "Self-FL client-level",
+    "selffl-cluster": "Self-FL cluster-level",
+}
+# Methods whose "global" model is not a federated model (local-only keeps the warm start).
+NO_GLOBAL = frozenset({"local"})
+# Selection score given to a grid point whose relative FA is unbounded (baseline FA = 0).
+_UNBOUNDED_SCORE = 1e3
+
+
+@dataclass(frozen=True)
+class StudyProfile:
+    """Sizes of one run of the study. `local_steps` is the fixed step count of the
+    baselines (20 in the paper), `l_max` Self-FL's cap (40 in the paper)."""
+
+    name: str
+    corpus_profile: str
+    width: float
+    rounds: int
+    sampling_rounds: int
+    batch_size: int
+    local_steps: int
+    l_max: int
+    inner_steps: int  # pFedMe's inner proximal steps per local step
+    converge_steps: int  # Self-FL Algorithm 2's extra steps towards local convergence
+    lr_grid: tuple[float, ...]
+    warm_epochs: int
+    n_boot: int
+    target_fr: float
+    clients_per_type: int = 4
+    eval_batch_size: int = 64
+
+
+PROFILES: dict[str, StudyProfile] = {
+    "tiny": StudyProfile("tiny", "tiny", width=0.125, rounds=3, sampling_rounds=6,
+                         batch_size=16, local_steps=4, l_max=8, inner_steps=2,
+                         converge_steps=8, lr_grid=(0.05,), warm_epochs=4, n_boot=100,
+                         target_fr=0.1),
+    "small": StudyProfile("small", "small", width=0.25, rounds=8, sampling_rounds=16,
+                          batch_size=32, local_steps=10, l_max=20, inner_steps=3,
+                          converge_steps=20, lr_grid=(0.02, 0.05), warm_epochs=8,
+                          n_boot=500, target_fr=0.05),
+    "full": StudyProfile("full", "full", width=1.0, rounds=30, sampling_rounds=60,
+                         batch_size=32, local_steps=20, l_max=40, inner_steps=5,
+                         converge_steps=100, lr_grid=(0.01, 0.02, 0.05), warm_epochs=12,
+                         n_boot=1000, target_fr=0.05),
+}  # fmt: skip
+
+
+def resolve_profile(name: str, width: float | None = None, rounds: int | None = None) -> StudyProfile:
+    """The named profile, with the width and round count optionally overridden (the sampling
+    settings keep their ratio of rounds to the full-participation rounds)."""
+    if name not in PROFILES:
+        raise ConfigError(f"unknown study profile {name!r}; choose one of {', '.join(PROFILES)}")
+    prof = PROFILES[name]
+    if width is not None:
+        if not 0.0 < width <= 4.0:
+            raise ConfigError(f"--width must be in (0, 4], got {width}")
+        prof = replace(prof, width=float(width))
+    if rounds is not None:
+        if rounds < 1:
+            raise ConfigError(f"--rounds must be >= 1, got {rounds}")
+        ratio = prof.sampling_rounds / prof.rounds
+        prof = replace(prof, rounds=int(rounds), sampling_rounds=max(1, round(rounds * ratio)))
+    return prof
+
+
+# --------------------------------------------------------------------------------------
+# Pure rules: hyperparameters, client splits, selection
+# --------------------------------------------------------------------------------------
+
+
+def method_hyperparams(method: str, lr: float, prof: StudyProfile, head: slice | None = None) -> dict[str, Any]:
+    """Keyword hyperparameters of `method` for grid point `lr`. Every method's own
+    learning rate(s) follow the grid point; step counts follow the profile, as in the
+    paper (fixed `local_steps` for the baselines, cap `l_max` for Self-FL)."""
+    k = prof.local_steps
+    if method in ("selffl", "selffl-alg2"):
+        hp: dict[str, Any] = {"lr": lr, "batch_size": prof.batch_size, "l_max": prof.l_max,
+                              "warmup_steps": k}
+        if method == "selffl-alg2":
+            hp["converge_steps"] = prof.converge_steps
+        return hp
+    if method in ("fedavg-w", "fedavg-e", "local"):
+        return {"lr": lr, "local_steps": k}
+    if method in ("ditto-w", "ditto-e"):
+        return {"lr": lr, "local_steps": k}
+    if method == "perfedavg":
+        return {"alpha": lr, "beta": lr, "local_steps": k}
+    if method == "pfedme":
+        return {"lr": lr, "personal_lr": lr, "local_steps": k, "inner_steps": prof.inner_steps}
+    if method == "pfedvem":
+        # init_std 0.1 instead of 0.01: the next round's prior variance rho^2 starts near
+        # init_std^2, and plain SGD on the KL term is stable only while lr * kl_w / rho^2 < 2;
+        # at 0.01 it diverged at every grid point of the tiny profile.
+        return {"head": head, "lr": lr, "local_steps": k, "init_std": 0.1}
+    if method == "finetune":
+        return {"lr": lr, "local_steps": k, "finetune_steps": k}
+    raise ConfigError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")
+
+
+def split_speakers(counts: dict[str, int], n_clients: int) -> list[list[str]]:
+    """Partition speakers into `n_clients` disjoint groups of similar clip counts: largest
+    speaker first onto the currently smallest group (ties by name, so it is deterministic)."""
+    if len(counts) < n_clients:
+        raise ConfigError(
+            f"cannot split {len(counts)} training speakers into {n_clients} clients: "
+            "use a larger corpus profile"
+        )
+    groups: list[list[str]] = [[] for _ in range(n_clients)]
+    sizes = [0] * n_clients
+    for spk in sorted(counts, key=lambda s: (-counts[s], s)):
+        i = min(range(n_clients), key=lambda j: (sizes[j], j))
+        groups[i].append(spk)
+        sizes[i] += counts[spk]
+    return [sorted(g) for g in groups]
+
+
+def selection_score(values: Sequence[float | None]) -> float:
+    """Mean relative FA over device types and models on the validation speakers (lower is
+    better); an unbounded ratio counts as a large penalty rather than breaking the mean."""
+    vals = [_UNBOUNDED_SCORE if v is None else float(v) for v in values]
+    return float(np.mean(vals)) if vals else _UNBOUNDED_SCORE
+
+
+def client_id(device_type: str, index: int | None = None) -> str:
+    return device_type if index is None else f"{device_type}-{index}"
+
+
+# --------------------------------------------------------------------------------------
+# Evaluation sets and scoring
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class EvalSet:
+    """One device type's held-out clips with the warm-start model's scores on them."""
+
+    device_type: str
+    dataset: Any
+    labels: np.ndarray
+    states: np.ndarray
+    speakers: np.ndarray
+    baseline_scores: np.ndarray
+
+
+class Scorer:
+    """Scores flat parameter vectors on evaluation sets with one reusable model; results are
+    cached by a hash of the parameters, so methods whose personalized model equals their
+    global model are scored once."""
+
+    def __init__(self, model: Any, batch_size: int) -> None:
+        self.model = model
+        self.batch_size = batch_size
+        self._cache: dict[tuple[str, str], np.ndarray] = {}
+
+    @staticmethod
+    def _key(params: Any) -> str:
+        return hashlib.sha1(params.detach().contiguous().numpy().tobytes()).hexdigest()
+
+    def __call__(self, params: Any, ev: EvalSet, split: str) -> np.ndarray:
+        from wakefl.models.kws_cnn import set_flat_params
+        from wakefl.sdk.local_training import predict_scores
+
+        key = (self._key(params), f"{split}:{ev.device_type}")
+        if key not in self._cache:
+            set_flat_params(self.model, params)
+            self._cache[key] = predict_scores(self.model, ev.dataset, batch_size=self.batch_size)
+        return self._cache[key]
+
+
+def relative_record(
+    ev: EvalSet, cand_scores: np.ndarray, state: str, target_fr: float, n_boot: int,
+    seed: int, repeats: int = 1,
+) -> dict[str, Any]:
+    """Relative FA/FR (with a speaker-bootstrap CI) of candidate scores on `ev`, restricted
+    to one device state or "all". `repeats` > 1: `cand_scores` holds that many models'
+    scores of the same clips one after the other (a device type's fleet of personalized
+    models), compared with the baseline's scores repeated alike at one shared threshold."""
+    from wakefl.sdk.wake_metrics import bootstrap_relative_fa_ci, relative_fa_fr
+
+    mask = np.ones(ev.labels.size, bool) if state == ALL_STATES else ev.states == state
+    mask = np.tile(mask, repeats)
+    labels = np.tile(ev.labels, repeats)[mask]
+    speakers = np.tile(ev.speakers, repeats)[mask]
+    base = np.tile(ev.baseline_scores, repeats)[mask]
+    cand = np.asarray(cand_scores)[mask]
+    pos, neg = labels == 1, labels == 0
+    out: dict[str, Any] = {"n_positive": int(pos.sum()), "n_negative": int(neg.sum())}
+    if not pos.any() or not neg.any():
+        out.update(relative_fa=None, relative_fr=None, relative_fa_ci=[None, None],
+                   note="no wake-word or no other clips in this cell")
+        return out
+    res = relative_fa_fr(base[pos], base[neg], cand[pos], cand[neg], target_fr)
+    lo, hi = bootstrap_relative_fa_ci(
+        base[pos], base[neg], cand[pos], cand[neg], target_fr,
+        groups=(speakers[pos], speakers[neg]), n_boot=n_boot, seed=seed,
+    )
+    out.update(
+        relative_fa=_round(res.relative_fa), relative_fr=_round(res.relative_fr),
+        relative_fa_ci=[_round(lo), _round(hi)], baseline_fr=_round(res.baseline_fr),
+        baseline_fa=_round(res.baseline_fa), candidate_fr=_round(res.candidate_fr),
+        candidate_fa=_round(res.candidate_fa), note=res.note,
+    )
+    return out
+
+
+def _round(x: float | None) -> float | None:
+    # Rounded so that the JSON and the tables are byte-stable across platforms' last bits.
+    return None if x is None else round(float(x), 6)
+
+
+# --------------------------------------------------------------------------------------
+# The study
+# --------------------------------------------------------------------------------------
+
+
+@dataclass
+class MethodRun:
+    """A finished federated run, reduced to what evaluation needs."""
+
+    method: str
+    lr: float
+    global_params: Any
+    personal: dict[str, Any]  # client id -> personalized flat parameters
+    records: list[Any]
+    participation: dict[str, int]
+    seconds: float
+
+
+class PaperStudy:
+    """Holds the corpus, the warm-start model and the clients; runs methods and evaluates."""
+
+    def __init__(self, manifest: Path, prof: StudyProfile, seed: int, cache_dir: Path | None,
+                 progress: bool, log: Callable[[str], None]) -> None:
+        import torch
+
+        from wakefl.models.kws_cnn import KwsCnn, get_flat_params, head_slice, load_model
+        from wakefl.sdk.dataset import WakeWordDataset
+        from wakefl.sdk.manifest import read_manifest
+        from wakefl.tools.warm_start import train_or_load_baseline
+
+        self.prof, self.seed, self.progress, self.log = prof, seed, progress, log
+        self.manifest = manifest
+        rows = read_manifest(manifest)
+        self.device_types = sorted({r.device_type for r in rows if r.kind == "clip" and r.split == "train"})
+        if not self.device_types:
+            raise ConfigError(f"{manifest}: no training clips")
+        log(f"[study] warm start: pooled training data of {len(self.device_types)} device types, "
+            f"width {prof.width}")
+        ckpt = train_or_load_baseline(manifest, width=prof.width, seed=seed, cache_dir=cache_dir,
+                                      epochs=prof.warm_epochs, progress=progress)
+        self.baseline_path = ckpt
+        baseline = load_model(ckpt)
+        self.cfg = baseline.cfg
+        self.initial = get_flat_params(baseline)
+        torch.manual_seed(seed)
+        self.model = KwsCnn(self.cfg)  # one shared model: every oracle loads its params
+        self.head = head_slice(self.model)
+        self.scorer = Scorer(self.model, prof.eval_batch_size)
+        ws = self.cfg.window_samples
+
+        self.train: dict[str, Any] = {}
+        self.evalsets: dict[str, dict[str, EvalSet]] = {"val": {}, "test": {}}
+        for dt in self.device_types:
+            self.train[dt] = WakeWordDataset(manifest, dt, "train", window_samples=ws, seed=seed)
+            for split in ("val", "test"):
+                ds = WakeWordDataset(manifest, dt, split, window_samples=ws, seed=seed)
+                self.evalsets[split][dt] = EvalSet(
+                    device_type=dt, dataset=ds, labels=ds.labels.copy(),
+                    states=np.array([r.state for r in ds.rows]),
+                    speakers=np.array([r.speaker for r in ds.rows]),
+                    baseline_scores=np.zeros(0),
+                )
+                self.evalsets[split][dt].baseline_scores = self.scorer(
+                    self.initial, self.evalsets[split][dt], split)
+
+    # ---- clients --------------------------------------------------------------------
+    def problems(self, per_type: int | None) -> tuple[dict[str, Any], dict[str, str]]:
+        """Local problems: one client per device type (`per_type=None`) or `per_type`
+        clients per device type over disjoint speaker groups; and client -> device type."""
+        from torch.utils.data import Subset
+
+        from wakefl.sdk.local_training import TorchLocalProblem
+
+        problems: dict[str, Any] = {}
+        groups: dict[str, str] = {}
+        for dt in self.device_types:
+            ds = self.train[dt]
+            if per_type is None:
+                problems[client_id(dt)] = TorchLocalProblem(self.model, ds, self.prof.batch_size)
+                groups[client_id(dt)] = dt
+                continue
+            counts: dict[str, int] = {}
+            for r in ds.rows:
+                counts[r.speaker] = counts.get(r.speaker, 0) + 1
+            for i, spk in enumerate(split_speakers(counts, per_type)):
+                keep = set(spk)
+                idx = [j for j, r in enumerate(ds.rows) if r.speaker in keep]
+                cid = client_id(dt, i)
+                problems[cid] = TorchLocalProblem(self.model, Subset(ds, idx), self.prof.batch_size)
+                groups[cid] = dt
+        return problems, groups
+
+    # ---- runs -----------------------------------------------------------------------
+    def run_method(self, method: str, lr: float, problems: dict[str, Any], groups: dict[str, str],
+                   rounds: int, activity_rate: float, cluster: bool = False) -> MethodRun:
+        from tqdm import tqdm
+
+        from wakefl.sdk.selffl.registry import make_strategy
+        from wakefl.sdk.selffl.simulation import client_generator, run_simulation
+
+        hp = method_hyperparams(method, lr, self.prof, self.head)
+        if cluster:
+            hp["cluster_by_group"] = True
+        strategy = make_strategy(method, **hp)
+        start = time.perf_counter()
+        label = METHOD_LABELS.get(method, method) + (" cluster" if cluster else "")
+        bar = tqdm(total=rounds, desc=f"{label} lr={lr:g} C={activity_rate:g}", unit="round",
+                   disable=not self.progress, leave=False)
+        try:
+            sim = run_simulation(strategy, problems, self.initial, rounds=rounds,
+                                 activity_rate=activity_rate, seed=self.seed, groups=groups,
+                                 on_round=lambda *_: bar.update(1))
+        finally:
+            bar.close()
+        ids = sorted(problems)
+        personal = {
+            cid: strategy.personalized_params(
+                sim.server, sim.clients[cid], problems[cid],
+                client_generator(self.seed, rounds + 1, i),
+            ).detach().clone()
+            for i, cid in enumerate(ids)
+        }
+        return MethodRun(method=method, lr=lr, global_params=strategy.global_params(sim.server),
+                         personal=personal, records=sim.records,
+                         participation=dict(sim.participation),
+                         seconds=time.perf_counter() - start)
+
+    # ---- evaluation -----------------------------------------------------------------
+    def candidate_scores(self, run: MethodRun, model: str, dt: str, split: str) -> tuple[np.ndarray, int]:
+        ev = self.evalsets[split][dt]
+        if model == "global":
+            return self.scorer(run.global_params, ev, split), 1
+        clients = sorted(c for c in run.personal if c == dt or c.startswith(dt + "-"))
+        scores = [self.scorer(run.personal[c], ev, split) for c in clients]
+        return np.concatenate(scores), len(scores)
+
+    def collect_det(self, det: dict[str, dict[str, Any]], setting: str, run: MethodRun) -> None:
+        """Test scores of the baseline and of `run`'s models, for the DET plots."""
+        for model in ("global", "personalized"):
+            if model == "global" and run.method in NO_GLOBAL:
+                continue
+            for dt in self.device_types:
+                ev = self.evalsets["test"][dt]
+                cell = det.setdefault(f"{setting}/{model}", {}).setdefault(
+                    dt, {"labels": ev.labels, "scores": {"baseline": ev.baseline_scores}})
+                scores, repeats = self.candidate_scores(run, model, dt, "test")
+                if repeats == 1:
+                    cell["scores"][run.method] = scores
+
+    def diverged_rows(self, method: str, states: Sequence[str], failures: dict[str, str]
+                      ) -> list[dict[str, Any]]:
+        """Cells of a method none of whose grid points trained to finite parameters."""
+        note = "diverged: " + "; ".join(f"lr={k}: {v}" for k, v in failures.items())
+        return [{"model": model, "device_type": dt, "state": state, "personalized_models": 0,
+                 "relative_fa": None, "relative_fr": None, "relative_fa_ci": [None, None],
+                 "note": note}
+                for model in ("global", "personalized")
+                if not (model == "global" and method in NO_GLOBAL)
+                for dt in self.device_types for state in states]
+
+    def evaluate(self, run: MethodRun, split: str, states: Sequence[str], n_boot: int) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for model in ("global", "personalized"):
+            if model == "global" and run.method in NO_GLOBAL:
+                continue
+            for dt in self.device_types:
+                scores, repeats = self.candidate_scores(run, model, dt, split)
+                for state in states:
+                    rec = relative_record(self.evalsets[split][dt], scores, state,
+                                          self.prof.target_fr, n_boot, self.seed, repeats)
+                    out.append({"model": model, "device_type": dt, "state": state,
+                                "personalized_models": repeats, **rec})
+        return out
+
+
+def _step_rows(setting: str, method: str, run: MethodRun, groups: dict[str, str]) -> list[dict[str, Any]]:
+    rows = []
+    for rec in run.records:
+        for cid, steps in sorted(rec.local_steps.items()):
+            rows.append({"setting": setting, "method": method, "client": cid,
+                         "device_type": groups[cid], "round": rec.round_id,
+                         "local_steps": int(steps)})
+    return rows
+
+
+def run_paper_study(
+    out_dir: str | Path,
+    profile: str = "tiny",
+    seed: int = 0,
+    rounds: int | None = None,
+    width: float | None = None,
+    manifest: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    methods: Sequence[str] = METHODS,
+    sampling_rates: Sequence[float] = ACTIVITY_RATES,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+    command: str = "",
+) -> dict[str, Any]:
+    """Run the whole study; write `results.json`, `results.md` and the figures into
+    `out_dir`; return the result dict. Builds the corpus of the profile into
+    `out_dir/corpus` unless `manifest` names an existing one."""
+    import torch
+
+    from wakefl.tools.paper_report import write_report
+
+    prof = resolve_profile(profile, width=width, rounds=rounds)
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise ConfigError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+    if "selffl" not in methods and sampling_rates:
+        raise ConfigError("the sampling settings run Self-FL: include 'selffl' in the methods")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+
+    if manifest is None:
+        from wakefl.tools.corpus_build import build_corpus
+
+        existing = out / "corpus" / "manifest.csv"
+        if existing.is_file():
+            log(f"[study] reusing corpus {existing}")
+            manifest_path = existing
+        else:
+            log(f"[study] building the {prof.corpus_profile} corpus into {out / 'corpus'}")
+            manifest_path = build_corpus(out / "corpus", seed=seed, profile=prof.corpus_profile,
+                                         progress=progress)
+    else:
+        manifest_path = Path(manifest)
+        if not manifest_path.is_file():
+            raise ConfigError(f"manifest not found: {manifest_path}")
+
+    study = PaperStudy(manifest_path, prof, seed, Path(cache_dir) if cache_dir else None,
+                       progress, log)
+    rows: list[dict[str, Any]] = []
+    step_counts: list[dict[str, Any]] = []
+    tuning: dict[str, Any] = {}
+    timings: dict[str, float] = {}
+    det: dict[str, dict[str, Any]] = {}
+
+    # ---- full participation (Table 2): tune on validation speakers, report on test ----
+    problems, groups = study.problems(None)
+    for method in methods:
+        best: tuple[float, MethodRun] | None = None
+        scores: dict[str, float | None] = {}
+        failures: dict[str, str] = {}
+        for lr in prof.lr_grid:
+            log(f"[study] {SETTING_FULL}: {METHOD_LABELS[method]} lr={lr:g}")
+            try:
+                run = study.run_method(method, lr, problems, groups, prof.rounds, 1.0)
+            except NonFiniteError as exc:
+                # A diverging grid point is a result, not a crash of the whole study.
+                failures[f"{lr:g}"] = str(exc)
+                scores[f"{lr:g}"] = None
+                log(f"[study]   diverged: {exc}")
+                continue
+            if len(prof.lr_grid) > 1:
+                val = study.evaluate(run, "val", (ALL_STATES,), n_boot=1)
+                score = selection_score([r["relative_fa"] for r in val])
+            else:
+                score = float("nan")  # a one-point grid needs no selection
+            scores[f"{lr:g}"] = _round(score) if math.isfinite(score) else None
+            if best is None or score < best[0]:
+                best = (score, run)
+        hp = method_hyperparams(method, prof.lr_grid[0] if best is None else best[1].lr, prof)
+        tuning[method] = {"selected_lr": None if best is None else best[1].lr,
+                          "validation_score": scores, "diverged": failures,
+                          "hyperparams": _describe(hp)}
+        if best is None:
+            rows += [{"setting": SETTING_FULL, "method": method, **rec}
+                     for rec in study.diverged_rows(method, (ALL_STATES, *STATES), failures)]
+            continue
+        run = best[1]
+        timings[f"{SETTING_FULL}/{method}"] = round(run.seconds, 1)
+        for rec in study.evaluate(run, "test", (ALL_STATES, *STATES), prof.n_boot):
+            rows.append({"setting": SETTING_FULL, "method": method, **rec})
+        study.collect_det(det, SETTING_FULL, run)
+        if method.startswith("selffl"):
+            step_counts += _step_rows(SETTING_FULL, method, run, groups)
+
+    # ---- client sampling (Tables 5 and 6): client- vs cluster-level Self-FL ----
+    selffl_lr = (tuning.get("selffl") or {}).get("selected_lr") or prof.lr_grid[0]
+    if sampling_rates:
+        problems, groups = study.problems(prof.clients_per_type)
+    for rate in sampling_rates:
+        setting = f"sampling-{rate:g}"
+        for level, cluster in (("selffl-client", False), ("selffl-cluster", True)):
+            log(f"[study] {setting}: {METHOD_LABELS[level]} lr={selffl_lr:g}, "
+                f"{len(problems)} clients, {prof.sampling_rounds} rounds")
+            run = study.run_method("selffl", selffl_lr, problems, groups, prof.sampling_rounds,
+                                   rate, cluster=cluster)
+            timings[f"{setting}/{level}"] = round(run.seconds, 1)
+            for rec in study.evaluate(run, "test", (ALL_STATES, *STATES), prof.n_boot):
+                rows.append({"setting": setting, "method": level, **rec})
+            step_counts += _step_rows(setting, level, run, groups)
+
+    train_sizes = {dt: len(study.train[dt]) for dt in study.device_types}
+    config = {
+        "profile": asdict(prof),
+        "seed": seed,
+        "methods": list(methods),
+        "method_labels": {m: METHOD_LABELS[m] for m in (*methods, "selffl-client", "selffl-cluster")},
+        "device_types": study.device_types,
+        "states": list(STATES),
+        "settings": [SETTING_FULL, *(f"sampling-{r:g}" for r in sampling_rates)],
+        "activity_rates": list(sampling_rates),
+        "manifest": str(manifest_path),
+        "baseline_checkpoint": str(study.baseline_path),
+        "model_params": int(study.initial.numel()),
+        "train_clips_per_device_type": train_sizes,
+        "test_clips_per_device_type": {dt: len(study.evalsets["test"][dt].labels)
+                                       for dt in study.device_types},
+        "tuning": {
+            "grid": {"lr": list(prof.lr_grid)},
+            "selection": ("mean relative FA (global and personalized models, every device "
+                          "type) on the validation speakers; the same grid for every method"),
+            "per_method": tuning,
+            "sampling_lr": selffl_lr,
+        },
+        "evaluation": {
+            "target_fr": prof.target_fr,
+            "ci": "95% percentile bootstrap over test speakers (paired, matching redone per replicate)",
+            "n_boot": prof.n_boot,
+            "personalized_sampling": ("the 4 personalized models of a device type score every "
+                                      "test clip of it; pooled at one matched-FR threshold"),
+        },
+        "timings_s": timings,
+        "command": command,
+        "commit": source_revision(),
+        "platform": {"python": platform.python_version(), "torch": torch.__version__},
+    }
+    result = {"config": config, "rows": rows, "step_counts": step_counts}
+    config["seconds_total"] = round(time.perf_counter() - t0, 1)
+    write_report(result, out, det)
+    return result
+
+
+def source_revision() -> str:
+    """The git commit of the code that ran (with "+dirty" for uncommitted changes), or
+    "unknown" outside a git checkout."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
+                              text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=root, capture_output=True, text=True, timeout=10,
+                               check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+def _describe(hp: dict[str, Any]) -> dict[str, Any]:
+    return {k: (v if isinstance(v, int | float | str | bool) or v is None else str(v))
+            for k, v in hp.items() if k != "head"}

@@ -1,0 +1,174 @@
+"""Speech from the Debian synthesisers espeak-ng and flite, resampled to 16 kHz and cached.
+
+Both engines are deterministic for a given voice, settings and text; the cache key is a hash
+of exactly those (and the engine's version), so a cached render equals a fresh one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+import soundfile as sf
+from scipy.signal import resample_poly
+
+from wakefl.errors import AudioError, ConfigError
+
+SAMPLE_RATE = 16000
+
+# espeak-ng English voices that work without MBROLA, and variants that sound like people
+# (robotic, whispering and joke variants are left out).
+ESPEAK_VOICES = (
+    "en-us", "en-gb", "en-gb-scotland", "en-gb-x-gbclan",
+    "en-gb-x-rp", "en-gb-x-gbcwmd", "en-029", "en-us-nyc",
+)  # fmt: skip
+ESPEAK_VARIANTS = (
+    "m1", "m2", "m3", "m4", "m5", "m6", "m7", "m8", "f1", "f2", "f3", "f4", "f5",
+    "klatt", "klatt2", "klatt3", "klatt4", "Alex", "Andy", "Annie", "aunty", "benjamin",
+    "david", "ed", "edward", "grandma", "grandpa", "john", "linda", "max", "michel",
+    "paul", "robert", "steph", "victor", "adam", "caleb", "shelby", "travis", "zac",
+)  # fmt: skip
+FLITE_VOICES = ("kal16", "awb", "rms", "slt")
+
+
+@dataclass(frozen=True)
+class Voice:
+    """One synthetic speaker: engine, voice, variant and prosody settings.
+
+    `rate` is words per minute for espeak-ng and a duration stretch x100 for flite;
+    `pitch` is espeak-ng's 0-99 pitch or flite's mean F0 target in Hz.
+    """
+
+    engine: str
+    voice: str
+    variant: str
+    rate: int
+    pitch: int
+
+    def describe(self) -> str:
+        return f"{self.engine}:{self.voice}{'+' + self.variant if self.variant else ''}:r{self.rate}:p{self.pitch}"
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("WAKEFL_TTS_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "wakefl" / "tts"
+
+
+@lru_cache(maxsize=4)
+def engine_version(engine: str) -> str:
+    exe = {"espeak-ng": "espeak-ng", "flite": "flite"}.get(engine)
+    if exe is None:
+        raise ConfigError(f"unknown speech engine {engine!r}")
+    if shutil.which(exe) is None:
+        raise ConfigError(f"{exe} is not installed (Debian package '{exe}'; run scripts/setup.sh)")
+    out = subprocess.run([exe, "--version"], capture_output=True, text=True, check=False)
+    return (out.stdout + out.stderr).strip().splitlines()[0] if (out.stdout + out.stderr).strip() else exe
+
+
+def cache_key(voice: Voice, text: str) -> str:
+    blob = f"{engine_version(voice.engine)}|{voice.describe()}|{text}".encode()
+    return hashlib.sha256(blob).hexdigest()[:32]
+
+
+def _to_16k(wave: np.ndarray, sr: int) -> np.ndarray:
+    if wave.ndim == 2:
+        wave = wave.mean(axis=1)
+    if sr != SAMPLE_RATE:
+        g = np.gcd(sr, SAMPLE_RATE)
+        wave = resample_poly(wave.astype(np.float64), SAMPLE_RATE // g, sr // g)
+    return np.asarray(wave, dtype=np.float32)
+
+
+def _run_engine(voice: Voice, text: str) -> np.ndarray:
+    if voice.engine == "espeak-ng":
+        name = f"{voice.voice}+{voice.variant}" if voice.variant else voice.voice
+        cmd = ["espeak-ng", "-v", name, "-s", str(voice.rate), "-p", str(voice.pitch), "--stdout", text]
+        res = subprocess.run(cmd, capture_output=True, check=False)
+        if res.returncode != 0 or not res.stdout:
+            raise AudioError(f"espeak-ng failed for {voice.describe()}: {res.stderr.decode(errors='replace')[:200]}")
+        wave, sr = sf.read(io.BytesIO(res.stdout), dtype="float32")
+    elif voice.engine == "flite":
+        with tempfile.TemporaryDirectory(prefix="wakefl-flite-") as tmp:
+            out = Path(tmp) / "u.wav"
+            cmd = [
+                "flite", "-voice", voice.voice,
+                "--setf", f"duration_stretch={voice.rate / 100:.2f}",
+                "--setf", f"int_f0_target_mean={voice.pitch}",
+                "-t", text, "-o", str(out),
+            ]  # fmt: skip
+            res = subprocess.run(cmd, capture_output=True, check=False)
+            if res.returncode != 0 or not out.exists():
+                raise AudioError(f"flite failed for {voice.describe()}: {res.stderr.decode(errors='replace')[:200]}")
+            wave, sr = sf.read(str(out), dtype="float32")
+    else:
+        raise ConfigError(f"unknown speech engine {voice.engine!r}")
+    wave = _to_16k(wave, sr)
+    if wave.size == 0 or not np.any(wave):
+        raise AudioError(f"{voice.describe()} produced no audio for {text!r}")
+    return trim_silence(wave)
+
+
+def trim_silence(wave: np.ndarray, threshold_db: float = -45.0, margin_s: float = 0.03) -> np.ndarray:
+    """Cut leading and trailing silence (relative to the peak), keeping a short margin."""
+    peak = float(np.max(np.abs(wave)))
+    if peak == 0:
+        return wave
+    loud = np.flatnonzero(np.abs(wave) > peak * 10.0 ** (threshold_db / 20.0))
+    m = int(margin_s * SAMPLE_RATE)
+    return wave[max(0, loud[0] - m) : min(wave.size, loud[-1] + m + 1)].copy()
+
+
+def synthesize(voice: Voice, text: str, cache_dir: Path | None = None) -> np.ndarray:
+    """float32 mono speech at 16 kHz, leading/trailing silence trimmed; cached on disk."""
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    key = cache_key(voice, text)
+    file = cache_dir / key[:2] / f"{key}.npy"
+    if file.is_file():
+        try:
+            return np.load(file)
+        except (OSError, ValueError):
+            pass  # a damaged cache entry is simply rendered again
+    wave = _run_engine(voice, text)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    # Write then rename so that concurrent builds never read a half-written entry.
+    tmp = file.with_name(f"{file.name}.{os.getpid()}.tmp")
+    with tmp.open("wb") as f:
+        np.save(f, wave)
+    tmp.replace(file)
+    return wave
+
+
+def synthesize_many(
+    jobs: Iterable[tuple[Voice, str]],
+    cache_dir: Path | None = None,
+    workers: int = 2,
+    progress: bool = True,
+) -> dict[tuple[Voice, str], np.ndarray]:
+    """Render many utterances; the engines run as subprocesses, so threads overlap them."""
+    from tqdm import tqdm
+
+    unique = list(dict.fromkeys(jobs))
+    for v in {j[0].engine for j in unique}:
+        engine_version(v)
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        waves = list(
+            tqdm(
+                pool.map(lambda j: synthesize(j[0], j[1], cache_dir), unique),
+                total=len(unique),
+                desc="speech",
+                unit="utt",
+                disable=not progress,
+                leave=False,
+            )
+        )
+    return dict(zip(unique, waves, strict=True))
