@@ -8,21 +8,23 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
 
 # --- The tiny synthetic corpus, built once per test session (tools/corpus_build.py). ---
-import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def tiny_corpus(tmp_path_factory: pytest.TempPathFactory):
     """Path of the tiny corpus's manifest.csv: $WAKEFL_TEST_CORPUS when it names an existing
     manifest, otherwise the tiny profile built once into a session temporary folder."""
-    from pathlib import Path
-
     env = os.environ.get("WAKEFL_TEST_CORPUS")
     if env and Path(env).is_file():
         return Path(env)
@@ -47,12 +49,6 @@ def mqtt_broker(tmp_path):
 
 
 # --- wake-word model and edge runtime fixtures -------------------------------------------
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import pytest  # noqa: E402
-
 
 def espeak_wav(path: Path, text: str) -> Path:
     """Real speech from espeak-ng (22.05 kHz 16-bit mono WAV)."""

@@ -14,7 +14,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rounds", type=int, default=3, help="Self-FL rounds (default 3)")
     p.add_argument("--width", type=float, default=0.25, help="model width (default 0.25)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--warm-epochs", type=int, default=10, help="baseline training epochs")
+    p.add_argument("--warm-epochs", type=int, default=30, help="baseline training epochs")
+    p.add_argument("--target-fr", type=float, default=0.1,
+                   help="baseline operating point: FR target per device type (default 0.1)")
     p.add_argument("--workdir", type=Path, default=Path("runs/demo"),
                    help="where the run's state, models and report go (default runs/demo)")
     p.add_argument("--broker", default=None,
@@ -36,5 +38,5 @@ def _run(args: argparse.Namespace) -> int:
     run_demo(DemoSettings(profile=args.profile, rounds=args.rounds, width=args.width,
                           seed=args.seed, warm_epochs=args.warm_epochs, workdir=args.workdir,
                           broker=args.broker, manifest=args.manifest,
-                          round_timeout=args.round_timeout))
+                          round_timeout=args.round_timeout, target_fr=args.target_fr))
     return 0

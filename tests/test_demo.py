@@ -1,0 +1,57 @@
+"""`wakefl demo` end to end at its smallest setting: real broker, server and device
+processes over 127.0.0.1, then the evaluation report with a row per device type."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+TYPES = ["A", "B", "C", "D", "E"]
+
+
+def test_demo_smallest_setting_writes_a_report_per_device_type(tmp_path, tiny_corpus):
+    env = dict(os.environ, WAKEFL_CACHE=str(tmp_path / "cache"), PYTHONUNBUFFERED="1",
+               OMP_NUM_THREADS="1")
+    workdir = tmp_path / "demo"
+    proc = subprocess.run(
+        [sys.executable, "-m", "wakefl.tools.cli", "demo", "--manifest", str(tiny_corpus),
+         "--width", "0.125", "--rounds", "2", "--warm-epochs", "2", "--workdir", str(workdir)],
+        capture_output=True, text=True, env=env, timeout=600,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    # Progress was visible: rounds, devices reporting, step counts and uncertainties.
+    assert "round 2/2: closed by all with 5/5 updates" in out
+    assert "sigma0^2=" in out and "local steps" in out
+
+    report = workdir / "report"
+    for name in ("report.md", "report.html", "demo_summary.md", "results.json"):
+        assert (report / name).is_file(), name
+    summary = (report / "demo_summary.md").read_text()
+    for t in TYPES:
+        assert f"| {t}      | global" in summary and f"| {t}      | personalized" in summary
+    rows = json.loads((report / "results.json").read_text())["rows"]
+    for t in TYPES:
+        own = [r for r in rows if r["candidate"] == f"personal-{t}" and r["device_type"] == t
+               and r["state"] == "all"]
+        assert len(own) == 1 and own[0]["n_positive"] > 0 and own[0]["n_negative"] > 0
+        assert any(r["candidate"] == "global" and r["device_type"] == t for r in rows)
+    assert list(report.glob("*.png")), "DET curves missing"
+    # The warm-start baseline went to the cache named by WAKEFL_CACHE, not the user's.
+    assert list((tmp_path / "cache" / "baselines").glob("baseline-*.safetensors"))
+
+
+def test_demo_refuses_bad_arguments_cleanly(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "wakefl.tools.cli", "demo", "--manifest",
+         str(tmp_path / "missing.csv"), "--workdir", str(tmp_path / "w")],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "does not exist" in proc.stderr and "Traceback" not in proc.stderr
