@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from wakefl.errors import ConfigError, NonFiniteError
+from wakefl.sdk.atomic_files import TMP_GLOB, temp_path, write_atomic
 from wakefl.sdk.selffl.strategy import ClientState
 
 STATE_FILE = "state.json"
@@ -78,31 +79,12 @@ class DeviceState:
     pending: PendingUpdate | None = None
 
 
-def _fsync_dir(path: Path) -> None:
-    # The rename itself lives in the directory entry; without this a power cut may lose it.
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 def _check_finite(name: str, t: Tensor) -> None:
@@ -265,7 +247,7 @@ class DeviceStateStore:
             generation = max([self._generation, *on_disk]) + 1
             tfile = f"tensors-{generation}.safetensors"
             tpath = self.directory / tfile
-            tmp = tpath.with_name(f".{tfile}.tmp-{os.getpid()}")
+            tmp = temp_path(tpath)
             save_file(tensors, str(tmp))
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
@@ -294,7 +276,7 @@ class DeviceStateStore:
             "finished": bool(state.finished),
             "pending": pending_meta,
         }
-        _write_atomic(self.state_path, json.dumps(meta, indent=1, sort_keys=True).encode())
+        write_atomic(self.state_path, json.dumps(meta, indent=1, sort_keys=True).encode())
         self._generation, self._tensor_file, self._tensor_sha = generation, tfile, tsha
         self._aliases = aliases
         self._remove_leftovers()
@@ -304,7 +286,7 @@ class DeviceStateStore:
         for gen, p in _tensor_files(self.directory):
             if p.name != self._tensor_file and gen != self._generation:
                 p.unlink(missing_ok=True)
-        for p in self.directory.glob(".*.tmp-*"):
+        for p in self.directory.glob(TMP_GLOB):
             p.unlink(missing_ok=True)
 
 

@@ -310,7 +310,10 @@ def _unframe(data: bytes, max_bytes: int) -> tuple[dict[str, Any], dict[str, Ten
     body = data[_PREFIX_LEN:]
     if hashlib.sha256(body).digest() != data[len(MAGIC) : _PREFIX_LEN]:
         raise MessageRejected("bad_hash", "sha256 of the body does not match: corrupted payload")
-    if body[:1] == b"\x80" or body[:4] == b"PK\x03\x04":
+    # A safetensors body starts with its header length (u64 LE), whose first byte may well
+    # be 0x80: only a body whose length prefix is impossible is taken for a pickle/zip.
+    impossible = len(body) < 8 or struct.unpack("<Q", body[:8])[0] > len(body)
+    if impossible and (body[:1] == b"\x80" or body[:4] == b"PK\x03\x04"):
         raise MessageRejected("pickle", "body looks like a pickle or torch.save archive; never loaded")
     meta, tensors, _ = _parse_body(body)
     version = meta.get("v")

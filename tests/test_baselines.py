@@ -362,3 +362,20 @@ def test_baselines_run_in_the_core_simulation_with_gaussian_problems():
         a = sim.run_simulation(make(local_steps=3, **kwargs), probs, torch.zeros(2, dtype=D),
                                rounds=3, activity_rate=0.5, seed=4)
         assert torch.isfinite(a.server.global_params).all(), name
+
+
+def test_pfedvem_stays_finite_after_a_confident_round():
+    # rho^2 = 1/tau is tiny after a confident round; an explicit step on the KL term is
+    # unstable once lr * kl_w / rho^2 > 2 (here 500), which used to end in NaN.
+    dim = 16
+    p = Quadratic(torch.full((dim,), 1.0), s2=1.0, n=30)
+    strategy = PFedVEM(lr=0.05, local_steps=50, init_std=0.01, kl_weight=1.0)
+    server = strategy.init_server(torch.zeros(dim, dtype=D))
+    state = ClientState(scalars={"rho_sq": 1e-4})
+    result, new_state = strategy.client_update(strategy.configure_client(server, "a", 1),
+                                               state, p, gen(5))
+    mu = new_state.tensors["mu"]
+    sigma = torch.nn.functional.softplus(new_state.tensors["pi"])
+    assert torch.isfinite(result.params).all() and bool((sigma > 0).all())
+    # The strong prior keeps the head near the global model: mu* = (z/s2)/(1/s2 + 1/rho2).
+    assert float(mu.abs().max()) < 0.01

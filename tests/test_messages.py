@@ -61,6 +61,14 @@ def test_round_trip_fp16_halves_size_and_rounds_to_half_precision():
     assert torch.equal(back.params, up.params.half().float())
 
 
+def test_header_length_with_pickle_like_first_byte_is_accepted():
+    # safetensors bodies begin with their header length; 0x80 there is not a pickle opcode
+    for pad in range(0, 300, 7):
+        up = _uplink(d=10, scalars={"pad": float(pad), **{f"k{i}": 1.0 for i in range(pad // 10)}})
+        data = M.encode(up)
+        assert M.decode(data).device_id == "dev-a"
+
+
 def test_downlink_and_ack_and_hello_round_trip():
     down = M.Downlink(fleet="f1", run_id="run1", round_id=2, global_params=torch.arange(10.0),
                       model_config={"width": 0.25}, sigma0_sq=0.5,

@@ -51,7 +51,7 @@ def test_profile_overrides_and_selection_score():
 
 def test_format_cell():
     row = {"relative_fa": 0.9234, "relative_fa_ci": [0.81, None], "note": ""}
-    assert format_cell(row) == "0.92 [0.81, inf]"
+    assert format_cell(row) == "0.92 [0.81, unbounded]"
     assert format_cell({"relative_fa": None, "relative_fa_ci": [None, None],
                         "note": "diverged: lr=0.05: NaN"}) == "diverged"
     assert format_cell(None) == "n/a"

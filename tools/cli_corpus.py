@@ -16,7 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     b.add_argument("--seed", type=int, default=0, help="same seed and profile give identical files")
     b.add_argument("--profile", choices=("tiny", "small", "full"), default="tiny")
     b.add_argument("--phrase", default="hey nova", help="the wake phrase (default: hey nova)")
-    b.add_argument("--tts-cache", default=None, help="speech cache folder (default ~/.cache/wakefl/tts or $WAKEFL_TTS_CACHE)")
+    b.add_argument("--tts-cache", default=None, help="speech cache folder (default $WAKEFL_TTS_CACHE, else $WAKEFL_CACHE/tts, else ~/.cache/wakefl/tts)")
     b.add_argument("--quiet", action="store_true", help="no progress bars")
     b.set_defaults(func=_build)
 

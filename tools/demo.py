@@ -20,9 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from wakefl.cache_location import cache_root
 from wakefl.errors import WakeflError
-
-CACHE = Path(os.environ.get("WAKEFL_CACHE", Path.home() / ".cache" / "wakefl"))
 
 
 @dataclass(frozen=True)
@@ -59,7 +58,7 @@ def corpus_manifest(st: DemoSettings) -> Path:
         return st.manifest
     from wakefl.tools.corpus_build import build_corpus
 
-    out = CACHE / "corpus" / f"{st.profile}-seed{st.seed}"
+    out = cache_root() / "corpus" / f"{st.profile}-seed{st.seed}"
     manifest = out / "manifest.csv"
     done = out / ".complete"
     if manifest.is_file() and done.is_file():

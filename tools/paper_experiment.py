@@ -146,10 +146,7 @@ def method_hyperparams(method: str, lr: float, prof: StudyProfile, head: slice |
     if method == "pfedme":
         return {"lr": lr, "personal_lr": lr, "local_steps": k, "inner_steps": prof.inner_steps}
     if method == "pfedvem":
-        # init_std 0.1 instead of 0.01: the next round's prior variance rho^2 starts near
-        # init_std^2, and plain SGD on the KL term is stable only while lr * kl_w / rho^2 < 2;
-        # at 0.01 it diverged at every grid point of the tiny profile.
-        return {"head": head, "lr": lr, "local_steps": k, "init_std": 0.1}
+        return {"head": head, "lr": lr, "local_steps": k}
     if method == "finetune":
         return {"lr": lr, "local_steps": k, "finetune_steps": k}
     raise ConfigError(f"unknown method {method!r}; choose from {', '.join(METHODS)}")

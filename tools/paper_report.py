@@ -31,7 +31,7 @@ def format_cell(row: dict[str, Any] | None, with_ci: bool = True) -> str:
     cell = _fmt(row.get("relative_fa"))
     if with_ci:
         lo, hi = row.get("relative_fa_ci") or [None, None]
-        cell += f" [{'-' if lo is None else f'{lo:.2f}'}, {'inf' if hi is None else f'{hi:.2f}'}]"
+        cell += f" [{'-' if lo is None else f'{lo:.2f}'}, {'unbounded' if hi is None else f'{hi:.2f}'}]"
     return cell
 
 

@@ -22,6 +22,7 @@ import numpy as np
 import soundfile as sf
 from scipy.signal import resample_poly
 
+from wakefl.cache_location import cache_root
 from wakefl.errors import AudioError, ConfigError
 
 SAMPLE_RATE = 16000
@@ -61,7 +62,7 @@ class Voice:
 
 def default_cache_dir() -> Path:
     env = os.environ.get("WAKEFL_TTS_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "wakefl" / "tts"
+    return Path(env) if env else cache_root() / "tts"
 
 
 @lru_cache(maxsize=4)

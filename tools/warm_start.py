@@ -10,7 +10,8 @@ import json
 import os
 from pathlib import Path
 
-DEFAULT_CACHE = Path(os.environ.get("WAKEFL_CACHE", Path.home() / ".cache" / "wakefl")) / "baselines"
+from wakefl.cache_location import cache_root
+
 # Bump when the training recipe changes, so stale cached baselines are not reused.
 RECIPE_VERSION = 1
 
@@ -57,7 +58,7 @@ def train_or_load_baseline(
 
     manifest = Path(manifest).resolve()
     epochs = 8 if epochs is None else epochs
-    cache = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE
+    cache = Path(cache_dir) if cache_dir is not None else cache_root() / "baselines"
     key = baseline_key(manifest, width, seed, epochs, lr, batch_size)
     out = cache / f"baseline-{key}.safetensors"
     if out.exists() and out.with_suffix(".json").exists():

@@ -35,6 +35,19 @@ def inverse_softplus(y: float) -> float:
     return y + math.log(-math.expm1(-y))
 
 
+def inverse_softplus_tensor(y: Tensor) -> Tensor:
+    """Entry-wise pi with softplus(pi) = y (y > 0)."""
+    return y + torch.log(-torch.expm1(-y))
+
+
+def _kl_prox_sigma(s0: Tensor, step: Tensor, rho_sq: float) -> Tensor:
+    """The sigma > 0 that solves sigma = s0 - step * (sigma / rho^2 - 1 / sigma): the
+    implicit step on the KL term's sigma part, i.e. the positive root of
+    (1 + step/rho^2) sigma^2 - s0 sigma - step = 0. Positive for every s0."""
+    a = 1.0 + step / rho_sq
+    return (s0 + torch.sqrt(s0 * s0 + 4.0 * a * step)) / (2.0 * a)
+
+
 def head_range(head: slice | None, dim: int) -> slice:
     """The head as a contiguous, non-empty `slice(start, stop)` inside a vector of `dim`."""
     if head is None:
@@ -140,12 +153,20 @@ class PFedVEM(FedAvg):
             grad /= self.mc_samples
             grad_sigma /= self.mc_samples
             # KL(N(mu, sigma^2) || N(w, rho^2)) = sum log(rho/sigma) + (sigma^2 + (mu-w)^2)
-            # / (2 rho^2) - 1/2, differentiated by hand.
-            grad_mu = grad[head] + kl_w * (mu - prior_mean) / rho_sq
-            grad_sigma = grad_sigma + kl_w * (sigma / rho_sq - 1.0 / sigma)
+            # / (2 rho^2) - 1/2. Its step is taken implicitly (proximal): an explicit step
+            # is stable only while lr * kl_w / rho^2 < 2, and rho^2 = 1/tau becomes small
+            # after a confident round, which drove sigma to 0 and then to NaN. The data
+            # term keeps its explicit step (on pi, through the softplus).
             params = params - self.lr * grad  # the head entries are replaced below
-            mu = mu - self.lr * grad_mu
-            pi = pi - self.std_lr * grad_sigma * torch.sigmoid(pi)
+            a_mu = self.lr * kl_w / rho_sq
+            mu = (mu - self.lr * grad[head] + a_mu * prior_mean) / (1.0 + a_mu)
+            # A step of lr on pi moves sigma by lr * sigmoid(pi)^2 per unit of gradient in
+            # sigma: the KL's implicit step uses that same metric, so the fixed point is the
+            # stationary point of the whole objective.
+            slope = torch.sigmoid(pi)
+            s0 = F.softplus(pi - self.std_lr * grad_sigma * slope)
+            step = self.std_lr * kl_w * slope * slope
+            pi = inverse_softplus_tensor(_kl_prox_sigma(s0, step, rho_sq))
 
         require_finite(mu, "posterior mean of the head")
         require_finite(pi, "posterior scale of the head")
