@@ -84,6 +84,9 @@ class RoundReport:
     sigma0_sq: float
     wall_s: float
     closed_by: str  # "all", "quorum", "deadline"
+    # Where the wall time went: opening (sampling, downlink encode and publish), collecting
+    # (until the round closed), aggregating plus persisting the new state.
+    phases_s: dict[str, float] = field(default_factory=dict)
 
 
 class AggregationServer:
@@ -313,12 +316,14 @@ class AggregationServer:
             self._downlink = payload
             self._republish = False
         self._publish_downlink(payload)
+        t_open = time.monotonic()
         if not resume:
             self.progress(f"round {round_id}/{self.cfg.rounds}: sampled {len(sampled)} "
                           f"({', '.join(sampled)}), deadline in {self.cfg.round_timeout:.0f} s")
         closed_by = self._collect(round_id, sampled, deadline)
         if closed_by == "stopped":
             return state
+        t_closed = time.monotonic()
         with self._lock:  # no update can be recorded for this round from here on
             self._open = None
             view = self.store.updates(round_id, self.numel, self.cfg.max_bytes)
@@ -332,11 +337,14 @@ class AggregationServer:
                 rate = min(1.0, n / max(1, len(self.registry())))
                 new_state = self.strategy.aggregate(state, view, rate)
             self.store.close_round(round_id, new_state)
+        t_aggregated = time.monotonic()
         self.store.prune_update_files(round_id - self.cfg.keep_update_rounds + 1)
         reported = {r["device_id"]: {"sigma_m_sq": r["sigma_m_sq"], "local_steps": r["local_steps"],
                                      "num_samples": r["num_samples"]} for r in view.rows}
         report = RoundReport(round_id, sampled, reported, float(new_state.scalars.get("sigma0_sq", 0.0)),
-                             time.monotonic() - t0, closed_by)
+                             time.monotonic() - t0, closed_by,
+                             {"open": t_open - t0, "collect": t_closed - t_open,
+                              "aggregate": t_aggregated - t_closed})
         self.reports.append(report)
         missing = [d for d in sampled if d not in reported]
         details = ", ".join(f"{d}: {int(v['local_steps'])} steps, sigma_m^2={v['sigma_m_sq']:.4g}"

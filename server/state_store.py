@@ -14,6 +14,7 @@ file, so SIGKILL at any point leaves either the old or the new state, never a mi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sqlite3
@@ -25,11 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from wakefl.errors import ConfigError
-from wakefl.sdk.messages import DEFAULT_MAX_BYTES, Uplink, decode_as
+from wakefl.sdk.messages import DEFAULT_MAX_BYTES, MAGIC, Uplink
 from wakefl.sdk.selffl.strategy import ClientResult, ServerState
 
 _SCHEMA = """
@@ -98,6 +100,50 @@ def server_state_from_bytes(data: bytes) -> ServerState:
     )
 
 
+# The wire frame: MAGIC | sha256(body) | body, body = u64 header length | JSON header | data.
+_FRAME_PREFIX = len(MAGIC) + hashlib.sha256().digest_size
+_FILE_DTYPES = {"F32": torch.float32, "F16": torch.float16}
+
+
+def read_recorded_update(path: Path, expected_numel: int | None = None) -> Uplink:
+    """One update file written by `StateStore.record_update`, read straight into tensors.
+
+    The file is the uplink frame the server validated on receipt (hash, header, dtypes,
+    shapes, finiteness) and fsynced before acknowledging it, so it is trusted here: no
+    re-hashing and no second safetensors parse, each tensor is read once from the file into
+    its own buffer. A truncated or foreign file raises ConfigError."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_FRAME_PREFIX + 8)
+            if len(head) != _FRAME_PREFIX + 8 or head[: len(MAGIC)] != MAGIC:
+                raise ValueError("not a wakefl frame")
+            hlen = int.from_bytes(head[_FRAME_PREFIX:], "little")
+            header = json.loads(f.read(hlen))
+            meta = json.loads(header.pop("__metadata__")["wakefl"])
+            data_start = _FRAME_PREFIX + 8 + hlen
+            tensors: dict[str, torch.Tensor] = {}
+            for name, entry in header.items():
+                t = torch.empty(entry["shape"], dtype=_FILE_DTYPES[entry["dtype"]])
+                start, end = entry["data_offsets"]
+                f.seek(data_start + start)
+                if f.readinto(memoryview(t.numpy()).cast("B")) != end - start:
+                    raise ValueError(f"tensor {name!r} is truncated")
+                tensors[name] = t
+        params = tensors.pop("params").float()
+        if expected_numel is not None and params.numel() != expected_numel:
+            raise ValueError(f"{params.numel()} parameters, the model has {expected_numel}")
+        return Uplink(
+            fleet=meta["fleet"], run_id=meta["run_id"], device_id=meta["device_id"],
+            device_type=meta["device_type"], round_id=int(meta["round_id"]), params=params,
+            sigma_m_sq=float(meta["sigma_m_sq"]), num_samples=int(meta["num_samples"]),
+            local_steps=int(meta["local_steps"]), relative_fa=meta.get("relative_fa"),
+            relative_fr=meta.get("relative_fr"),
+            scalars={k: float(v) for k, v in meta.get("scalars", {}).items()},
+            tensors={k[2:]: v.float() for k, v in tensors.items()}, version=int(meta["v"]))
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # JSONDecodeError is a ValueError
+        raise ConfigError(f"recorded update {path} is unreadable: {exc}") from exc
+
+
 @dataclass(frozen=True)
 class RoundRecord:
     round_id: int
@@ -124,8 +170,7 @@ class UpdateView:
 
     def __iter__(self) -> Iterator[ClientResult]:
         for row in self.rows:
-            msg: Uplink = decode_as((self._root / row["path"]).read_bytes(), Uplink,
-                                    max_bytes=self._max_bytes, expected_numel=self._expected)
+            msg = read_recorded_update(self._root / row["path"], self._expected)
             scalars = dict(msg.scalars)
             scalars["sigma_sq"] = msg.sigma_m_sq
             scalars["local_steps"] = float(msg.local_steps)

@@ -358,3 +358,29 @@ def test_hundred_devices_every_update_accounted_for(mqtt_broker, tmp_path):
     assert all(set(d.acked) == {1, 2} for d in devs)
     dup = srv.rejections.get("duplicate", 0)
     assert sum(srv.rejections.values()) == dup  # only re-sends, nothing else refused
+
+
+@pytest.mark.parametrize("wire_dtype", ["fp32", "fp16"])
+def test_recorded_update_reads_back_what_was_received(tmp_path, wire_dtype):
+    from wakefl.errors import ConfigError
+    from wakefl.server.state_store import read_recorded_update
+
+    g = torch.Generator().manual_seed(3)
+    up = M.Uplink(fleet="f", run_id="r", device_id="d1", device_type="A", round_id=2,
+                  params=torch.randn(1000, generator=g), sigma_m_sq=0.25, num_samples=40,
+                  local_steps=7, relative_fa=0.9, relative_fr=1.0,
+                  tensors={"converged": torch.randn(1000, generator=g)})
+    frame = M.encode(up, wire_dtype=wire_dtype)
+    path = tmp_path / "u.bin"
+    path.write_bytes(frame)
+    fast = read_recorded_update(path, expected_numel=1000)
+    full = M.decode_as(frame, M.Uplink)
+    assert torch.equal(fast.params, full.params) and fast.params.dtype == torch.float32
+    assert torch.equal(fast.tensors["converged"], full.tensors["converged"])
+    assert (fast.device_id, fast.round_id, fast.sigma_m_sq, fast.num_samples) == ("d1", 2, 0.25, 40)
+    path.write_bytes(frame[: len(frame) // 2])  # truncated by a disk fault
+    with pytest.raises(ConfigError):
+        read_recorded_update(path, expected_numel=1000)
+    path.write_bytes(b"not a frame at all")
+    with pytest.raises(ConfigError):
+        read_recorded_update(path)

@@ -3,8 +3,12 @@
     python -m wakefl.tools.bench_federation [--devices 5 50] [--agg 20 200] [--rounds 3]
 
 Prints: bytes per update (fp32/fp16); per-round orchestration overhead (round wall time
-minus the slowest device's compute, which is ~0 here: devices echo the global model);
-server aggregation throughput and peak RSS for N recorded updates (one child process per
+minus the slowest device's compute). Each simulated device is a separate process whose
+uplinks are encoded before the run (no training, no encoding in the round), so a round's
+wall time is the server's work (downlink encode, receipt, validation, durable recording,
+acks, aggregation, state persistence) plus the broker's transfers; the devices' compute is
+reading the downlink's header. On a small machine the device processes still share the
+CPU with the server and the broker. Then: server aggregation throughput and peak RSS for N recorded updates (one child process per
 N, so the peaks do not mix).
 """
 
@@ -13,15 +17,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import multiprocessing as mp
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from wakefl.sdk import messages as M
 from wakefl.sdk import topics
@@ -36,81 +44,104 @@ def full_model_params() -> tuple[torch.Tensor, dict]:
     return get_flat_params(KwsCnn(cfg)).detach().clone(), cfg.to_dict()
 
 
-class EchoDevice:
-    """Answers each round at once with the global model plus a tiny shift (no training)."""
-
-    def __init__(self, url: str, fleet: str, dev: str, typ: str) -> None:
-        self.fleet, self.dev, self.typ = fleet, dev, typ
-        self.link = MqttLink(url, dev, will=(topics.hello(fleet, dev),
-                                             M.encode(M.Hello(fleet, dev, typ, online=False))))
-        self.todo: M.Downlink | None = None
-        self.done: set[int] = set()
-        self.compute_s: dict[int, float] = {}
-        self.cv = threading.Condition()
-        self.link.subscribe(topics.downlink(fleet), self._on_down)
-        self.link.subscribe(topics.ack(fleet, dev), lambda t, p: None)
-        self.link.connect()
-        self.link.publish(topics.hello(fleet, dev), M.encode(M.Hello(fleet, dev, typ)), retain=True)
-        self.thread = threading.Thread(target=self._work, daemon=True)
-        self.stop = False
-        self.thread.start()
-
-    def _on_down(self, topic: str, payload: bytes) -> None:
-        msg = M.decode(payload)
-        with self.cv:
-            self.todo = msg
-            self.cv.notify()
-
-    def _work(self) -> None:
-        while not self.stop:
-            with self.cv:
-                self.cv.wait_for(lambda: self.stop or (self.todo is not None and self.todo.round_id not in self.done), 0.5)
-                down = self.todo
-            if self.stop or down is None or down.final or down.round_id in self.done:
-                continue
-            self.done.add(down.round_id)
-            if self.dev not in down.instructions:
-                continue
-            t0 = time.perf_counter()
-            up = M.Uplink(self.fleet, down.run_id, self.dev, self.typ, down.round_id,
-                          down.global_params + 1e-3, 0.1, 100, 1,
-                          scalars={"has_variance": 1.0})
-            payload = M.encode(up)
-            self.compute_s[down.round_id] = time.perf_counter() - t0
-            self.link.publish(topics.uplink(self.fleet, self.dev), payload)
-
-    def close(self) -> None:
-        self.stop = True
-        with self.cv:
-            self.cv.notify()
-        self.thread.join()
-        self.link.close()
+_FRAME_HEADER_AT = len(M.MAGIC) + 32  # MAGIC | sha256 | u64 header length | JSON header
 
 
-def bench_rounds(n_devices: int, rounds: int, params: torch.Tensor, model_cfg: dict) -> None:
+def _peek_downlink(payload: bytes) -> dict:
+    """The downlink's JSON fields from its safetensors header, tensors left unread."""
+    hlen = int.from_bytes(payload[_FRAME_HEADER_AT:_FRAME_HEADER_AT + 8], "little")
+    header = json.loads(payload[_FRAME_HEADER_AT + 8:_FRAME_HEADER_AT + 8 + hlen])
+    return json.loads(header["__metadata__"]["wakefl"])
+
+
+def _device_process(url: str, fleet: str, dev: str, typ: str, run_id: str, rounds: int,
+                    params: torch.Tensor, wire_dtype: str, ready: Any, results: Any) -> None:
+    """One simulated device in its own process: its uplinks for every round are encoded
+    before the run starts, so in a round it only reads the downlink's header (round id,
+    sampled devices) and publishes, and the benchmark times the server and the broker."""
+    payloads = {r: M.encode(M.Uplink(fleet, run_id, dev, typ, r, params + 1e-3 * r, 0.1, 100, 1,
+                                     scalars={"has_variance": 1.0}), wire_dtype=wire_dtype)
+                for r in range(1, rounds + 1)}
+    compute_s: dict[int, float] = {}
+    done = threading.Event()
+    link = MqttLink(url, dev, will=(topics.hello(fleet, dev),
+                                    M.encode(M.Hello(fleet, dev, typ, online=False))))
+
+    def on_down(topic: str, payload: bytes) -> None:
+        t0 = time.perf_counter()
+        meta = _peek_downlink(payload)
+        if meta["final"]:
+            done.set()
+            return
+        rid = meta["round_id"]
+        if rid in compute_s or dev not in meta["instructions"] or rid not in payloads:
+            return
+        compute_s[rid] = time.perf_counter() - t0
+        # Inside the network thread's handler: queue only (see MqttLink.publish).
+        link.publish(topics.uplink(fleet, dev), payloads.pop(rid), wait=False)
+
+    link.subscribe(topics.downlink(fleet), on_down)
+    link.subscribe(topics.ack(fleet, dev), lambda t, p: None)
+    link.connect()
+    link.publish(topics.hello(fleet, dev), M.encode(M.Hello(fleet, dev, typ)), retain=True)
+    ready.release()
+    done.wait(600)
+    link.close()
+    results.put((dev, compute_s))
+
+
+def bench_rounds(n_devices: int, rounds: int, params: torch.Tensor, model_cfg: dict,
+                 wire_dtype: str = "fp32") -> list[float]:
+    """Run `rounds` rounds with `n_devices` device processes; print and return the overheads."""
     from wakefl.sdk.selffl.registry import make_strategy
     from wakefl.server.aggregation_server import AggregationServer, ServerConfig
     from wakefl.server.broker import ManagedBroker
+    from wakefl.server.state_store import StateStore
 
+    ctx = mp.get_context("fork")  # the children inherit the imported modules and `params`
     with tempfile.TemporaryDirectory(prefix="wakefl-bench-", dir="/tmp") as tmp:
         broker = ManagedBroker(Path(tmp) / "broker").start()
+        procs = []
         try:
             fleet = "bench"
             reg = {f"dev{i:03d}": f"type{i % 5}" for i in range(n_devices)}
-            devices = [EchoDevice(broker.url, fleet, d, t) for d, t in reg.items()]
+            store = StateStore(Path(tmp) / "server")
+            run_id = store.run_id()  # the server reuses it: the devices pre-encode for this run
+            store.close()
+            ready, results = ctx.Semaphore(0), ctx.Queue()
+            for d, t in reg.items():
+                proc = ctx.Process(target=_device_process, daemon=True,
+                                   args=(broker.url, fleet, d, t, run_id, rounds, params, wire_dtype,
+                                         ready, results))
+                proc.start()
+                procs.append(proc)
+            for _ in tqdm(procs, desc=f"{n_devices} devices pre-encoding", leave=False):
+                if not ready.acquire(timeout=600):
+                    raise RuntimeError("a device process did not come up")
             cfg = ServerConfig(broker_url=broker.url, state_dir=Path(tmp) / "server",
                                initial_params=params, model_config=model_cfg, fleet=fleet,
-                               rounds=rounds, devices=reg, round_timeout=300)
+                               rounds=rounds, devices=reg, round_timeout=300, wire_dtype=wire_dtype)
             server = AggregationServer(cfg, make_strategy("selffl"), progress=lambda s: None)
             server.run()
-            for d in devices:
-                d.close()
+            compute = dict(results.get(timeout=120) for _ in procs)
+            for proc in procs:
+                proc.join(30)
         finally:
+            for proc in procs:
+                if proc.is_alive():
+                    proc.kill()
             broker.stop()
+    overheads = []
     for rep in server.reports:
-        slowest = max(d.compute_s.get(rep.round_id, 0.0) for d in devices)
-        print(f"  {n_devices:3d} devices, round {rep.round_id}: wall {rep.wall_s:.2f} s, slowest "
-              f"device compute {slowest:.3f} s, orchestration overhead {rep.wall_s - slowest:.2f} s")
+        slowest = max(c.get(rep.round_id, 0.0) for c in compute.values())
+        overheads.append(rep.wall_s - slowest)
+        print(f"  {n_devices:3d} devices, round {rep.round_id}: round wall time {rep.wall_s:.2f} s, "
+              f"slowest device compute {slowest:.4f} s, orchestration overhead "
+              f"{rep.wall_s - slowest:.2f} s ({len(rep.reported)}/{len(rep.sampled)} updates, "
+              f"closed by {rep.closed_by}); open {rep.phases_s['open']:.2f} s, collect "
+              f"{rep.phases_s['collect']:.2f} s, aggregate+persist {rep.phases_s['aggregate']:.2f} s")
+    print(f"  {n_devices:3d} devices: median orchestration overhead {statistics.median(overheads):.2f} s")
+    return overheads
 
 
 def _peak_rss_kb() -> int:
@@ -162,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--devices", type=int, nargs="*", default=[5, 50])
     p.add_argument("--agg", type=int, nargs="*", default=[20, 200])
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--wire-dtype", choices=sorted(M.WIRE_DTYPES), default="fp32",
+                   help="tensor dtype on the wire for the round benchmark (both directions)")
     p.add_argument("--agg-child", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--numel", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -175,9 +208,10 @@ def main(argv: list[str] | None = None) -> int:
     for dt in ("fp32", "fp16"):
         up = M.Uplink("f", "r", "dev", "t", 1, params, 0.1, 100, 10, 0.95, 1.0, {"has_variance": 1.0})
         print(f"bytes per update {dt}: {len(M.encode(up, wire_dtype=dt))}")
-    print("per-round orchestration overhead (no-op training):")
+    print(f"per-round orchestration overhead ({args.wire_dtype} on the wire, no-op training; devices are separate processes "
+          "publishing uplinks encoded before the run, so the figure is server + broker):")
     for n in args.devices:
-        bench_rounds(n, args.rounds, params, model_cfg)
+        bench_rounds(n, args.rounds, params, model_cfg, args.wire_dtype)
     print("server aggregation from the disk-backed store (Self-FL, client-level):")
     for n in args.agg:
         out = subprocess.run([sys.executable, "-m", "wakefl.tools.bench_federation", "--agg-child",
