@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sqlite3
 import threading
 import time
@@ -31,6 +30,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from wakefl.errors import ConfigError
+from wakefl.sdk.atomic_files import write_atomic
 from wakefl.sdk.messages import DEFAULT_MAX_BYTES, MAGIC, Uplink
 from wakefl.sdk.selffl.strategy import ClientResult, ServerState
 
@@ -56,26 +56,6 @@ CREATE TABLE IF NOT EXISTS rejections (reason TEXT PRIMARY KEY, count INTEGER NO
 CREATE TABLE IF NOT EXISTS rejection_log (
     at REAL NOT NULL, reason TEXT NOT NULL, device_id TEXT, round_id INTEGER, detail TEXT);
 """
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write-to-temp, fsync, rename, fsync the directory: old or new content, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 def server_state_to_bytes(state: ServerState) -> bytes:
