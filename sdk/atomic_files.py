@@ -27,11 +27,14 @@ def temp_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Replace `path` with `data`: old or new content after a crash, never half."""
+def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Replace `path` with `data`: old or new content after a crash, never half. `mode`
+    (before the umask) applies from the file's creation, so a private file (0o600) is
+    never readable by others, not even while it is being written."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path(path)
-    with open(tmp, "wb") as f:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())

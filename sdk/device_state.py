@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from wakefl.errors import ConfigError, NonFiniteError
+from wakefl.finite import all_finite
 from wakefl.sdk.atomic_files import TMP_GLOB, temp_path, write_atomic
 from wakefl.sdk.selffl.strategy import ClientState
 
@@ -88,7 +89,7 @@ def _sha256(path: Path) -> str:
 
 
 def _check_finite(name: str, t: Tensor) -> None:
-    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+    if not all_finite(t):
         raise NonFiniteError(f"device state: tensor {name!r} holds NaN or Inf; not saved")
 
 

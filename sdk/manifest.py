@@ -9,12 +9,14 @@ window, 1.5 s) or `stream` (a long negative recording for false accepts per hour
 from __future__ import annotations
 
 import csv
+import io
 import math
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 
 from wakefl.errors import ConfigError
+from wakefl.sdk.atomic_files import write_atomic
 
 SAMPLE_RATE = 16000
 CLIP_SECONDS = 1.5
@@ -143,16 +145,14 @@ def write_manifest(rows: list[ManifestRow], path: str | Path) -> Path:
     path = Path(path)
     for i, row in enumerate(rows):
         validate_row(row, f"row {i}")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f, lineterminator="\n")
-        writer.writerow(COLUMNS)
-        for row in rows:
-            d = asdict(row)
-            d["duration_s"] = f"{row.duration_s:.4f}"
-            writer.writerow([d[c] for c in COLUMNS])
-    tmp.replace(path)
+    buf = io.StringIO(newline="")
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for row in rows:
+        d = asdict(row)
+        d["duration_s"] = f"{row.duration_s:.4f}"
+        writer.writerow([d[c] for c in COLUMNS])
+    write_atomic(path, buf.getvalue().encode("utf-8"))
     return path
 
 

@@ -29,6 +29,7 @@ from safetensors.torch import save as st_save
 from torch import Tensor
 
 from wakefl.errors import ProtocolError
+from wakefl.finite import all_finite
 
 PROTOCOL_VERSION = 1
 MAGIC = b"WKFL"
@@ -180,7 +181,7 @@ def _prepare_tensor(t: Tensor, name: str, wire: torch.dtype) -> Tensor:
     if not t.is_floating_point():
         raise ProtocolError(f"tensor {name!r} has dtype {t.dtype}; only float tensors are sent")
     out = t.detach().to("cpu", wire).contiguous()
-    if not bool(torch.isfinite(out).all()):
+    if not all_finite(out):
         hint = " (values beyond the fp16 range?)" if wire == torch.float16 else ""
         raise ProtocolError(f"tensor {name!r} holds NaN or Inf{hint}; refusing to send it")
     return out
@@ -290,7 +291,7 @@ def _parse_body(body: bytes) -> tuple[dict[str, Any], dict[str, Tensor], str]:
     except Exception as exc:  # the library's own checks (overlaps, alignment...)
         raise MessageRejected("malformed", f"safetensors refused the body: {exc}") from exc
     for name, t in tensors.items():
-        if not bool(torch.isfinite(t).all()):
+        if not all_finite(t):
             raise MessageRejected("non_finite", f"tensor {name!r} holds NaN or Inf")
     return meta, tensors, (next(iter(dtypes)) if dtypes else "")
 

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from wakefl.errors import ConfigError, ProtocolError
+from wakefl.finite import all_finite
 from wakefl.sdk import topics
 from wakefl.sdk.messages import (
     DEFAULT_MAX_BYTES,
@@ -72,7 +73,7 @@ class ServerConfig:
             raise ConfigError("rounds must be >= 0 and the round timeout > 0")
         if self.min_clients is not None and self.min_clients < 1:
             raise ConfigError("--min-clients must be >= 1")
-        if self.initial_params.dim() != 1 or not bool(torch.isfinite(self.initial_params).all()):
+        if self.initial_params.dim() != 1 or not all_finite(self.initial_params):
             raise ConfigError("initial parameters must be a finite flat vector")
 
 

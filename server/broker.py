@@ -69,11 +69,12 @@ def _chown_tree(path: Path, pw: pwd.struct_passwd | None) -> None:
 class ManagedBroker:
     """mosquitto on 127.0.0.1:`port` with persistence in `state_dir`.
 
-    `extra_conf` lines are appended to the listener (e.g. password_file, acl_file, TLS);
-    `listener_conf` replaces the default plain listener completely."""
+    `autosave_s`: seconds between saves of the broker's state (server/config/mosquitto.conf
+    says why not every second). `extra_conf` lines are appended to the listener (e.g.
+    password_file, acl_file, TLS); `listener_conf` replaces the default plain listener."""
 
     def __init__(self, state_dir: str | Path, port: int | None = None, *,
-                 autosave_s: int = 1, extra_conf: str = "", listener_conf: str | None = None,
+                 autosave_s: int = 30, extra_conf: str = "", listener_conf: str | None = None,
                  max_packet: int = DEFAULT_MAX_PACKET, binary: str | None = None,
                  conf_file: str | Path | None = None) -> None:
         """`conf_file`: run that configuration as is (e.g. the one `wakefl provision`

@@ -1,15 +1,19 @@
 """Federation benchmarks (real mosquitto on 127.0.0.1, full-size model, no-op training).
 
     python -m wakefl.tools.bench_federation [--devices 5 50] [--agg 20 200] [--rounds 3]
+                                            [--warmup 2] [--wire-dtype fp32|fp16]
 
 Prints: bytes per update (fp32/fp16); per-round orchestration overhead (round wall time
 minus the slowest device's compute). Each simulated device is a separate process whose
 uplinks are encoded before the run (no training, no encoding in the round), so a round's
 wall time is the server's work (downlink encode, receipt, validation, durable recording,
 acks, aggregation, state persistence) plus the broker's transfers; the devices' compute is
-reading the downlink's header. On a small machine the device processes still share the
-CPU with the server and the broker. Then: server aggregation throughput and peak RSS for N recorded updates (one child process per
-N, so the peaks do not mix).
+reading the downlink's header. Two references measured in the same run put the figure in
+context: the broker's single-stream rate (so the least time a round's model transfers can
+take through it) and the CPU seconds each party used per round, since on a small machine
+the device processes share the cores with the broker and the server. Then: server
+aggregation throughput and peak RSS for N recorded updates (one child process per N, so
+the peaks do not mix).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import argparse
 import contextlib
 import json
 import multiprocessing as mp
+import os
 import resource
 import statistics
 import subprocess
@@ -54,6 +59,15 @@ def _peek_downlink(payload: bytes) -> dict:
     return json.loads(header["__metadata__"]["wakefl"])
 
 
+def _cpu_s(pid: int | None = None) -> float:
+    """User + system CPU seconds of this process (all threads) or of process `pid`."""
+    if pid is None:
+        t = os.times()
+        return t.user + t.system
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 def _device_process(url: str, fleet: str, dev: str, typ: str, run_id: str, rounds: int,
                     params: torch.Tensor, wire_dtype: str, ready: Any, results: Any) -> None:
     """One simulated device in its own process: its uplinks for every round are encoded
@@ -84,15 +98,54 @@ def _device_process(url: str, fleet: str, dev: str, typ: str, run_id: str, round
     link.subscribe(topics.ack(fleet, dev), lambda t, p: None)
     link.connect()
     link.publish(topics.hello(fleet, dev), M.encode(M.Hello(fleet, dev, typ)), retain=True)
+    cpu0 = _cpu_s()
     ready.release()
     done.wait(600)
+    cpu = _cpu_s() - cpu0
     link.close()
-    results.put((dev, compute_s))
+    results.put((dev, compute_s, cpu))
+
+
+def broker_throughput(url: str, nbytes: int, count: int = 10, timeout: float = 120.0) -> float:
+    """Bytes per second that the broker moves from one publisher to one subscriber, for
+    `count` QoS 1 messages of `nbytes` (the reference for the round overhead: a round moves
+    every uplink and every copy of the downlink through the same broker)."""
+    payload = bytes(nbytes)
+    got: list[float] = []
+    arrived = threading.Event()
+
+    def on_msg(topic: str, data: bytes) -> None:
+        got.append(time.perf_counter())
+        if len(got) == count:
+            arrived.set()
+
+    sub = MqttLink(url, "bench-throughput-sub")
+    pub = MqttLink(url, "bench-throughput-pub")
+    try:
+        sub.subscribe("bench/throughput", on_msg)
+        sub.connect()
+        pub.connect()
+        pub.publish("bench/throughput", payload, timeout=timeout)  # warm the broker's buffers
+        end = time.monotonic() + timeout
+        while not got and time.monotonic() < end:
+            time.sleep(0.01)
+        got.clear()
+        t0 = time.perf_counter()
+        for _ in range(count):
+            pub.publish("bench/throughput", payload, timeout=timeout)
+        if not arrived.wait(timeout):
+            raise RuntimeError(f"only {len(got)}/{count} throughput messages arrived")
+        return count * nbytes / (got[-1] - t0)
+    finally:
+        pub.close()
+        sub.close()
 
 
 def bench_rounds(n_devices: int, rounds: int, params: torch.Tensor, model_cfg: dict,
-                 wire_dtype: str = "fp32") -> list[float]:
-    """Run `rounds` rounds with `n_devices` device processes; print and return the overheads."""
+                 wire_dtype: str = "fp32", warmup: int = 0) -> list[float]:
+    """Run `warmup` + `rounds` rounds with `n_devices` device processes; print every round
+    and return the overheads of the last `rounds` (the median is taken over those)."""
+    rounds += warmup
     from wakefl.sdk.selffl.registry import make_strategy
     from wakefl.server.aggregation_server import AggregationServer, ServerConfig
     from wakefl.server.broker import ManagedBroker
@@ -103,6 +156,9 @@ def bench_rounds(n_devices: int, rounds: int, params: torch.Tensor, model_cfg: d
         broker = ManagedBroker(Path(tmp) / "broker").start()
         procs = []
         try:
+            up_bytes = len(M.encode(M.Uplink("bench", "r", "dev000", "type0", 1, params, 0.1, 100, 1,
+                                             scalars={"has_variance": 1.0}), wire_dtype=wire_dtype))
+            rate = broker_throughput(broker.url, up_bytes)
             fleet = "bench"
             reg = {f"dev{i:03d}": f"type{i % 5}" for i in range(n_devices)}
             store = StateStore(Path(tmp) / "server")
@@ -122,8 +178,16 @@ def bench_rounds(n_devices: int, rounds: int, params: torch.Tensor, model_cfg: d
                                initial_params=params, model_config=model_cfg, fleet=fleet,
                                rounds=rounds, devices=reg, round_timeout=300, wire_dtype=wire_dtype)
             server = AggregationServer(cfg, make_strategy("selffl"), progress=lambda s: None)
+            broker_cpu0, server_cpu0, wall0 = _cpu_s(broker.proc.pid), _cpu_s(), time.monotonic()
             server.run()
-            compute = dict(results.get(timeout=120) for _ in procs)
+            cpu = {"broker": _cpu_s(broker.proc.pid) - broker_cpu0, "server": _cpu_s() - server_cpu0}
+            wall = time.monotonic() - wall0
+            compute: dict[str, dict[int, float]] = {}
+            cpu["devices"] = 0.0
+            for _ in procs:
+                dev, dev_compute, dev_cpu = results.get(timeout=120)
+                compute[dev] = dev_compute
+                cpu["devices"] += dev_cpu
             for proc in procs:
                 proc.join(30)
         finally:
@@ -131,6 +195,12 @@ def bench_rounds(n_devices: int, rounds: int, params: torch.Tensor, model_cfg: d
                 if proc.is_alive():
                     proc.kill()
             broker.stop()
+    # Each round moves n uplinks and n copies of the downlink (about the same size) through
+    # the broker: at the single-stream rate measured above, that alone takes `floor`.
+    floor = 2 * n_devices * up_bytes / rate
+    print(f"  {n_devices:3d} devices: broker moves {rate / 1e6:.0f} MB/s one publisher to one "
+          f"subscriber ({up_bytes / 1e6:.1f} MB messages), so a round's {2 * n_devices} model "
+          f"transfers take at least {floor:.2f} s (transport floor)")
     overheads = []
     for rep in server.reports:
         slowest = max(c.get(rep.round_id, 0.0) for c in compute.values())
@@ -140,8 +210,20 @@ def bench_rounds(n_devices: int, rounds: int, params: torch.Tensor, model_cfg: d
               f"{rep.wall_s - slowest:.2f} s ({len(rep.reported)}/{len(rep.sampled)} updates, "
               f"closed by {rep.closed_by}); open {rep.phases_s['open']:.2f} s, collect "
               f"{rep.phases_s['collect']:.2f} s, aggregate+persist {rep.phases_s['aggregate']:.2f} s")
-    print(f"  {n_devices:3d} devices: median orchestration overhead {statistics.median(overheads):.2f} s")
-    return overheads
+    # Where the CPU went: on this machine every simulated device shares the cores with the
+    # broker and the server; in a fleet each device's share runs on the device.
+    per_round = {k: v / rounds for k, v in cpu.items()}
+    print(f"  {n_devices:3d} devices: CPU seconds per round: devices {per_round['devices']:.2f} "
+          f"(all {n_devices} together), broker {per_round['broker']:.2f}, server "
+          f"{per_round['server']:.2f}; {os.cpu_count()} cores x {wall / rounds:.2f} s wall = "
+          f"{os.cpu_count() * wall / rounds:.2f} core-seconds available per round")
+    measured = overheads[warmup:]
+    med = statistics.median(measured)
+    print(f"  {n_devices:3d} devices: median orchestration overhead {med:.2f} s over rounds "
+          f"{warmup + 1}-{rounds} = {med / floor:.2f} x the transport floor"
+          + (f" (warm-up rounds 1-{warmup}: median {statistics.median(overheads[:warmup]):.2f} s)"
+             if warmup else ""))
+    return measured
 
 
 def _peak_rss_kb() -> int:
@@ -192,7 +274,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--devices", type=int, nargs="*", default=[5, 50])
     p.add_argument("--agg", type=int, nargs="*", default=[20, 200])
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3, help="measured rounds")
+    p.add_argument("--warmup", type=int, default=2,
+                   help="rounds run first and reported apart: a fresh broker, server and page "
+                        "cache pay one-off costs (first touch of ~1 GB of buffers per round)")
     p.add_argument("--wire-dtype", choices=sorted(M.WIRE_DTYPES), default="fp32",
                    help="tensor dtype on the wire for the round benchmark (both directions)")
     p.add_argument("--agg-child", type=int, default=None, help=argparse.SUPPRESS)
@@ -211,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"per-round orchestration overhead ({args.wire_dtype} on the wire, no-op training; devices are separate processes "
           "publishing uplinks encoded before the run, so the figure is server + broker):")
     for n in args.devices:
-        bench_rounds(n, args.rounds, params, model_cfg, args.wire_dtype)
+        bench_rounds(n, args.rounds, params, model_cfg, args.wire_dtype, args.warmup)
     print("server aggregation from the disk-backed store (Self-FL, client-level):")
     for n in args.agg:
         out = subprocess.run([sys.executable, "-m", "wakefl.tools.bench_federation", "--agg-child",

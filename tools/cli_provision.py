@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from wakefl.errors import ConfigError
+from wakefl.sdk.atomic_files import write_atomic
 
 SERVER_USER = "wakefl-server"
 
@@ -41,12 +42,7 @@ def _config_text(name: str) -> str:
 
 
 def _write_private(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
+    write_atomic(path, (json.dumps(data, indent=2) + "\n").encode(), mode=0o600)
 
 
 def ensure_ca(state: Path, host: str) -> None:

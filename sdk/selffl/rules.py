@@ -10,16 +10,16 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-import torch
 from torch import Tensor
 
 from wakefl.errors import ConfigError, NonFiniteError
+from wakefl.finite import all_finite
 from wakefl.sdk.selffl.running_variance import RunningVariance
 
 
 def check_finite_tensor(x: Tensor, what: str) -> None:
     """Raise `NonFiniteError` naming `what` if `x` holds NaN or Inf."""
-    if not bool(torch.isfinite(x).all()):
+    if not all_finite(x):
         raise NonFiniteError(f"{what} contains NaN or Inf")
 
 

@@ -9,11 +9,12 @@ import torch
 from torch import Tensor
 
 from wakefl.errors import NonFiniteError, ProtocolError
+from wakefl.finite import all_finite
 
 
 def require_finite(vec: Tensor, what: str) -> Tensor:
     """Return `vec` if every entry is finite, else raise NonFiniteError naming `what`."""
-    if not bool(torch.isfinite(vec).all()):
+    if not all_finite(vec):
         bad = int((~torch.isfinite(vec)).sum())
         raise NonFiniteError(f"{what}: {bad} of {vec.numel()} entries are NaN or Inf")
     return vec
