@@ -178,3 +178,27 @@ def test_registry_names():
         make_strategy("no-such-method")
     with pytest.raises(ConfigError):
         SelfFL(algorithm=3)
+
+
+def test_personalized_params_leave_the_clients_own_precision_out_of_s_minus_m():
+    from wakefl.sdk.selffl.rules import precision
+
+    problems = _noisy_fleet(3)
+    st = SelfFL(lr=5e-4, l_max=30, warmup_steps=5)
+    res = run_simulation(st, problems, torch.zeros(1, dtype=torch.float64), 6, 1.0, seed=0)
+    s0 = res.server.scalars["sigma0_sq"]
+    for cid in ("c0", "c5"):
+        # Eqns 10 and 16 use S_-m: the precisions of every other client, not this one's.
+        want = sum(precision(s0, info["sigma_sq"]) for k, info in res.server.clients.items()
+                   if k != cid)
+        ins = st.configure_client(res.server, cid, res.server.round_id + 1)
+        assert ins.scalars["others_precision"] == pytest.approx(want, rel=1e-12)
+        exact, _ = st.client_update(ins, res.clients[cid], problems[cid],
+                                    torch.Generator().manual_seed(9))
+        with_id = st.personalized_params(res.server, res.clients[cid], problems[cid],
+                                         torch.Generator().manual_seed(9), client_id=cid)
+        anonymous = st.personalized_params(res.server, res.clients[cid], problems[cid],
+                                           torch.Generator().manual_seed(9))
+        assert torch.equal(with_id, exact.params)
+        # Without the id the client's own precision is counted too: a different model.
+        assert not torch.equal(anonymous, with_id)

@@ -47,6 +47,22 @@ ALL = "all"
 BASELINE = "baseline"
 
 
+# The corpus builder gives every background-only clip of a split one pseudo-speaker name.
+NO_SPEECH_PREFIX = "nospeech-"
+
+
+def bootstrap_units(speakers: Sequence[str] | np.ndarray) -> np.ndarray:
+    """Resampling unit of each clip for the speaker bootstrap: its speaker, except that
+    background-only clips (speaker `nospeech-<split>`) are each their own unit. They share
+    no voice, and each has its own room and noise draw; resampling them as one block would
+    drop or double every one of them at once and widen the interval for no reason."""
+    spk = np.asarray(speakers, dtype=str).reshape(-1)
+    out = spk.astype(object)
+    for i in np.flatnonzero(np.char.startswith(spk, NO_SPEECH_PREFIX)):
+        out[i] = f"{spk[i]}#{i}"
+    return out.astype(str)
+
+
 @dataclass
 class EvalSettings:
     split: str = "test"
@@ -176,6 +192,7 @@ def run_evaluation(
     devices = np.array([r.device_type for r in clips])
     states = np.array([r.state for r in clips])
     speakers = np.array([r.speaker for r in clips])
+    units = bootstrap_units(speakers)
     device_names = sorted(set(devices.tolist()))
 
     # Operating points: per device type, and one for the pooled set.
@@ -232,7 +249,7 @@ def run_evaluation(
                 bootstrap_relative_fa_by_subset(
                     scores[BASELINE][pos_m], scores[BASELINE][neg_m], scores[name][pos_m],
                     scores[name][neg_m], st.target_fr, state_masks,
-                    groups=(speakers[pos_m], speakers[neg_m]), n_boot=st.n_boot,
+                    groups=(units[pos_m], units[neg_m]), n_boot=st.n_boot,
                     seed=st.seed,
                 )
                 if neg_m.any()

@@ -14,13 +14,22 @@ method has); each grid point is a full federated run in the full-participation s
 scored on the validation speakers, and the best point's run is then evaluated on the test
 speakers. The sampling settings reuse Self-FL's selected learning rate.
 
-The result is a plain dict `{"config": ..., "rows": [...], "step_counts": [...]}`;
-`wakefl.tools.paper_report` turns it into the Markdown tables and the plots.
+Evaluation: per device type, the warm start's threshold is fixed where its FR meets the
+target on all of that device type's test clips and each candidate's is matched to that FR;
+device-state rows count within the state at those thresholds. Intervals: paired percentile
+bootstrap over test speakers (background-only clips each their own unit). Each Self-FL cell
+is also compared with the best other method of that cell by a paired bootstrap of the FA
+ratio ("comparisons").
+
+The result is a plain dict `{"config": ..., "rows": [...], "step_counts": [...],
+"comparisons": [...]}`; `wakefl.tools.paper_report` turns it into the Markdown tables and
+the plots.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import math
 import platform
 import time
@@ -94,8 +103,8 @@ PROFILES: dict[str, StudyProfile] = {
                          target_fr=0.1),
     "small": StudyProfile("small", "small", width=0.25, rounds=8, sampling_rounds=16,
                           batch_size=32, local_steps=10, l_max=20, inner_steps=3,
-                          converge_steps=20, lr_grid=(0.02, 0.05), warm_epochs=8,
-                          n_boot=500, target_fr=0.05),
+                          converge_steps=20, lr_grid=(0.01, 0.03, 0.1), warm_epochs=8,
+                          n_boot=1000, target_fr=0.05),
     "full": StudyProfile("full", "full", width=1.0, rounds=30, sampling_rounds=60,
                          batch_size=32, local_steps=20, l_max=40, inner_steps=5,
                          converge_steps=100, lr_grid=(0.01, 0.02, 0.05), warm_epochs=12,
@@ -190,10 +199,10 @@ class EvalSet:
     """One device type's held-out clips with the warm-start model's scores on them."""
 
     device_type: str
-    dataset: Any
+    dataset: Any  # the clips' waveforms [N, window] (or a dataset of (wave, label) items)
     labels: np.ndarray
     states: np.ndarray
-    speakers: np.ndarray
+    speakers: np.ndarray  # the bootstrap's resampling unit of each clip (`bootstrap_units`)
     baseline_scores: np.ndarray
 
 
@@ -222,39 +231,164 @@ class Scorer:
         return self._cache[key]
 
 
-def relative_record(
-    ev: EvalSet, cand_scores: np.ndarray, state: str, target_fr: float, n_boot: int,
+def relative_records(
+    ev: EvalSet, cand_scores: np.ndarray, states: Sequence[str], target_fr: float, n_boot: int,
     seed: int, repeats: int = 1,
-) -> dict[str, Any]:
-    """Relative FA/FR (with a speaker-bootstrap CI) of candidate scores on `ev`, restricted
-    to one device state or "all". `repeats` > 1: `cand_scores` holds that many models'
-    scores of the same clips one after the other (a device type's fleet of personalized
-    models), compared with the baseline's scores repeated alike at one shared threshold."""
-    from wakefl.sdk.wake_metrics import bootstrap_relative_fa_ci, relative_fa_fr
+) -> dict[str, dict[str, Any]]:
+    """Relative FA/FR (with a speaker-bootstrap CI) of candidate scores on `ev`, per entry
+    of `states` (a device state, or "all" for every clip). Both models work at their
+    operating points on the whole device type's clips (the baseline's where its FR meets
+    `target_fr`, the candidate's matched to that FR), as a device ships one threshold, not
+    one per state; a state's row counts its false accepts and rejects at those thresholds,
+    so its relative FR shows how well the match holds within the state. `repeats` > 1:
+    `cand_scores` holds that many models' scores of the same clips one after the other (a
+    device type's fleet of personalized models), compared with the baseline's scores
+    repeated alike at one shared threshold."""
+    from wakefl.sdk.wake_metrics import (
+        bootstrap_relative_fa_by_subset,
+        fa_at,
+        fr_at,
+        relative_fa_fr,
+        safe_ratio,
+    )
 
-    mask = np.ones(ev.labels.size, bool) if state == ALL_STATES else ev.states == state
-    mask = np.tile(mask, repeats)
-    labels = np.tile(ev.labels, repeats)[mask]
-    speakers = np.tile(ev.speakers, repeats)[mask]
-    base = np.tile(ev.baseline_scores, repeats)[mask]
-    cand = np.asarray(cand_scores)[mask]
+    labels = np.tile(ev.labels, repeats)
+    clip_states = np.tile(ev.states, repeats)
+    units = np.tile(ev.speakers, repeats)
+    base = np.tile(ev.baseline_scores, repeats)
+    cand = np.asarray(cand_scores)
     pos, neg = labels == 1, labels == 0
-    out: dict[str, Any] = {"n_positive": int(pos.sum()), "n_negative": int(neg.sum())}
+    masks = {st: np.ones(labels.size, bool) if st == ALL_STATES else clip_states == st
+             for st in states}
+    out: dict[str, dict[str, Any]] = {
+        st: {"n_positive": int((pos & m).sum()), "n_negative": int((neg & m).sum())}
+        for st, m in masks.items()}
     if not pos.any() or not neg.any():
-        out.update(relative_fa=None, relative_fr=None, relative_fa_ci=[None, None],
-                   note="no wake-word or no other clips in this cell")
+        for rec in out.values():
+            rec.update(relative_fa=None, relative_fr=None, relative_fa_ci=[None, None],
+                       note="no wake-word or no other clips in this cell")
         return out
     res = relative_fa_fr(base[pos], base[neg], cand[pos], cand[neg], target_fr)
-    lo, hi = bootstrap_relative_fa_ci(
-        base[pos], base[neg], cand[pos], cand[neg], target_fr,
-        groups=(speakers[pos], speakers[neg]), n_boot=n_boot, seed=seed,
+    tb, tc = res.baseline_threshold, res.candidate_threshold
+    with_neg = {st: m[neg] for st, m in masks.items() if (neg & m).any()}
+    cis = bootstrap_relative_fa_by_subset(
+        base[pos], base[neg], cand[pos], cand[neg], target_fr, with_neg,
+        groups=(units[pos], units[neg]), n_boot=n_boot, seed=seed,
     )
-    out.update(
-        relative_fa=_round(res.relative_fa), relative_fr=_round(res.relative_fr),
-        relative_fa_ci=[_round(lo), _round(hi)], baseline_fr=_round(res.baseline_fr),
-        baseline_fa=_round(res.baseline_fa), candidate_fr=_round(res.candidate_fr),
-        candidate_fa=_round(res.candidate_fa), note=res.note,
+    for st, m in masks.items():
+        rec = out[st]
+        if st not in with_neg:
+            rec.update(relative_fa=None, relative_fr=None, relative_fa_ci=[None, None],
+                       note="no other clips in this cell")
+            continue
+        bn, cn = base[neg & m], cand[neg & m]
+        fa_b, fa_c = fa_at(bn, tb), fa_at(cn, tc)
+        rel_fa, note_fa = safe_ratio(fa_c, fa_b, "FA")
+        fr_b = fr_c = rel_fr = None
+        note_fr = ""
+        if (pos & m).any():
+            fr_b, fr_c = fr_at(base[pos & m], tb), fr_at(cand[pos & m], tc)
+            rel_fr, note_fr = safe_ratio(fr_c, fr_b, "FR")
+        lo, hi = cis[st]
+        rec.update(
+            baseline_fa_count=int(np.count_nonzero(bn >= tb)),
+            candidate_fa_count=int(np.count_nonzero(cn >= tc)),
+            relative_fa=_round(rel_fa), relative_fr=_round(rel_fr),
+            relative_fa_ci=[_round(lo), _round(hi)], baseline_fr=_round(fr_b),
+            baseline_fa=_round(fa_b), candidate_fr=_round(fr_c), candidate_fa=_round(fa_c),
+            note="; ".join(n for n in (note_fa, note_fr) if n),
+        )
+    return out
+
+
+def paired_fa_ratio(
+    ev: EvalSet, scores_a: np.ndarray, scores_b: np.ndarray, target_fr: float, n_boot: int,
+    seed: int, level: float = 0.95,
+) -> dict[str, Any]:
+    """FA of candidate A over FA of candidate B, both at the FR the warm-start baseline has
+    at its operating point on `ev` (so it equals relative_fa(A) / relative_fa(B)), with a
+    paired percentile bootstrap over the same resampling units as the cells' intervals:
+    every replicate redraws the units, refixes the baseline's threshold and rematches both
+    candidates. A ratio whose CI lies wholly below (above) 1 says A beats (loses to) B
+    beyond the resampling noise of the test speakers."""
+    from wakefl.sdk.wake_metrics import (
+        baseline_threshold,
+        fa_at,
+        fr_at,
+        matched_threshold,
+        safe_ratio,
     )
+
+    labels = ev.labels
+    base, a, b = ev.baseline_scores, np.asarray(scores_a), np.asarray(scores_b)
+
+    def ratio(ip: np.ndarray, ineg: np.ndarray) -> float:
+        fr_b = fr_at(base[ip], baseline_threshold(base[ip], target_fr))
+        fa_a = fa_at(a[ineg], matched_threshold(a[ip], fr_b))
+        fa_b = fa_at(b[ineg], matched_threshold(b[ip], fr_b))
+        r, _ = safe_ratio(fa_a, fa_b, "FA")
+        return math.inf if r is None else r
+
+    pos_idx, neg_idx = np.flatnonzero(labels == 1), np.flatnonzero(labels == 0)
+    if pos_idx.size == 0 or neg_idx.size == 0:
+        return {"ratio": None, "ci": [None, None]}
+    point = ratio(pos_idx, neg_idx)
+    keys = np.unique(ev.speakers)
+    members = [np.flatnonzero(ev.speakers == k) for k in keys]
+    is_pos = labels == 1
+    rng = np.random.default_rng([seed, 17])
+    values: list[float] = []
+    for _ in range(n_boot):
+        drawn = np.concatenate([members[i] for i in rng.integers(0, keys.size, keys.size)])
+        ip, ineg = drawn[is_pos[drawn]], drawn[~is_pos[drawn]]
+        if ip.size and ineg.size:
+            values.append(ratio(ip, ineg))
+    if not values:
+        return {"ratio": _finite_or_none(point), "ci": [None, None]}
+    arr = np.sort(np.asarray(values))
+    alpha = (1.0 - level) / 2.0
+    lo = float(arr[max(0, math.floor(alpha * (arr.size - 1)))])
+    hi = float(arr[min(arr.size - 1, math.ceil((1.0 - alpha) * (arr.size - 1)))])
+    return {"ratio": _finite_or_none(point), "ci": [_finite_or_none(lo), _finite_or_none(hi)]}
+
+
+def _finite_or_none(x: float) -> float | None:
+    return None if math.isinf(x) else _round(x)
+
+
+SELFFL_METHODS = ("selffl", "selffl-alg2")
+
+
+def compare_with_best_other(
+    study: PaperStudy, runs: dict[str, MethodRun], rows: Sequence[dict[str, Any]], n_boot: int,
+) -> list[dict[str, Any]]:
+    """For each Self-FL variant, model and device type (full participation, all states):
+    the other method with the lowest relative FA on the test set, and the paired ratio of
+    Self-FL's FA to that method's FA. Picking the best competitor on the test set itself
+    favours the competitor, so a Self-FL win here is conservative."""
+    idx = {(r["method"], r["model"], r["device_type"]): r for r in rows
+           if r["setting"] == SETTING_FULL and r["state"] == ALL_STATES}
+    out: list[dict[str, Any]] = []
+    for sf in SELFFL_METHODS:
+        if sf not in runs:
+            continue
+        for model in ("global", "personalized"):
+            for dt in study.device_types:
+                others = {m: idx[(m, model, dt)]["relative_fa"] for m in runs
+                          if m not in SELFFL_METHODS and (m, model, dt) in idx
+                          and idx[(m, model, dt)]["relative_fa"] is not None}
+                if not others or (sf, model, dt) not in idx:
+                    continue
+                best = min(sorted(others), key=lambda m: others[m])
+                a, _ = study.candidate_scores(runs[sf], model, dt, "test")
+                b, _ = study.candidate_scores(runs[best], model, dt, "test")
+                cmp_ = paired_fa_ratio(study.evalsets["test"][dt], a, b, study.prof.target_fr,
+                                       n_boot, study.seed)
+                out.append({"setting": SETTING_FULL, "method": sf, "model": model,
+                            "device_type": dt, "state": ALL_STATES, "best_other": best,
+                            "best_other_relative_fa": others[best],
+                            "ratio_to_best_other": cmp_["ratio"],
+                            "ratio_to_best_other_ci": cmp_["ci"]})
     return out
 
 
@@ -291,6 +425,7 @@ class PaperStudy:
         from wakefl.models.kws_cnn import KwsCnn, get_flat_params, head_slice, load_model
         from wakefl.sdk.dataset import WakeWordDataset
         from wakefl.sdk.manifest import read_manifest
+        from wakefl.tools.evaluation import bootstrap_units
         from wakefl.tools.warm_start import train_or_load_baseline
 
         self.prof, self.seed, self.progress, self.log = prof, seed, progress, log
@@ -319,10 +454,13 @@ class PaperStudy:
             self.train[dt] = WakeWordDataset(manifest, dt, "train", window_samples=ws, seed=seed)
             for split in ("val", "test"):
                 ds = WakeWordDataset(manifest, dt, split, window_samples=ws, seed=seed)
+                # One stacked tensor: every model scores these clips, and batching a tensor
+                # skips the per-item collation of a DataLoader.
+                waves = torch.stack([ds[i][0] for i in range(len(ds))])
                 self.evalsets[split][dt] = EvalSet(
-                    device_type=dt, dataset=ds, labels=ds.labels.copy(),
+                    device_type=dt, dataset=waves, labels=ds.labels.copy(),
                     states=np.array([r.state for r in ds.rows]),
-                    speakers=np.array([r.speaker for r in ds.rows]),
+                    speakers=bootstrap_units([r.speaker for r in ds.rows]),
                     baseline_scores=np.zeros(0),
                 )
                 self.evalsets[split][dt].baseline_scores = self.scorer(
@@ -378,10 +516,14 @@ class PaperStudy:
         finally:
             bar.close()
         ids = sorted(problems)
+        # A strategy whose personalization depends on who the client is (Self-FL's S_-m
+        # leaves the client's own precision out) takes its id.
+        wants_id = "client_id" in inspect.signature(strategy.personalized_params).parameters
         personal = {
             cid: strategy.personalized_params(
                 sim.server, sim.clients[cid], problems[cid],
                 client_generator(self.seed, rounds + 1, i),
+                **({"client_id": cid} if wants_id else {}),
             ).detach().clone()
             for i, cid in enumerate(ids)
         }
@@ -430,21 +572,26 @@ class PaperStudy:
                 continue
             for dt in self.device_types:
                 scores, repeats = self.candidate_scores(run, model, dt, split)
+                recs = relative_records(self.evalsets[split][dt], scores, states,
+                                        self.prof.target_fr, n_boot, self.seed, repeats)
                 for state in states:
-                    rec = relative_record(self.evalsets[split][dt], scores, state,
-                                          self.prof.target_fr, n_boot, self.seed, repeats)
                     out.append({"model": model, "device_type": dt, "state": state,
-                                "personalized_models": repeats, **rec})
+                                "personalized_models": repeats, **recs[state]})
         return out
 
 
 def _step_rows(setting: str, method: str, run: MethodRun, groups: dict[str, str]) -> list[dict[str, Any]]:
+    # sigma_m^2 is what Eqn 16 turned into the client's step count (0 during the warm-up
+    # rounds, whose count is the fixed warm-up value); sigma0^2 is the inter-client variance
+    # the server computed from this round's updates, used by the next round's rule.
     rows = []
     for rec in run.records:
         for cid, steps in sorted(rec.local_steps.items()):
             rows.append({"setting": setting, "method": method, "client": cid,
                          "device_type": groups[cid], "round": rec.round_id,
-                         "local_steps": int(steps)})
+                         "local_steps": int(steps),
+                         "sigma_sq": _round(rec.sigma_sq.get(cid, 0.0)),
+                         "sigma0_sq": _round(rec.sigma0_sq)})
     return rows
 
 
@@ -484,7 +631,7 @@ def run_paper_study(
         from wakefl.tools.corpus_build import build_corpus
 
         existing = out / "corpus" / "manifest.csv"
-        if existing.is_file():
+        if existing.is_file() and _corpus_matches(out / "corpus", prof.corpus_profile, seed):
             log(f"[study] reusing corpus {existing}")
             manifest_path = existing
         else:
@@ -503,6 +650,7 @@ def run_paper_study(
     tuning: dict[str, Any] = {}
     timings: dict[str, float] = {}
     det: dict[str, dict[str, Any]] = {}
+    selected: dict[str, MethodRun] = {}
 
     # ---- full participation (Table 2): tune on validation speakers, report on test ----
     problems, groups = study.problems(None)
@@ -537,12 +685,16 @@ def run_paper_study(
                      for rec in study.diverged_rows(method, (ALL_STATES, *STATES), failures)]
             continue
         run = best[1]
+        selected[method] = run
         timings[f"{SETTING_FULL}/{method}"] = round(run.seconds, 1)
         for rec in study.evaluate(run, "test", (ALL_STATES, *STATES), prof.n_boot):
             rows.append({"setting": SETTING_FULL, "method": method, **rec})
         study.collect_det(det, SETTING_FULL, run)
         if method.startswith("selffl"):
             step_counts += _step_rows(SETTING_FULL, method, run, groups)
+
+    comparisons = compare_with_best_other(study, selected, rows, prof.n_boot)
+    selected.clear()
 
     # ---- client sampling (Tables 5 and 6): client- vs cluster-level Self-FL ----
     selffl_lr = (tuning.get("selffl") or {}).get("selected_lr") or prof.lr_grid[0]
@@ -585,7 +737,8 @@ def run_paper_study(
         },
         "evaluation": {
             "target_fr": prof.target_fr,
-            "ci": "95% percentile bootstrap over test speakers (paired, matching redone per replicate)",
+            "ci": ("95% percentile bootstrap over test speakers, each background-only clip its "
+                   "own unit (paired, matching redone per replicate)"),
             "n_boot": prof.n_boot,
             "personalized_sampling": ("the 4 personalized models of a device type score every "
                                       "test clip of it; pooled at one matched-FR threshold"),
@@ -595,10 +748,26 @@ def run_paper_study(
         "commit": source_revision(),
         "platform": {"python": platform.python_version(), "torch": torch.__version__},
     }
-    result = {"config": config, "rows": rows, "step_counts": step_counts}
+    result = {"config": config, "rows": rows, "step_counts": step_counts,
+              "comparisons": comparisons}
     config["seconds_total"] = round(time.perf_counter() - t0, 1)
     write_report(result, out, det)
     return result
+
+
+def _corpus_matches(folder: Path, profile: str, seed: int) -> bool:
+    """Whether `folder` holds a synthetic build of today's `profile` with `seed`: a corpus
+    left by an earlier version of the profile (other sizes) must not be reused."""
+    import json
+
+    from wakefl.tools.corpus_plan import PROFILES as CORPUS_PROFILES
+
+    try:
+        info = json.loads((folder / "corpus.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    want = asdict(CORPUS_PROFILES[profile]) if profile in CORPUS_PROFILES else None
+    return info.get("seed") == seed and info.get("profile") == want
 
 
 def source_revision() -> str:

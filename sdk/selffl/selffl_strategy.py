@@ -290,14 +290,17 @@ class SelfFL(Strategy):
 
     def personalized_params(
         self, server: ServerState, state: ClientState, problem: LocalProblem,
-        generator: torch.Generator,
+        generator: torch.Generator, client_id: str | None = None,
     ) -> Tensor:
         """The personal model a device holds after receiving the current broadcast: the
         Self-FL client rule (Eqns 10 and 16 and the local steps) applied to the latest global
         model and S_-m, without sending anything or changing `state`. A client that never
-        took part starts from the global model (the warm-up rule)."""
-        ins = self.configure_client(server, "\x00evaluation", server.round_id + 1)
-        # S_-m for this client: everyone known except itself is not identifiable here, so
-        # the precision of all known clients is used (one client more than S_-m at most).
+        took part starts from the global model (the warm-up rule).
+
+        `client_id` lets S_-m leave this client's own precision out, as Eqns 10 and 16 ask;
+        without it the client is not identifiable and the precision of every known client is
+        used (one client more than S_-m at most)."""
+        ins = self.configure_client(server, "\x00evaluation" if client_id is None else client_id,
+                                    server.round_id + 1)
         result, _ = self.client_update(ins, state, problem, generator)
         return result.tensors.get("personal", result.params).clone()
