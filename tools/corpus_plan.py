@@ -53,7 +53,7 @@ PROFILES: dict[str, CorpusProfile] = {
     # Held-out sets far larger than the training unit: the paper study's relative FA is a
     # ratio of false-accept counts, and its intervals are only as narrow as those counts.
     "small": CorpusProfile("small", 200, 240, 480, 960, 3, 70.0),
-    "full": CorpusProfile("full", 240, 800, 240, 360, 6, 250.0, 10, 10, 32),
+    "full": CorpusProfile("full", 240, 800, 480, 960, 6, 250.0, 10, 10, 32),
 }
 
 

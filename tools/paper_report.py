@@ -143,27 +143,28 @@ def shape_findings(result: dict[str, Any]) -> list[str]:
                 for dt in dts if (s, method, model, dt, ALL) in idx}
 
     mismatch: list[str] = []
-    for model in ("global", "personalized"):
-        sf = vals("selffl", model)
-        if not sf:
-            continue
-        below = [dt for dt, v in sf.items() if v is not None and v < 1.0]
-        best = _best_per_column(idx, s, model, cfg["methods"], dts, ALL)
-        wins = [dt for dt in dts if "selffl" in best.get(dt, set())]
-        sig = [dt for dt in dts if (s, "selffl", model, dt, ALL) in idx
-               and (idx[(s, "selffl", model, dt, ALL)]["relative_fa_ci"][1] or np.inf) < 1.0]
-        out.append(
-            f"Self-FL (Alg. 1) {model} model: relative FA below 1 on {len(below)} of {len(sf)} "
-            f"device types ({', '.join(below) or 'none'}); the 95% CI lies wholly below 1 on "
-            f"{len(sig)} ({', '.join(sig) or 'none'}); lowest of all methods on {len(wins)} of "
-            f"{len(dts)} ({', '.join(wins) or 'none'}). Paper: below 1 on 4 of 5 (global) and "
-            "5 of 5 (personalized), best on most device types.")
-        if 2 * len(wins) <= len(dts):
-            mismatch.append(f"Self-FL's {model} model is the best method on "
-                            f"{len(wins)} of {len(dts)} device types, not on most")
-        if len(below) < len(sf) - 1:
-            mismatch.append(f"Self-FL's {model} model does not improve on the baseline on "
-                            f"{len(sf) - len(below)} device types")
+    for method, label in (("selffl", "Alg. 1"), ("selffl-alg2", "Alg. 2")):
+        for model in ("global", "personalized"):
+            sf = vals(method, model)
+            if not sf:
+                continue
+            below = [dt for dt, v in sf.items() if v is not None and v < 1.0]
+            best = _best_per_column(idx, s, model, cfg["methods"], dts, ALL)
+            wins = [dt for dt in dts if method in best.get(dt, set())]
+            sig = [dt for dt in dts if (s, method, model, dt, ALL) in idx
+                   and (idx[(s, method, model, dt, ALL)]["relative_fa_ci"][1] or np.inf) < 1.0]
+            out.append(
+                f"Self-FL ({label}) {model} model: relative FA below 1 on {len(below)} of "
+                f"{len(sf)} device types ({', '.join(below) or 'none'}); the 95% CI lies wholly "
+                f"below 1 on {len(sig)} ({', '.join(sig) or 'none'}); lowest of all methods on "
+                f"{len(wins)} of {len(dts)} ({', '.join(wins) or 'none'}). Paper: below 1 on 4 "
+                "of 5 (global) and 5 of 5 (personalized), best on most device types.")
+            if 2 * len(wins) <= len(dts):
+                mismatch.append(f"Self-FL ({label})'s {model} model is the best method on "
+                                f"{len(wins)} of {len(dts)} device types, not on most")
+            if len(below) < len(sf) - 1:
+                mismatch.append(f"Self-FL ({label})'s {model} model does not improve on the "
+                                f"baseline on {len(sf) - len(below)} device types")
     fw, fe = vals("fedavg-w", "global"), vals("fedavg-e", "global")
     if fw and fe:
         worse = [dt for dt in dts if fw.get(dt) is not None and fe.get(dt) is not None
