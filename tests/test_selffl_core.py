@@ -171,3 +171,14 @@ def test_cluster_level_aggregation_keeps_inactive_representatives():
     assert s0 == pytest.approx(trace_variance(vals))
     want = aggregate(vals, [out[k].sigma_sq for k in sorted(out)], s0)
     torch.testing.assert_close(glob, want)
+
+
+def test_running_variance_overflow_of_finite_inputs_is_refused_and_state_kept():
+    # Each input is finite, but their difference overflows float32.
+    rv = RunningVariance()
+    rv.update(torch.full((4,), -3e38))
+    mean_before = rv.mean.clone()
+    with pytest.raises(NonFiniteError, match="overflowed"):
+        rv.update(torch.full((4,), 3e38))
+    assert rv.count == 1 and rv.value == 0.0
+    assert torch.equal(rv.mean, mean_before)

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from wakefl.errors import ConfigError, NonFiniteError
+from wakefl.finite import all_finite
 
 
 def _trainable(model: nn.Module) -> list[torch.nn.Parameter]:
@@ -31,7 +32,7 @@ def set_flat_params(model: nn.Module, vec: torch.Tensor) -> None:
     d = num_flat_params(model)
     if vec.numel() != d:
         raise ConfigError(f"flat parameter vector has {vec.numel()} entries, the model has {d}")
-    if not torch.isfinite(vec).all():
+    if not all_finite(vec):
         bad = int((~torch.isfinite(vec)).sum())
         raise NonFiniteError(f"flat parameter vector holds {bad} NaN/Inf value(s)")
     offset = 0

@@ -85,8 +85,6 @@ class RunningVariance:
         # Both norms of the recursion follow from ||delta||^2, so one pass over d entries
         # suffices: mean_t - mean_{t-1} = delta / t and x_t - mean_t = delta (t-1) / t.
         delta_sq = _sq_norm(delta)
-        if not math.isfinite(delta_sq):  # NaN or Inf in x_t propagates into the norm
-            raise NonFiniteError("RunningVariance.update input contains NaN or Inf")
         shift_sq = delta_sq / (t * t)  # ||mean_t - mean_{t-1}||^2
         resid_sq = delta_sq * ((t - 1) / t) ** 2  # ||x_t - mean_t||^2
         new_mean = self._mean.add(delta, alpha=1.0 / t)
