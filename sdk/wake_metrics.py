@@ -176,7 +176,9 @@ def _group_members(ids: np.ndarray, keys: np.ndarray) -> list[np.ndarray]:
     return [np.flatnonzero(ids == k) for k in keys]
 
 
-def _percentile_interval(values: list[float], level: float) -> tuple[float | None, float | None]:
+def percentile_interval(values: list[float], level: float) -> tuple[float | None, float | None]:
+    """Percentile interval of bootstrap replicates at `level`; an infinite bound (a ratio
+    over zero) and an empty list give None."""
     if not values:
         return None, None
     arr = np.sort(np.asarray(values))
@@ -253,7 +255,7 @@ def bootstrap_relative_fa_by_subset(
                 continue
             ratio, _ = safe_ratio(fa_at(cn[sel], tc), fa_at(bn[sel], tb), "FA")
             values[name].append(math.inf if ratio is None else ratio)
-    return {name: _percentile_interval(v, level) for name, v in values.items()}
+    return {name: percentile_interval(v, level) for name, v in values.items()}
 
 
 def bootstrap_relative_fa_ci(

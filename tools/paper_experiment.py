@@ -29,7 +29,6 @@ the plots.
 from __future__ import annotations
 
 import hashlib
-import inspect
 import math
 import platform
 import time
@@ -316,6 +315,7 @@ def paired_fa_ratio(
         fa_at,
         fr_at,
         matched_threshold,
+        percentile_interval,
         safe_ratio,
     )
 
@@ -343,13 +343,8 @@ def paired_fa_ratio(
         ip, ineg = drawn[is_pos[drawn]], drawn[~is_pos[drawn]]
         if ip.size and ineg.size:
             values.append(ratio(ip, ineg))
-    if not values:
-        return {"ratio": _finite_or_none(point), "ci": [None, None]}
-    arr = np.sort(np.asarray(values))
-    alpha = (1.0 - level) / 2.0
-    lo = float(arr[max(0, math.floor(alpha * (arr.size - 1)))])
-    hi = float(arr[min(arr.size - 1, math.ceil((1.0 - alpha) * (arr.size - 1)))])
-    return {"ratio": _finite_or_none(point), "ci": [_finite_or_none(lo), _finite_or_none(hi)]}
+    lo, hi = percentile_interval(values, level)
+    return {"ratio": _finite_or_none(point), "ci": [_round(lo), _round(hi)]}
 
 
 def _finite_or_none(x: float) -> float | None:
@@ -516,14 +511,10 @@ class PaperStudy:
         finally:
             bar.close()
         ids = sorted(problems)
-        # A strategy whose personalization depends on who the client is (Self-FL's S_-m
-        # leaves the client's own precision out) takes its id.
-        wants_id = "client_id" in inspect.signature(strategy.personalized_params).parameters
         personal = {
             cid: strategy.personalized_params(
                 sim.server, sim.clients[cid], problems[cid],
-                client_generator(self.seed, rounds + 1, i),
-                **({"client_id": cid} if wants_id else {}),
+                client_generator(self.seed, rounds + 1, i), client_id=cid,
             ).detach().clone()
             for i, cid in enumerate(ids)
         }

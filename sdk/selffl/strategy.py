@@ -115,10 +115,12 @@ class Strategy(ABC):
     @abstractmethod
     def personalized_params(
         self, server: ServerState, state: ClientState, problem: LocalProblem,
-        generator: torch.Generator,
+        generator: torch.Generator, client_id: str | None = None,
     ) -> Tensor:
         """The client's personalized model for evaluation (may run local steps, e.g.
-        Per-FedAvg or fine-tuning)."""
+        Per-FedAvg or fine-tuning). `client_id` names the client, for strategies whose
+        personalization depends on who it is (Self-FL's S_-m leaves its own precision out);
+        None when the caller cannot identify it."""
 
     def global_params(self, server: ServerState) -> Tensor:
         """The updated global model for evaluation."""

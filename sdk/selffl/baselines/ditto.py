@@ -71,7 +71,7 @@ class Ditto(FedAvg):
 
     def personalized_params(
         self, server: ServerState, state: ClientState, problem: LocalProblem,
-        generator: torch.Generator,
+        generator: torch.Generator, client_id: str | None = None,
     ) -> Tensor:
         personal = stored_personal(state, server.global_params)
         return server.global_params if personal is None else personal

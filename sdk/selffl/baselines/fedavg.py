@@ -119,7 +119,7 @@ class FedAvg(Strategy):
 
     def personalized_params(
         self, server: ServerState, state: ClientState, problem: LocalProblem,
-        generator: torch.Generator,
+        generator: torch.Generator, client_id: str | None = None,
     ) -> Tensor:
         return server.global_params
 

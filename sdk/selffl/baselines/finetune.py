@@ -42,7 +42,7 @@ class FineTune(FedAvg):
 
     def personalized_params(
         self, server: ServerState, state: ClientState, problem: LocalProblem,
-        generator: torch.Generator,
+        generator: torch.Generator, client_id: str | None = None,
     ) -> Tensor:
         return sgd_steps(
             server.global_params, problem, generator, self.finetune_lr, self.finetune_steps

@@ -56,6 +56,6 @@ class PerFedAvg(FedAvg):
 
     def personalized_params(
         self, server: ServerState, state: ClientState, problem: LocalProblem,
-        generator: torch.Generator,
+        generator: torch.Generator, client_id: str | None = None,
     ) -> Tensor:
         return sgd_steps(server.global_params, problem, generator, self.alpha, self.adapt_steps)

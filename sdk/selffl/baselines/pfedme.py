@@ -108,7 +108,7 @@ class PFedMe(FedAvg):
 
     def personalized_params(
         self, server: ServerState, state: ClientState, problem: LocalProblem,
-        generator: torch.Generator,
+        generator: torch.Generator, client_id: str | None = None,
     ) -> Tensor:
         personal = stored_personal(state, server.global_params)
         return server.global_params if personal is None else personal

@@ -217,7 +217,7 @@ class PFedVEM(FedAvg):
 
     def personalized_params(
         self, server: ServerState, state: ClientState, problem: LocalProblem,
-        generator: torch.Generator,
+        generator: torch.Generator, client_id: str | None = None,
     ) -> Tensor:
         head = head_range(self.head, server.global_params.numel())
         mu = stored_personal(state, server.global_params[head], key="mu")
