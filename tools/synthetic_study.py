@@ -104,7 +104,8 @@ def errors(strategy: Strategy, fleet: Fleet, rate: float, rounds: int, seed: int
     local = []
     for i, cid in enumerate(sorted(fleet.problems)):
         p = strategy.personalized_params(
-            res.server, res.clients[cid], fleet.problems[cid], client_generator(seed, rounds + 1, i)
+            res.server, res.clients[cid], fleet.problems[cid], client_generator(seed, rounds + 1, i),
+            client_id=cid,
         )
         local.append(abs(float(p.reshape(-1)[0]) - fleet.local_target[cid]))
     return g_err, sum(local) / len(local)
