@@ -182,3 +182,22 @@ def test_running_variance_overflow_of_finite_inputs_is_refused_and_state_kept():
         rv.update(torch.full((4,), 3e38))
     assert rv.count == 1 and rv.value == 0.0
     assert torch.equal(rv.mean, mean_before)
+
+
+def test_hyperparameter_errors_are_one_type_for_self_fl_and_the_baselines():
+    from wakefl.sdk.selffl import HyperparameterError, SelfFL
+    from wakefl.sdk.selffl.baselines import FedAvg
+
+    for build in (lambda: SelfFL(lr=-1.0), lambda: FedAvg(lr=-1.0),
+                  lambda: local_steps(0.01, 0, 0.1, 1.0, 40, 7),
+                  lambda: smooth(torch.zeros(1), torch.zeros(1), 1.5)):
+        with pytest.raises(HyperparameterError) as caught:
+            build()
+        # Both the project's configuration error and Python's usual bad-argument error.
+        assert isinstance(caught.value, ConfigError) and isinstance(caught.value, ValueError)
+
+
+def test_precision_sum_refuses_a_cluster_update_of_another_size():
+    updates = [("tv", torch.tensor([1.0, 2.0]), 0.1), ("tv", torch.tensor([3.0]), 0.3)]
+    with pytest.raises(ConfigError, match="entries"):
+        update_representatives({}, updates, sigma0_sq=0.1)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from wakefl.errors import ConfigError, NonFiniteError
+from wakefl.errors import ConfigError, NonFiniteError, ProtocolError
 from wakefl.sdk.selffl import (
     ClientInstructions,
     ClientState,
@@ -127,6 +127,22 @@ def test_non_finite_refused_and_state_kept():
 
     with pytest.raises(NonFiniteError):
         st.aggregate(server, [dataclasses.replace(res, params=torch.tensor([float("inf")]))], 1.0)
+
+
+class _WrongShapeProblem:
+    num_samples = 3
+    sigma_sq = 0.1
+
+    def gradient(self, params, generator):
+        return torch.zeros(params.numel() + 1, dtype=params.dtype)
+
+
+def test_a_gradient_of_the_wrong_shape_is_refused():
+    # Self-FL shares the baselines' SGD loop, which checks every gradient's shape: a
+    # broadcastable but wrong gradient would otherwise silently reshape the model.
+    ins = ClientInstructions("a", 1, torch.tensor([0.0]), scalars={"sigma0_sq": 0.1, "others_precision": 1.0})
+    with pytest.raises(ProtocolError, match="gradient of shape"):
+        SelfFL(lr=0.01).client_update(ins, ClientState(), _WrongShapeProblem(), torch.Generator())
 
 
 def _noisy_fleet(seed: int):

@@ -1,6 +1,7 @@
 """The pure Self-FL core: uncertainty rules, aggregation, strategies and simulation."""
 
 from wakefl.sdk.selffl.aggregation import (
+    PrecisionSum,
     Representative,
     aggregate,
     aggregate_clusters,
@@ -8,11 +9,13 @@ from wakefl.sdk.selffl.aggregation import (
     smooth,
     update_representatives,
 )
+from wakefl.sdk.selffl.checks import HyperparameterError
 from wakefl.sdk.selffl.gaussian_problem import GaussianLocalProblem
+from wakefl.sdk.selffl.local_sgd import sgd_steps
 from wakefl.sdk.selffl.registry import available_strategies, make_strategy
 from wakefl.sdk.selffl.rules import initial_point, local_steps, precision, trace_variance
 from wakefl.sdk.selffl.running_variance import RunningVariance
-from wakefl.sdk.selffl.selffl_strategy import SelfFL, run_sgd
+from wakefl.sdk.selffl.selffl_strategy import SelfFL
 from wakefl.sdk.selffl.simulation import RoundRecord, SimulationResult, run_simulation
 from wakefl.sdk.selffl.strategy import (
     ClientInstructions,
@@ -28,7 +31,9 @@ __all__ = [
     "ClientResult",
     "ClientState",
     "GaussianLocalProblem",
+    "HyperparameterError",
     "LocalProblem",
+    "PrecisionSum",
     "Representative",
     "RoundRecord",
     "RunningVariance",
@@ -44,8 +49,8 @@ __all__ = [
     "local_steps",
     "make_strategy",
     "precision",
-    "run_sgd",
     "run_simulation",
+    "sgd_steps",
     "smooth",
     "trace_variance",
     "update_representatives",

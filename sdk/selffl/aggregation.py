@@ -6,24 +6,73 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from wakefl.errors import ConfigError
-from wakefl.sdk.selffl.rules import (
-    check_finite_scalar,
-    check_finite_tensor,
-    precision,
-    trace_variance,
-)
+from wakefl.sdk.selffl.checks import require_activity_rate, require_finite
+from wakefl.sdk.selffl.rules import precision, trace_variance
 
 
 def _f64(x: Tensor) -> Tensor:
     # A float32 operand added into a float64 tensor takes torch's slow mixed-dtype path
     # (~25 ms per 3M entries on one core); converting first costs ~1.5 ms in all.
     return x.to(torch.float64)
+
+
+@dataclass
+class PrecisionSum:
+    """Running numerator and denominator of Eqn 11, sum_m w_m theta_m / sum_m w_m, over flat
+    vectors of `numel` entries, accumulated in float64.
+
+    Clients with infinite precision (sigma0^2 + sigma_m^2 == 0) are summed apart: if any
+    exist, the mean is their plain mean (the limit of Eqn 11) and the others get no weight.
+    `inverse_variance` sums 1/sigma_m^2, for the variance of the pooled estimate."""
+
+    numel: int
+    dtype: torch.dtype  # of the first vector added: the mean comes back in it
+    weighted: Tensor = field(init=False)
+    weight: float = 0.0
+    certain: Tensor | None = None  # sum of the infinite-precision vectors
+    certain_count: int = 0
+    inverse_variance: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.weighted = torch.zeros(self.numel, dtype=torch.float64)
+
+    @classmethod
+    def like(cls, flat: Tensor) -> PrecisionSum:
+        return cls(numel=flat.numel(), dtype=flat.dtype)
+
+    def add(self, flat: Tensor, sigma_sq: float, sigma0_sq: float, what: str) -> None:
+        """Fold in one client's flat parameters with weight 1/(sigma0^2 + sigma_m^2)."""
+        if flat.numel() != self.numel:
+            raise ConfigError(f"{what} has {flat.numel()} entries, expected {self.numel}")
+        w = precision(sigma0_sq, sigma_sq)
+        if math.isinf(w):
+            self.certain = _f64(flat).clone() if self.certain is None else self.certain.add_(_f64(flat))
+            self.certain_count += 1
+        else:
+            self.weighted.add_(_f64(flat), alpha=w)
+            self.weight += w
+        self.inverse_variance += math.inf if float(sigma_sq) == 0.0 else 1.0 / float(sigma_sq)
+
+    def mean(self, what: str) -> Tensor:
+        """The weighted mean in the first vector's dtype; `NonFiniteError` if it overflowed."""
+        if self.certain is not None:
+            out = self.certain / self.certain_count
+        elif self.weight <= 0.0:
+            raise ConfigError("all aggregation weights are zero")
+        else:
+            out = self.weighted / self.weight
+        require_finite(out, what)
+        return out.to(self.dtype)
+
+    def pooled_variance(self) -> float:
+        """1 / sum_m 1/sigma_m^2, the variance of the pooled estimate (0 if any is 0)."""
+        return 0.0 if math.isinf(self.inverse_variance) else 1.0 / self.inverse_variance
 
 
 def aggregate_stream(updates: Iterable[tuple[Tensor, float]], sigma0_sq: float) -> Tensor:
@@ -37,36 +86,15 @@ def aggregate_stream(updates: Iterable[tuple[Tensor, float]], sigma0_sq: float) 
     exist, the result is the plain mean of those clients (the limit of Eqn 11) and the others
     get no weight.
     """
-    acc: Tensor | None = None
-    acc_inf: Tensor | None = None
-    total = 0.0
-    n_inf = 0
-    dtype = None
+    total: PrecisionSum | None = None
     for i, (params, sigma_sq) in enumerate(updates):
-        check_finite_tensor(params, f"update {i}")
+        require_finite(params, f"update {i}")
         flat = params.detach().reshape(-1)
-        if dtype is None:
-            dtype = flat.dtype
-            acc = torch.zeros(flat.numel(), dtype=torch.float64)
-        elif flat.numel() != acc.numel():  # type: ignore[union-attr]
-            raise ConfigError(f"update {i} has {flat.numel()} entries, expected {acc.numel()}")  # type: ignore[union-attr]
-        w = precision(sigma0_sq, sigma_sq)
-        if math.isinf(w):
-            acc_inf = flat.to(torch.float64).clone() if acc_inf is None else acc_inf.add_(_f64(flat))
-            n_inf += 1
-        else:
-            acc.add_(_f64(flat), alpha=w)  # type: ignore[union-attr]
-            total += w
-    if acc is None:
+        total = PrecisionSum.like(flat) if total is None else total
+        total.add(flat, sigma_sq, sigma0_sq, f"update {i}")
+    if total is None:
         raise ConfigError("cannot aggregate an empty set of updates")
-    if n_inf:
-        out = acc_inf / n_inf  # type: ignore[operator]
-    elif total <= 0.0:
-        raise ConfigError("all aggregation weights are zero")
-    else:
-        out = acc / total
-    check_finite_tensor(out, "aggregated parameters")
-    return out.to(dtype)
+    return total.mean("aggregated parameters")
 
 
 def aggregate(params: Sequence[Tensor] | Tensor, sigma_sq: Sequence[float], sigma0_sq: float) -> Tensor:
@@ -81,11 +109,9 @@ def aggregate(params: Sequence[Tensor] | Tensor, sigma_sq: Sequence[float], sigm
 
 def smooth(previous: Tensor, aggregated: Tensor, activity_rate: float) -> Tensor:
     """Section 4.1: theta^t = (1 - C) theta^(t-1) + C theta_hat, C in (0, 1]."""
-    c = check_finite_scalar(activity_rate, "activity rate")
-    if not 0.0 < c <= 1.0:
-        raise ConfigError(f"activity rate must be in (0, 1], got {c}")
-    check_finite_tensor(previous, "previous global parameters")
-    check_finite_tensor(aggregated, "aggregated parameters")
+    c = require_activity_rate(activity_rate)
+    require_finite(previous, "previous global parameters")
+    require_finite(aggregated, "aggregated parameters")
     if previous.shape != aggregated.shape:
         raise ConfigError(f"shape mismatch {tuple(previous.shape)} vs {tuple(aggregated.shape)}")
     return torch.lerp(previous, aggregated.to(previous.dtype), c)
@@ -113,27 +139,18 @@ def update_representatives(
     their representative, so storage grows with the number of clusters, not clients.
     The updates are grouped in one pass holding one accumulator per active cluster.
     """
-    sums: dict[str, tuple[Tensor, float, float, Tensor | None, int, torch.dtype]] = {}
+    sums: dict[str, PrecisionSum] = {}
     for group, params, sigma_sq in updates:
-        check_finite_tensor(params, f"update of cluster '{group}'")
+        what = f"update of cluster '{group}'"
+        require_finite(params, what)
         flat = params.detach().reshape(-1)
-        w = precision(sigma0_sq, sigma_sq)
-        inv = math.inf if float(sigma_sq) == 0.0 else 1.0 / float(sigma_sq)
         if group not in sums:
-            sums[group] = (torch.zeros(flat.numel(), dtype=torch.float64), 0.0, 0.0, None, 0, flat.dtype)
-        acc, total, inv_sum, acc_inf, n_inf, dtype = sums[group]
-        if math.isinf(w):
-            acc_inf = flat.to(torch.float64).clone() if acc_inf is None else acc_inf.add_(_f64(flat))
-            n_inf += 1
-        else:
-            acc.add_(_f64(flat), alpha=w)
-            total += w
-        sums[group] = (acc, total, inv_sum + inv, acc_inf, n_inf, dtype)
+            sums[group] = PrecisionSum.like(flat)
+        sums[group].add(flat, sigma_sq, sigma0_sq, what)
     out = dict(representatives)
-    for group, (acc, total, inv_sum, acc_inf, n_inf, dtype) in sums.items():
-        mean = acc_inf / n_inf if n_inf else acc / total  # type: ignore[operator]
-        check_finite_tensor(mean, f"representative of cluster '{group}'")
-        out[group] = Representative(mean.to(dtype), 0.0 if math.isinf(inv_sum) else 1.0 / inv_sum)
+    for group, total in sums.items():
+        mean = total.mean(f"representative of cluster '{group}'")
+        out[group] = Representative(mean, total.pooled_variance())
     return out
 
 

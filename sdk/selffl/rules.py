@@ -12,30 +12,16 @@ from collections.abc import Iterable
 
 from torch import Tensor
 
-from wakefl.errors import ConfigError, NonFiniteError
-from wakefl.finite import all_finite
+from wakefl.errors import ConfigError
+from wakefl.sdk.selffl.checks import HyperparameterError, require_finite, require_finite_scalar
 from wakefl.sdk.selffl.running_variance import RunningVariance
-
-
-def check_finite_tensor(x: Tensor, what: str) -> None:
-    """Raise `NonFiniteError` naming `what` if `x` holds NaN or Inf."""
-    if not all_finite(x):
-        raise NonFiniteError(f"{what} contains NaN or Inf")
-
-
-def check_finite_scalar(x: float, what: str, *, allow_inf: bool = False) -> float:
-    """Return `x` as float; raise `NonFiniteError` for NaN (and Inf unless allowed)."""
-    x = float(x)
-    if math.isnan(x) or (math.isinf(x) and not allow_inf):
-        raise NonFiniteError(f"{what} is not finite ({x})")
-    return x
 
 
 def precision(sigma0_sq: float, sigma_sq: float) -> float:
     """w = 1 / (sigma_0^2 + sigma_k^2); +inf when both are 0 (a perfectly certain client)."""
-    total = check_finite_scalar(sigma0_sq, "sigma0^2") + check_finite_scalar(sigma_sq, "sigma_m^2")
+    total = require_finite_scalar(sigma0_sq, "sigma0^2") + require_finite_scalar(sigma_sq, "sigma_m^2")
     if total < 0.0:
-        raise ConfigError(f"variances must be >= 0, got sigma0^2 + sigma_m^2 = {total}")
+        raise HyperparameterError(f"variances must be >= 0, got sigma0^2 + sigma_m^2 = {total}")
     return math.inf if total == 0.0 else 1.0 / total
 
 
@@ -74,23 +60,23 @@ def initial_point(
       `global_params`.
     * NaN/Inf in the tensors or NaN in the scalars: `NonFiniteError`.
     """
-    check_finite_tensor(global_params, "global parameters")
-    check_finite_tensor(personal_params, "personal parameters")
+    require_finite(global_params, "global parameters")
+    require_finite(personal_params, "personal parameters")
     if global_params.shape != personal_params.shape:
         raise ConfigError(
             f"global and personal parameters differ in shape: {tuple(global_params.shape)} "
             f"vs {tuple(personal_params.shape)}"
         )
-    s_others = check_finite_scalar(others_precision, "S_-m", allow_inf=True)
+    s_others = require_finite_scalar(others_precision, "S_-m", allow_inf=True)
     if s_others < 0.0:
-        raise ConfigError(f"S_-m must be >= 0, got {s_others}")
+        raise HyperparameterError(f"S_-m must be >= 0, got {s_others}")
     if s_others == 0.0 or math.isinf(s_others):
         return global_params.clone()
     w_m = precision(sigma0_sq, sigma_m_sq)
     if math.isinf(w_m):
         return global_params.clone()
     out = global_params - (w_m / s_others) * (personal_params - global_params)
-    check_finite_tensor(out, "initial point")
+    require_finite(out, "initial point")
     return out
 
 
@@ -115,20 +101,20 @@ def local_steps(
     * S_-m == 0 (no other client known): no prior from others -> l_max.
     * S_-m == +inf: the others pin the model completely -> 1 (the minimum).
     * NaN in any input or Inf in sigma_m^2: `NonFiniteError`; negative values, lr <= 0,
-      batch_size < 1 or l_max < 1: `ConfigError`.
+      batch_size < 1 or l_max < 1: `HyperparameterError` (a `ConfigError`).
     """
-    lr = check_finite_scalar(lr, "learning rate")
+    lr = require_finite_scalar(lr, "learning rate")
     if lr <= 0.0 or batch_size < 1 or l_max < 1 or warmup_steps < 0:
-        raise ConfigError(
+        raise HyperparameterError(
             f"need lr > 0, batch_size >= 1, l_max >= 1, warmup_steps >= 0; got lr={lr}, "
             f"batch_size={batch_size}, l_max={l_max}, warmup_steps={warmup_steps}"
         )
     if sigma_m_sq is None:
         return max(1, min(int(warmup_steps), int(l_max)))
-    sigma_m_sq = check_finite_scalar(sigma_m_sq, "sigma_m^2")
-    s_others = check_finite_scalar(others_precision, "S_-m", allow_inf=True)
+    sigma_m_sq = require_finite_scalar(sigma_m_sq, "sigma_m^2")
+    s_others = require_finite_scalar(others_precision, "S_-m", allow_inf=True)
     if sigma_m_sq < 0.0 or s_others < 0.0:
-        raise ConfigError(f"need sigma_m^2 >= 0 and S_-m >= 0, got {sigma_m_sq}, {s_others}")
+        raise HyperparameterError(f"need sigma_m^2 >= 0 and S_-m >= 0, got {sigma_m_sq}, {s_others}")
     if math.isinf(s_others):
         return 1
     if s_others == 0.0:

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from wakefl.errors import ConfigError, NonFiniteError
 from wakefl.finite import all_finite
+from wakefl.sdk.selffl.checks import require_finite
 
 
 def _sq_norm(x: Tensor) -> float:
@@ -30,10 +31,7 @@ def _check_vector(x: Tensor, what: str) -> Tensor:
         raise TypeError(f"{what} must be a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
         raise ConfigError(f"{what} must be a floating-point tensor, got {x.dtype}")
-    flat = x.detach().reshape(-1)
-    if not all_finite(flat):
-        raise NonFiniteError(f"{what} contains NaN or Inf")
-    return flat
+    return require_finite(x.detach().reshape(-1), what)
 
 
 class RunningVariance:

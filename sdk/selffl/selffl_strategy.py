@@ -28,6 +28,7 @@ Decisions the paper leaves open (see also `rules.local_steps` / `rules.initial_p
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -40,13 +41,17 @@ from wakefl.sdk.selffl.aggregation import (
     smooth,
     update_representatives,
 )
-from wakefl.sdk.selffl.rules import (
-    check_finite_scalar,
-    check_finite_tensor,
-    initial_point,
-    local_steps,
-    precision,
+from wakefl.sdk.selffl.checks import (
+    HyperparameterError,
+    require_choice,
+    require_count,
+    require_finite,
+    require_finite_scalar,
+    require_non_negative,
+    require_positive,
 )
+from wakefl.sdk.selffl.local_sgd import sgd_steps
+from wakefl.sdk.selffl.rules import initial_point, local_steps, precision
 from wakefl.sdk.selffl.running_variance import RunningVariance
 from wakefl.sdk.selffl.strategy import (
     ClientInstructions,
@@ -61,15 +66,15 @@ _REP = "rep:"
 _REP_SIG = "rep_sigma_sq:"
 
 
-def run_sgd(
-    params: Tensor, problem: LocalProblem, lr: float, steps: int, generator: torch.Generator
-) -> Tensor:
-    """`steps` plain SGD steps theta <- theta - lr * g(theta) through the gradient oracle."""
-    theta = params.clone()
-    for _ in range(steps):
-        theta = theta - lr * problem.gradient(theta, generator)
-    check_finite_tensor(theta, "locally trained parameters")
-    return theta
+@dataclass(frozen=True)
+class ReportedUncertainty:
+    """What one client's update says about its own uncertainty, read in the first pass
+    over a round's results."""
+
+    client_id: str
+    sigma_sq: float  # sigma_m^2 as reported (0 while the client has none yet)
+    has_variance: bool  # False during warm-up (t_m < 2)
+    group: str  # cluster key for cluster-level aggregation
 
 
 class SelfFL(Strategy):
@@ -103,28 +108,23 @@ class SelfFL(Strategy):
         converge_steps: int = 200,
     ) -> None:
         if algorithm not in (1, 2):
-            raise ConfigError(f"Self-FL algorithm must be 1 or 2, got {algorithm}")
-        if intra_variance not in ("running", "problem"):
-            raise ConfigError(f"intra_variance must be 'running' or 'problem', got {intra_variance!r}")
-        lr = check_finite_scalar(lr, "learning rate")
-        if lr <= 0 or batch_size < 1 or l_max < 1 or warmup_steps < 0 or converge_steps < 0:
-            raise ConfigError("need lr > 0, batch_size >= 1, l_max >= 1, warmup/converge steps >= 0")
-        if sigma0_sq is not None and check_finite_scalar(sigma0_sq, "sigma0^2") < 0:
-            raise ConfigError(f"sigma0^2 must be >= 0, got {sigma0_sq}")
+            raise HyperparameterError(f"Self-FL algorithm must be 1 or 2, got {algorithm}")
         self.algorithm = algorithm
-        self.lr = lr
-        self.batch_size = int(batch_size)
-        self.l_max = int(l_max)
-        self.warmup_steps = int(warmup_steps)
+        self.lr = require_positive(require_finite_scalar(lr, "learning rate"), "learning rate")
+        self.batch_size = require_count(batch_size, "batch_size", minimum=1)
+        self.l_max = require_count(l_max, "l_max", minimum=1)
+        self.warmup_steps = require_count(warmup_steps, "warmup_steps")
         self.cluster_by_group = bool(cluster_by_group)
-        self.intra_variance = intra_variance
+        self.intra_variance = require_choice(intra_variance, ("running", "problem"), "intra_variance")
+        if sigma0_sq is not None:
+            require_non_negative(require_finite_scalar(sigma0_sq, "sigma0^2"), "sigma0^2")
         self.fixed_sigma0_sq = sigma0_sq
-        self.converge_steps = int(converge_steps)
+        self.converge_steps = require_count(converge_steps, "converge_steps")
         self.name = "selffl" if algorithm == 1 else "selffl-alg2"
 
     # ---- server side -------------------------------------------------------------------
     def init_server(self, initial_params: Tensor) -> ServerState:
-        check_finite_tensor(initial_params, "initial parameters")
+        require_finite(initial_params, "initial parameters")
         s0 = 0.0 if self.fixed_sigma0_sq is None else float(self.fixed_sigma0_sq)
         return ServerState(round_id=0, global_params=initial_params.clone(), scalars={"sigma0_sq": s0})
 
@@ -161,23 +161,24 @@ class SelfFL(Strategy):
     ) -> ServerState:
         # Pass 1: per-client scalars and the streaming inter-client variance (Eqn 14).
         rv = RunningVariance()
-        meta: list[tuple[str, float, bool, str]] = []
+        reported: list[ReportedUncertainty] = []
         for r in results:
-            sig = check_finite_scalar(r.scalars.get("sigma_sq", 0.0), f"sigma_m^2 of {r.client_id}")
-            has = r.scalars.get("has_variance", 1.0) > 0
+            sig = require_finite_scalar(r.scalars.get("sigma_sq", 0.0), f"sigma_m^2 of {r.client_id}")
             rv.update(r.params)
-            meta.append((r.client_id, sig, has, r.group))
-        if not meta:
+            reported.append(
+                ReportedUncertainty(r.client_id, sig, r.scalars.get("has_variance", 1.0) > 0, r.group)
+            )
+        if not reported:
             raise ConfigError("no client results to aggregate")
         if self.fixed_sigma0_sq is not None:
             sigma0_sq = float(self.fixed_sigma0_sq)
-        elif len(meta) >= 2:
+        elif len(reported) >= 2:
             sigma0_sq = rv.value
         else:
             sigma0_sq = float(server.scalars.get("sigma0_sq", 0.0))
-        known = [s for _, s, h, _ in meta if h]
+        known = [u.sigma_sq for u in reported if u.has_variance]
         fill = sum(known) / len(known) if known else 0.0
-        sigmas = [s if h else fill for _, s, h, _ in meta]
+        sigmas = [u.sigma_sq if u.has_variance else fill for u in reported]
 
         new_scalars = dict(server.scalars)
         new_tensors = dict(server.tensors)
@@ -190,7 +191,7 @@ class SelfFL(Strategy):
             }
             reps = update_representatives(
                 reps,
-                ((m[3], r.params, s) for m, r, s in zip(meta, results, sigmas, strict=True)),
+                ((u.group, r.params, s) for u, r, s in zip(reported, results, sigmas, strict=True)),
                 sigma0_sq,
             )
             new_global, cluster_s0 = aggregate_clusters(reps)
@@ -205,10 +206,10 @@ class SelfFL(Strategy):
             new_global = smooth(server.global_params, theta_hat, activity_rate)
         new_scalars["sigma0_sq"] = sigma0_sq
         clients = {cid: dict(v) for cid, v in server.clients.items()}
-        for cid, sig, has, _ in meta:
-            prev = clients.get(cid, {})
-            if has or not prev.get("has_variance", 0.0):
-                clients[cid] = {"sigma_sq": sig, "has_variance": 1.0 if has else 0.0}
+        for u in reported:
+            prev = clients.get(u.client_id, {})
+            if u.has_variance or not prev.get("has_variance", 0.0):
+                clients[u.client_id] = {"sigma_sq": u.sigma_sq, "has_variance": 1.0 if u.has_variance else 0.0}
         return ServerState(
             round_id=server.round_id + 1,
             global_params=new_global,
@@ -226,9 +227,9 @@ class SelfFL(Strategy):
         generator: torch.Generator,
     ) -> tuple[ClientResult, ClientState]:
         g = instructions.global_params
-        check_finite_tensor(g, "global parameters from the server")
-        s0 = check_finite_scalar(instructions.scalars.get("sigma0_sq", 0.0), "sigma0^2")
-        s_others = check_finite_scalar(
+        require_finite(g, "global parameters from the server")
+        s0 = require_finite_scalar(instructions.scalars.get("sigma0_sq", 0.0), "sigma0^2")
+        s_others = require_finite_scalar(
             instructions.scalars.get("others_precision", 0.0), "S_-m", allow_inf=True
         )
         rv = RunningVariance()
@@ -243,7 +244,7 @@ class SelfFL(Strategy):
         t_m = int(state.scalars.get("t_m", 0))
         sigma_m_sq: float | None
         if self.intra_variance == "problem":
-            sigma_m_sq = check_finite_scalar(problem.sigma_sq, "problem sigma_m^2")  # type: ignore[attr-defined]
+            sigma_m_sq = require_finite_scalar(problem.sigma_sq, "problem sigma_m^2")  # type: ignore[attr-defined]
         else:
             sigma_m_sq = rv.value if rv.count >= 2 else None
         anchor = state.tensors.get("converged" if self.algorithm == 2 else "personal")
@@ -252,11 +253,11 @@ class SelfFL(Strategy):
         else:
             theta_init = initial_point(g, anchor, sigma_m_sq, s_others, sigma0_sq=s0)
         steps = local_steps(self.lr, self.batch_size, sigma_m_sq, s_others, self.l_max, self.warmup_steps)
-        personal = run_sgd(theta_init, problem, self.lr, steps, generator)
+        personal = sgd_steps(theta_init, problem, generator, self.lr, steps)
         tensors: dict[str, Tensor] = {"personal": personal}
         sent = personal
         if self.algorithm == 2:
-            sent = run_sgd(personal, problem, self.lr, self.converge_steps, generator)
+            sent = sgd_steps(personal, problem, generator, self.lr, self.converge_steps)
             tensors["converged"] = sent
             result_tensors = {"personal": personal}
         else:

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from wakefl.errors import ConfigError
+from wakefl.sdk.selffl.checks import require_activity_rate
 from wakefl.sdk.selffl.strategy import (
     ClientResult,
     ClientState,
@@ -41,8 +42,7 @@ class SimulationResult:
 
 def num_sampled(num_clients: int, activity_rate: float) -> int:
     """Clients per round: round(C * M), at least 1."""
-    if not 0.0 < activity_rate <= 1.0:
-        raise ConfigError(f"activity rate must be in (0, 1], got {activity_rate}")
+    activity_rate = require_activity_rate(activity_rate)
     return max(1, min(num_clients, round(activity_rate * num_clients)))
 
 

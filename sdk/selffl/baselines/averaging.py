@@ -10,8 +10,8 @@ from torch import Tensor
 
 from wakefl.errors import ProtocolError
 
+from ..checks import require_choice, require_finite, require_finite_scalar, require_like
 from ..strategy import ClientResult
-from .checks import require_finite, require_finite_scalar, require_like
 
 WEIGHTINGS = ("samples", "equal")
 
@@ -61,6 +61,4 @@ def fedavg_weight(result: ClientResult, weighting: str) -> float:
 
 
 def check_weighting(weighting: str) -> str:
-    if weighting not in WEIGHTINGS:
-        raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
-    return weighting
+    return require_choice(weighting, WEIGHTINGS, "weighting")

@@ -6,10 +6,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..checks import require_count, require_non_negative, require_positive
+from ..local_sgd import sgd_steps
 from ..strategy import ClientInstructions, ClientResult, ClientState, LocalProblem, ServerState
-from .checks import require_count, require_positive
 from .fedavg import FedAvg, copy_state, stored_personal
-from .local_sgd import sgd_steps
 
 
 class Ditto(FedAvg):
@@ -41,9 +41,7 @@ class Ditto(FedAvg):
         personal_steps: int | None = None,
     ):
         super().__init__(weighting=weighting, lr=lr, local_steps=local_steps)
-        self.lam = float(lam)
-        if not self.lam >= 0 or self.lam == float("inf"):
-            raise ValueError(f"lam must be a finite number >= 0, got {lam!r}")
+        self.lam = require_non_negative(lam, "lam")
         self.personal_lr = require_positive(lr if personal_lr is None else personal_lr,
                                             "personal_lr")
         self.personal_steps = require_count(

@@ -9,6 +9,14 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
+from ..checks import (
+    require_activity_rate,
+    require_count,
+    require_finite,
+    require_like,
+    require_positive,
+)
+from ..local_sgd import sgd_steps
 from ..strategy import (
     ClientInstructions,
     ClientResult,
@@ -18,20 +26,11 @@ from ..strategy import (
     Strategy,
 )
 from .averaging import WeightedMean, check_weighting, fedavg_weight
-from .checks import require_count, require_finite, require_like, require_positive
-from .local_sgd import sgd_steps
 
 
 def copy_state(state: ClientState) -> ClientState:
     """A shallow copy, so a strategy never mutates the state it was given."""
     return ClientState(tensors=dict(state.tensors), scalars=dict(state.scalars))
-
-
-def check_activity_rate(activity_rate: float) -> float:
-    rate = float(activity_rate)
-    if not 0.0 < rate <= 1.0:
-        raise ValueError(f"activity rate C must be in (0, 1], got {activity_rate!r}")
-    return rate
 
 
 class FedAvg(Strategy):
@@ -72,7 +71,7 @@ class FedAvg(Strategy):
     def aggregate(
         self, server: ServerState, results: Iterable[ClientResult], activity_rate: float
     ) -> ServerState:
-        check_activity_rate(activity_rate)
+        require_activity_rate(activity_rate)
         mean = WeightedMean(server.global_params)
         for result in results:
             mean.add(result.params, fedavg_weight(result, self.weighting), _origin(result))

@@ -7,10 +7,11 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
+from ..checks import require_activity_rate
+from ..local_sgd import sgd_steps
 from ..strategy import ClientInstructions, ClientResult, ClientState, LocalProblem, ServerState
 from .averaging import WeightedMean
-from .fedavg import FedAvg, _origin, check_activity_rate, copy_state, stored_personal
-from .local_sgd import sgd_steps
+from .fedavg import FedAvg, _origin, copy_state, stored_personal
 
 
 class LocalOnly(FedAvg):
@@ -35,7 +36,7 @@ class LocalOnly(FedAvg):
     def aggregate(
         self, server: ServerState, results: Iterable[ClientResult], activity_rate: float
     ) -> ServerState:
-        check_activity_rate(activity_rate)
+        require_activity_rate(activity_rate)
         check = WeightedMean(server.global_params)
         for result in results:
             check.add(result.params, 1.0, _origin(result))

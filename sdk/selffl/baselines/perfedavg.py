@@ -7,10 +7,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..checks import require_count, require_finite, require_positive
+from ..local_sgd import oracle_gradient, sgd_steps
 from ..strategy import ClientState, LocalProblem, ServerState
-from .checks import require_count, require_finite, require_positive
 from .fedavg import FedAvg
-from .local_sgd import oracle_gradient, sgd_steps
 
 
 class PerFedAvg(FedAvg):

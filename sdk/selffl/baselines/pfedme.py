@@ -11,11 +11,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..checks import require_count, require_finite, require_positive
+from ..local_sgd import fixed_batch_generator, oracle_gradient
 from ..strategy import ClientInstructions, ClientResult, ClientState, LocalProblem, ServerState
 from .averaging import WeightedMean
-from .checks import require_count, require_finite, require_positive
 from .fedavg import FedAvg, copy_state, stored_personal
-from .local_sgd import fixed_batch_generator, oracle_gradient
 
 
 def prox_solve(

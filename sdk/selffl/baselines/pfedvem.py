@@ -20,11 +20,19 @@ from torch import Tensor
 
 from wakefl.errors import ProtocolError
 
+from ..checks import (
+    HyperparameterError,
+    require_activity_rate,
+    require_count,
+    require_finite,
+    require_finite_scalar,
+    require_non_negative,
+    require_positive,
+)
+from ..local_sgd import oracle_gradient
 from ..strategy import ClientInstructions, ClientResult, ClientState, LocalProblem, ServerState
 from .averaging import WeightedMean, fedavg_weight
-from .checks import require_count, require_finite, require_finite_scalar, require_positive
-from .fedavg import FedAvg, _origin, check_activity_rate, copy_state, stored_personal
-from .local_sgd import oracle_gradient
+from .fedavg import FedAvg, _origin, copy_state, stored_personal
 
 # Keeps tau finite when a client's posterior collapses onto the prior mean.
 _MIN_SPREAD = 1e-30
@@ -54,7 +62,9 @@ def head_range(head: slice | None, dim: int) -> slice:
         return slice(0, dim)
     start, stop, step = head.indices(dim)
     if step != 1 or stop <= start:
-        raise ValueError(f"head must be a non-empty contiguous slice of [0, {dim}), got {head}")
+        raise HyperparameterError(
+            f"head must be a non-empty contiguous slice of [0, {dim}), got {head}"
+        )
     return slice(start, stop)
 
 
@@ -104,15 +114,13 @@ class PFedVEM(FedAvg):
     ):
         super().__init__(weighting=weighting, lr=lr, local_steps=local_steps)
         if head is not None and not isinstance(head, slice):
-            raise ValueError(f"head must be a slice or None, got {head!r}")
+            raise HyperparameterError(f"head must be a slice or None, got {head!r}")
         self.head = head
         self.std_lr = require_positive(lr if std_lr is None else std_lr, "std_lr")
         self.mc_samples = require_count(mc_samples, "mc_samples", minimum=1)
         self.init_std = require_positive(init_std, "init_std")
         self.init_prior_var = require_positive(init_prior_var, "init_prior_var")
-        self.kl_weight = None if kl_weight is None else float(kl_weight)
-        if self.kl_weight is not None and not (0 <= self.kl_weight < math.inf):
-            raise ValueError(f"kl_weight must be a finite number >= 0, got {kl_weight!r}")
+        self.kl_weight = None if kl_weight is None else require_non_negative(kl_weight, "kl_weight")
         self.name = "pfedvem"
 
     # --- client side -------------------------------------------------------------------
@@ -192,7 +200,7 @@ class PFedVEM(FedAvg):
     def aggregate(
         self, server: ServerState, results: Iterable[ClientResult], activity_rate: float
     ) -> ServerState:
-        check_activity_rate(activity_rate)
+        require_activity_rate(activity_rate)
         head = head_range(self.head, server.global_params.numel())
         base = WeightedMean(server.global_params)
         heads = WeightedMean(server.global_params[head])

@@ -1,5 +1,6 @@
-"""Plain local SGD through the `LocalProblem` gradient oracle, optionally with a proximal
-term (lambda/2)||x - center||^2 (DITTO's personal objective, pFedMe's inner problem)."""
+"""The one local SGD loop of every strategy, through the `LocalProblem` gradient oracle,
+optionally with a proximal term (lambda/2)||x - center||^2 (DITTO's personal objective,
+pFedMe's inner problem)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,8 @@ import torch
 from torch import Tensor
 
 from wakefl.errors import ProtocolError
-
-from ..strategy import LocalProblem
-from .checks import require_finite
+from wakefl.sdk.selffl.checks import require_finite
+from wakefl.sdk.selffl.strategy import LocalProblem
 
 
 def oracle_gradient(problem: LocalProblem, params: Tensor, generator: torch.Generator) -> Tensor:
@@ -32,7 +32,8 @@ def sgd_steps(
     prox_center: Tensor | None = None,
     lam: float = 0.0,
 ) -> Tensor:
-    """`steps` SGD steps from `start` (not modified) on F(x) [+ lam/2 ||x - prox_center||^2].
+    """`steps` SGD steps x <- x - lr * g(x) from `start` (not modified) on
+    F(x) [+ lam/2 ||x - prox_center||^2].
 
     Returns a new tensor; raises NonFiniteError if the iterate leaves the finite range."""
     x = start.detach().clone()
