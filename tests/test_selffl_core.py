@@ -184,6 +184,14 @@ def test_running_variance_overflow_of_finite_inputs_is_refused_and_state_kept():
     assert torch.equal(rv.mean, mean_before)
 
 
+def test_local_steps_refuses_an_overflowing_step_count_with_its_documented_error():
+    # eta/(B sigma_m^2) is subnormal: ln(ratio) / ln(1 - rate) overflows to +inf.
+    with pytest.raises(NonFiniteError, match="step count"):
+        local_steps(1e-320, 1, 1e-10, 1.0, 40, 7)
+    with pytest.raises(NonFiniteError, match="step count"):
+        local_steps(5e-324, 1, 1.0, 1.0, 40, 7)
+
+
 def test_hyperparameter_errors_are_one_type_for_self_fl_and_the_baselines():
     from wakefl.sdk.selffl import HyperparameterError, SelfFL
     from wakefl.sdk.selffl.baselines import FedAvg

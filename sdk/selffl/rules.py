@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from torch import Tensor
 
-from wakefl.errors import ConfigError
+from wakefl.errors import ConfigError, NonFiniteError
 from wakefl.sdk.selffl.checks import HyperparameterError, require_finite, require_finite_scalar
 from wakefl.sdk.selffl.running_variance import RunningVariance
 
@@ -102,6 +102,9 @@ def local_steps(
     * S_-m == +inf: the others pin the model completely -> 1 (the minimum).
     * NaN in any input or Inf in sigma_m^2: `NonFiniteError`; negative values, lr <= 0,
       batch_size < 1 or l_max < 1: `HyperparameterError` (a `ConfigError`).
+    * eta/(B sigma_m^2) so small (below ~1e-308) that the quotient of the two logarithms
+      overflows: the step count is not a finite number -> `NonFiniteError`, like every
+      other non-finite result.
     """
     lr = require_finite_scalar(lr, "learning rate")
     if lr <= 0.0 or batch_size < 1 or l_max < 1 or warmup_steps < 0:
@@ -126,4 +129,9 @@ def local_steps(
     if ratio <= 0.0:  # 1/sigma_m^2 overflowed relative to S_-m: as certain as it gets
         return int(l_max)
     steps = math.log(ratio) / math.log1p(-rate)
+    if not math.isfinite(steps):  # round(inf) would raise a bare OverflowError
+        raise NonFiniteError(
+            f"Eqn 16's step count overflows: eta/(B sigma_m^2) = {rate} is too small "
+            f"(lr={lr}, batch_size={batch_size}, sigma_m^2={sigma_m_sq})"
+        )
     return int(min(max(round(steps), 1), l_max))
