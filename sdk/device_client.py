@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from wakefl.errors import ConfigError, NonFiniteError, ProtocolError, WakeflError
+from wakefl.errors import AudioError, ConfigError, NonFiniteError, ProtocolError, WakeflError
 from wakefl.sdk import messages, topics
 from wakefl.sdk.device_state import DeviceState, PendingUpdate, load_or_create
 from wakefl.sdk.selffl.strategy import ClientInstructions, ClientState, LocalProblem, Strategy
@@ -347,14 +347,18 @@ class DeviceClient:
             t0 = time.perf_counter()
             try:
                 self._train_round(down)
-            except NonFiniteError as exc:
-                # The strategy refused before replacing anything: the previous personal
-                # model and variance state stay, and no update is sent this round.
+            except (NonFiniteError, RuntimeError, ValueError) as exc:
+                # The strategy refused before replacing anything (or the local problem
+                # failed): the previous personal model and variance state stay, no update is
+                # sent this round, and the server is told so it need not wait for one.
                 outcome.note = f"training refused: {exc}"
-                self.state.pending = None
-                self.store.save(self.state, tensors_changed=False)
-                self._progress(f"{self.device_id}: round {down.round_id}: {outcome.note}")
+                self._decline(down, outcome.note)
                 return outcome
+            except (ConfigError, AudioError) as exc:
+                # Broken local data or a model this device cannot run: it never will, so
+                # it declines the round and stops.
+                self._decline(down, f"cannot train: {exc}")
+                raise
             outcome.train_s = time.perf_counter() - t0
         pending = self.state.pending
         assert pending is not None
@@ -372,6 +376,27 @@ class DeviceClient:
             f"relative FR {fr}, update {status} after {outcome.sends} send(s)"
             + (f" ({outcome.note})" if outcome.note else ""))
         return outcome
+
+    def _decline(self, down: messages.Downlink, reason: str) -> None:
+        """Say on the uplink topic that this round gets no update from us (docs/PROTOCOL.md:
+        `decline`), so the server closes the round once the others answered instead of
+        waiting out the deadline. Sent once: the round is marked done here either way."""
+        st = self.state
+        st.pending = None
+        # a declined round is not tried again when its downlink is redelivered
+        st.last_trained_round = max(st.last_trained_round, down.round_id)
+        self.store.save(st, tensors_changed=False)
+        self._progress(f"{self.device_id}: round {down.round_id}: declined ({reason})")
+        if self._link is None:
+            return
+        payload = messages.encode(messages.Decline(
+            fleet=self.fleet, run_id=down.run_id, device_id=self.device_id,
+            round_id=down.round_id, reason=reason[: messages.MAX_REASON_LEN]))
+        try:
+            self._link.publish(topics.uplink(self.fleet, self.device_id), payload, qos=1,
+                               timeout=self.ack_timeout_s)
+        except ProtocolError as exc:
+            log.warning("round %d: decline not delivered: %s", down.round_id, exc)
 
     def _reset_for_new_run(self) -> None:
         old = self.state
@@ -466,7 +491,7 @@ class DeviceClient:
         st.pending = PendingUpdate(
             round_id=down.round_id, num_samples=int(result.num_samples),
             scalars=dict(result.scalars), tensors={"params": result.params, **result.tensors},
-            report=report)
+            report=report, wire_dtype=_known_wire_dtype(down.hyperparameters.get("wire_dtype")))
         self.store.save(st)
 
     def _relative_report(self, personal: Tensor, st: DeviceState) -> dict[str, Any]:
@@ -504,7 +529,8 @@ class DeviceClient:
         if params is None:
             params = st.personal_params
         sc = pending.scalars
-        wire = self.wire_dtype or (down.hyperparameters.get("wire_dtype") if down else None) or "fp32"
+        wire = (self.wire_dtype or (down.hyperparameters.get("wire_dtype") if down else None)
+                or pending.wire_dtype or "fp32")
         up = messages.Uplink(
             fleet=self.fleet, run_id=st.run_id, device_id=self.device_id,
             device_type=self.device_type, round_id=pending.round_id, params=params,
@@ -517,11 +543,14 @@ class DeviceClient:
 
     def _deliver(self, down: messages.Downlink | None, outcome: RoundOutcome) -> None:
         """Publish the pending update and wait for the server's Ack, re-sending on timeout.
-        A newer round or the end of the run stops the wait (the round is closed)."""
+        A newer round or the end of the run stops the wait (the round is closed). Only an
+        ack that answers these very bytes (`Ack.answers`) counts: anyone able to publish on
+        our uplink topic (or garbage) gets acks too, and those say nothing about ours."""
         st = self.state
         pending = st.pending
         assert pending is not None
         payload = self._uplink_payload(down, pending)
+        mid = messages.message_id(payload)
         topic = topics.uplink(self.fleet, self.device_id)
         ack_timeout = self.ack_timeout_s
         deadline = math.inf
@@ -533,6 +562,8 @@ class DeviceClient:
                 outcome.note = "deadline passed before an acknowledgement"
                 return
             outcome.sends += 1
+            pending.attempts += 1
+            self.store.save(st, tensors_changed=False)
             try:
                 self._link.publish(topic, payload, qos=1, timeout=ack_timeout)
             except messages.MessageRejected:
@@ -542,7 +573,7 @@ class DeviceClient:
                 if not self._link.connected:
                     self._link.wait_connected(ack_timeout)
                 continue
-            ack = self._wait_ack(pending.round_id, ack_timeout)
+            ack = self._wait_ack(pending.round_id, ack_timeout, mid)
             if ack == "superseded":
                 outcome.note = "round closed before the acknowledgement"
                 return
@@ -562,7 +593,7 @@ class DeviceClient:
             return
         outcome.note = outcome.note or f"no acknowledgement after {outcome.sends} send(s)"
 
-    def _wait_ack(self, round_id: int, timeout: float) -> messages.Ack | str | None:
+    def _wait_ack(self, round_id: int, timeout: float, answers: str) -> messages.Ack | str | None:
         end = time.monotonic() + timeout
         while not self._stop.is_set():
             left = end - time.monotonic()
@@ -573,7 +604,11 @@ class DeviceClient:
                 continue
             kind, payload = item
             if kind == "ack" and payload.round_id == round_id:
-                return payload
+                if payload.answers == answers:
+                    return payload
+                log.info("round %d: ignoring an ack (%s) that answers another message",
+                         round_id, payload.reason or "accepted")
+                continue
             if kind == "down" and (payload.final or payload.round_id > round_id
                                    or payload.run_id != self.state.run_id):
                 # Handled by the main loop once this wait returns.
@@ -584,11 +619,23 @@ class DeviceClient:
         return None
 
     def _resend_pending_after_restart(self, summary: RunSummary) -> None:
-        # The retained downlink tells whether the saved update's round is still open;
-        # handle_downlink re-sends it then. Nothing to do until it arrives.
-        if self.state.pending is not None:
-            self._progress(f"{self.device_id}: holding an unacknowledged update for round "
-                           f"{self.state.pending.round_id}")
+        """A process that died with an unacknowledged update re-sends it at once: the
+        retained downlink would trigger it too, but a broker that lost the retained
+        message (or a server between rounds) would leave it unsent until the next round.
+        The server answers stale_round for a round that closed meanwhile, and the update
+        is dropped; a newer downlink ends the wait (superseded)."""
+        pending = self.state.pending
+        if pending is None or not self.state.run_id or self.state.finished:
+            return
+        self._progress(f"{self.device_id}: re-sending the unacknowledged update for round "
+                       f"{pending.round_id} (sent {pending.attempts} time(s) before the restart)")
+        outcome = RoundOutcome(round_id=pending.round_id, sampled=True,
+                               note="re-sent after a restart")
+        outcome.local_steps = int(pending.scalars.get("local_steps", 0))
+        outcome.sigma_m_sq = float(pending.scalars.get("sigma_sq", 0.0))
+        self._deliver(None, outcome)
+        summary.outcomes.append(outcome)
+        summary.updates_accepted += int(bool(outcome.accepted))
 
     # ------------------------------------------------------------------ transport
     def _hello(self, online: bool = True) -> bytes:
@@ -693,6 +740,10 @@ def _json_safe(value: Any) -> Any:
         v = float(value)
         return v if math.isfinite(v) else None
     return str(value)
+
+
+def _known_wire_dtype(value: Any) -> str:
+    return value if isinstance(value, str) and value in messages.WIRE_DTYPES else ""
 
 
 def _newer(a: messages.Downlink, b: messages.Downlink) -> bool:

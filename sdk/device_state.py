@@ -56,7 +56,8 @@ class PendingUpdate:
     scalars: dict[str, float] = field(default_factory=dict)
     tensors: dict[str, Tensor] = field(default_factory=dict)
     report: dict[str, Any] = field(default_factory=dict)  # local relative FA/FR
-    attempts: int = 0
+    attempts: int = 0  # sends so far, across restarts
+    wire_dtype: str = ""  # the dtype the server asked for; "" = the device's default
 
 
 @dataclass
@@ -207,6 +208,7 @@ class DeviceStateStore:
                 tensors={k[len(_PENDING):]: v for k, v in tensors.items() if k.startswith(_PENDING)},
                 report=dict(p.get("report", {})),
                 attempts=int(p.get("attempts", 0)),
+                wire_dtype=str(p.get("wire_dtype", "")),
             )
         return DeviceState(
             device_id=str(meta["device_id"]),
@@ -240,6 +242,7 @@ class DeviceStateStore:
                 "scalars": _check_scalars("update", state.pending.scalars),
                 "report": state.pending.report,
                 "attempts": int(state.pending.attempts),
+                "wire_dtype": state.pending.wire_dtype,
             }
         if tensors_changed or self._tensor_file is None:
             tensors, aliases = _collect_tensors(state)

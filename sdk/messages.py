@@ -31,7 +31,9 @@ from torch import Tensor
 from wakefl.errors import ProtocolError
 from wakefl.finite import all_finite
 
-PROTOCOL_VERSION = 1
+# Version 2: acks name the message they answer (`answers`), the `decline` uplink, and
+# bounds on every scalar field (docs/PROTOCOL.md).
+PROTOCOL_VERSION = 2
 MAGIC = b"WKFL"
 _HASH_LEN = 32
 _PREFIX_LEN = len(MAGIC) + _HASH_LEN
@@ -41,6 +43,18 @@ DEFAULT_MAX_BYTES = 64 * 1024 * 1024
 # The JSON header holds per-device scalars for every sampled device of a downlink.
 MAX_HEADER_BYTES = 8 * 1024 * 1024
 MAX_ID_LEN = 128
+# Bounds on scalar fields, far above any real fleet's values but small enough that every
+# integer fits a SQLite INTEGER (signed 64 bit) and every float stays far from overflow
+# when the server sums or squares it. A value outside is refused as `out_of_range`.
+MAX_ROUND_ID = 2**31 - 1
+MAX_NUM_SAMPLES = 10**9
+MAX_LOCAL_STEPS = 10**7
+MAX_SCALAR_ABS = 1e30  # variances, strategy scalars, instructions
+MAX_RELATIVE = 1e6  # relative FA / FR (ratios to the baseline)
+MAX_DEADLINE = 1e11  # unix time, year ~5000
+MAX_SCALARS = 256  # entries of a scalar map
+MAX_REASON_LEN = 200
+MESSAGE_ID_LEN = 32  # hex characters of `message_id`
 
 WIRE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 _ST_DTYPES = {"F32": (torch.float32, 4), "F16": (torch.float16, 2)}
@@ -61,6 +75,9 @@ REJECT_REASONS = (
     "stale_round",  # round id other than the open round (late or replayed)
     "not_sampled",  # device was not sampled for this round
     "duplicate",  # second update for the same (round, device): QoS 1 redelivery or resend
+    "out_of_range",  # a scalar field outside its documented bounds (e.g. num_samples >= 2^63)
+    "outlier",  # refused at aggregation: too far from the global model (update_screening)
+    "internal",  # the server failed while handling the message (a bug; logged with a traceback)
 )
 
 
@@ -124,12 +141,30 @@ class Uplink:
 
 @dataclass(frozen=True)
 class Ack:
-    """Server -> one device: was its update for `round_id` recorded?"""
+    """Server -> one device: was its update for `round_id` recorded? `answers` is the
+    `message_id` of the uplink this ack answers: a device acts only on acks for the very
+    message it sent, so garbage that someone else published on its topic cannot make it
+    drop its own update."""
 
     fleet: str
     device_id: str
     round_id: int
     accepted: bool
+    reason: str = ""
+    answers: str = ""
+    version: int = PROTOCOL_VERSION
+
+
+@dataclass(frozen=True)
+class Decline:
+    """Device -> server on `up/D`: D was sampled for `round_id` but cannot train (broken
+    local data or state, diverging training). The server stops waiting for D, so the round
+    closes once the others answered instead of at its deadline."""
+
+    fleet: str
+    run_id: str
+    device_id: str
+    round_id: int
     reason: str = ""
     version: int = PROTOCOL_VERSION
 
@@ -146,7 +181,7 @@ class Hello:
     version: int = PROTOCOL_VERSION
 
 
-Message = Downlink | Uplink | Ack | Hello
+Message = Downlink | Uplink | Ack | Hello | Decline
 
 # ----------------------------------------------------------------------------- encoding
 
@@ -159,19 +194,47 @@ def _check_id(value: Any, name: str) -> str:
     return value
 
 
-def _finite_float(value: Any, name: str, *, allow_none: bool = False) -> float | None:
+def message_id(payload: bytes) -> str:
+    """The id an `Ack` carries in `answers`: the first 128 bits of sha256(payload), hex.
+    Defined on the raw bytes, so even a payload that is not a frame has one."""
+    return hashlib.sha256(payload).hexdigest()[:MESSAGE_ID_LEN]
+
+
+def _short(value: Any) -> str:
+    # repr of a 10^5-digit int is slow and useless in a log line
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 256:
+        return f"an integer of {value.bit_length()} bits"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _finite_float(value: Any, name: str, *, allow_none: bool = False, low: float = -MAX_SCALAR_ABS,
+                  high: float = MAX_SCALAR_ABS) -> float | None:
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise MessageRejected("malformed", f"{name} must be a number, got {type(value).__name__}")
+    if isinstance(value, int) and not low <= value <= high:
+        # float(10**400) would raise OverflowError
+        raise MessageRejected("out_of_range", f"{name} is {_short(value)}, outside [{low:g}, {high:g}]")
     if not math.isfinite(value):
         raise MessageRejected("non_finite", f"{name} is {value}")
+    if not low <= value <= high:
+        raise MessageRejected("out_of_range", f"{name} is {value:g}, outside [{low:g}, {high:g}]")
     return float(value)
 
 
-def _int(value: Any, name: str, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise MessageRejected("malformed", f"{name} must be an integer >= {minimum}, got {value!r}")
+def _int(value: Any, name: str, minimum: int = 0, maximum: int = MAX_ROUND_ID) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise MessageRejected("malformed", f"{name} must be an integer, got {type(value).__name__}")
+    if not minimum <= value <= maximum:
+        raise MessageRejected("out_of_range", f"{name} is {_short(value)}, outside [{minimum}, {maximum}]")
+    return value
+
+
+def _text(value: Any, name: str, limit: int = MAX_REASON_LEN) -> str:
+    if not isinstance(value, str) or len(value) > limit:
+        raise MessageRejected("malformed", f"{name} must be a string of at most {limit} chars")
     return value
 
 
@@ -226,7 +289,13 @@ def encode(msg: Message, *, wire_dtype: str = "fp32", max_bytes: int = DEFAULT_M
             tensors.update({f"x.{k}": v for k, v in msg.tensors.items()})
         elif isinstance(msg, Ack):
             meta = {"v": msg.version, "kind": "ack", "fleet": msg.fleet, "device_id": msg.device_id,
-                    "round_id": msg.round_id, "accepted": msg.accepted, "reason": msg.reason}
+                    "round_id": msg.round_id, "accepted": msg.accepted, "reason": msg.reason,
+                    "answers": msg.answers}
+            tensors = {}
+        elif isinstance(msg, Decline):
+            meta = {"v": msg.version, "kind": "decline", "fleet": msg.fleet, "run_id": msg.run_id,
+                    "device_id": msg.device_id, "round_id": msg.round_id,
+                    "reason": msg.reason[:MAX_REASON_LEN]}
             tensors = {}
         elif isinstance(msg, Hello):
             meta = {"v": msg.version, "kind": "hello", "fleet": msg.fleet, "device_id": msg.device_id,
@@ -246,6 +315,15 @@ def encode(msg: Message, *, wire_dtype: str = "fp32", max_bytes: int = DEFAULT_M
 # ----------------------------------------------------------------------------- decoding
 
 
+def _json(text: bytes | str, what: str) -> Any:
+    # Besides JSONDecodeError, json.loads raises ValueError for integers of more than 4300
+    # digits and RecursionError for deeply nested arrays: all are the sender's fault.
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise MessageRejected("malformed", f"{what} is not acceptable JSON: {str(exc)[:200]}") from None
+
+
 def _parse_body(body: bytes) -> tuple[dict[str, Any], dict[str, Tensor], str]:
     """Validate the safetensors header by hand, then let safetensors read the tensors."""
     if len(body) < 8:
@@ -253,10 +331,7 @@ def _parse_body(body: bytes) -> tuple[dict[str, Any], dict[str, Tensor], str]:
     (hlen,) = struct.unpack("<Q", body[:8])
     if hlen > MAX_HEADER_BYTES or 8 + hlen > len(body):
         raise MessageRejected("malformed", f"safetensors header length {hlen} out of bounds")
-    try:
-        header = json.loads(body[8 : 8 + hlen].decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise MessageRejected("malformed", f"safetensors header is not JSON: {exc}") from exc
+    header = _json(body[8 : 8 + hlen], "safetensors header")
     if not isinstance(header, dict):
         raise MessageRejected("malformed", "safetensors header is not an object")
     st_meta = header.pop("__metadata__", None)
@@ -280,10 +355,7 @@ def _parse_body(body: bytes) -> tuple[dict[str, Any], dict[str, Tensor], str]:
         dtypes.add(dt)
     if len(dtypes) > 1:
         raise MessageRejected("dtype", f"mixed tensor dtypes {sorted(dtypes)}")
-    try:
-        meta = json.loads(st_meta["wakefl"])
-    except json.JSONDecodeError as exc:
-        raise MessageRejected("malformed", f"wakefl metadata is not JSON: {exc}") from exc
+    meta = _json(st_meta["wakefl"], "wakefl metadata")
     if not isinstance(meta, dict):
         raise MessageRejected("malformed", "wakefl metadata is not an object")
     try:
@@ -319,7 +391,7 @@ def _unframe(data: bytes, max_bytes: int) -> tuple[dict[str, Any], dict[str, Ten
     meta, tensors, _ = _parse_body(body)
     version = meta.get("v")
     if version != PROTOCOL_VERSION:
-        raise MessageRejected("version", f"protocol version {version!r}, this build speaks {PROTOCOL_VERSION}")
+        raise MessageRejected("version", f"protocol version {_short(version)}, this build speaks {PROTOCOL_VERSION}")
     return meta, tensors
 
 
@@ -337,7 +409,9 @@ def _extras(tensors: dict[str, Tensor], main: str) -> dict[str, Tensor]:
 def _scalar_map(value: Any, name: str) -> dict[str, float]:
     if not isinstance(value, dict):
         raise MessageRejected("malformed", f"{name} must be an object")
-    return {str(k): _finite_float(v, f"{name}.{k}") for k, v in value.items()}
+    if len(value) > MAX_SCALARS:
+        raise MessageRejected("out_of_range", f"{name} has {len(value)} entries, at most {MAX_SCALARS}")
+    return {_text(k, f"{name} key", MAX_ID_LEN): _finite_float(v, f"{name}.{k}") for k, v in value.items()}
 
 
 def _main_tensor(tensors: dict[str, Tensor], name: str, expected_numel: int | None) -> Tensor:
@@ -353,9 +427,21 @@ def _main_tensor(tensors: dict[str, Tensor], name: str, expected_numel: int | No
 
 def decode(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES,
            expected_numel: int | None = None) -> Message:
-    """Parse and validate one wire frame; raises MessageRejected with a precise reason.
-    `expected_numel` (the model's parameter count) checks every shipped model vector."""
-    meta, tensors = _unframe(data, max_bytes)
+    """Parse and validate one wire frame; raises MessageRejected with a precise reason,
+    and only MessageRejected, whatever the bytes. `expected_numel` (the model's parameter
+    count) checks every shipped model vector."""
+    try:
+        meta, tensors = _unframe(data, max_bytes)
+        return _decode_fields(meta, tensors, expected_numel)
+    except MessageRejected:
+        raise
+    except Exception as exc:  # noqa: BLE001 - hostile bytes must never escape as a crash
+        raise MessageRejected("malformed", f"undecodable message ({type(exc).__name__}: "
+                              f"{str(exc)[:200]})") from None
+
+
+def _decode_fields(meta: dict[str, Any], tensors: dict[str, Tensor],
+                   expected_numel: int | None) -> Message:
     kind = meta.get("kind")
     try:
         if kind == "down":
@@ -366,6 +452,8 @@ def decode(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES,
                             for d, s in instr.items()}
             if not isinstance(meta["model_config"], dict) or not isinstance(meta["hyperparameters"], dict):
                 raise MessageRejected("malformed", "model_config and hyperparameters must be objects")
+            if not isinstance(meta["final"], bool):
+                raise MessageRejected("malformed", "final must be a boolean")
             extras = _extras(tensors, "global_params")
             if expected_numel is not None:
                 for k, v in extras.items():
@@ -376,10 +464,10 @@ def decode(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES,
                 round_id=_int(meta["round_id"], "round_id"),
                 global_params=_main_tensor(tensors, "global_params", expected_numel),
                 model_config=meta["model_config"],
-                sigma0_sq=_finite_float(meta["sigma0_sq"], "sigma0_sq"),
+                sigma0_sq=_finite_float(meta["sigma0_sq"], "sigma0_sq", low=0.0),
                 instructions=instructions, hyperparameters=meta["hyperparameters"],
-                deadline=_finite_float(meta["deadline"], "deadline"),
-                final=bool(meta["final"]), strategy=str(meta.get("strategy", "selffl")),
+                deadline=_finite_float(meta["deadline"], "deadline", low=0.0, high=MAX_DEADLINE),
+                final=meta["final"], strategy=_text(meta.get("strategy", "selffl"), "strategy", MAX_ID_LEN),
                 tensors=extras, version=meta["v"],
             )
         if kind == "up":
@@ -388,41 +476,50 @@ def decode(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES,
                 for k, v in extras.items():
                     if v.dim() != 1 or v.numel() != expected_numel:
                         raise MessageRejected("shape", f"extra tensor {k!r} has shape {list(v.shape)}")
-            sigma = _finite_float(meta["sigma_m_sq"], "sigma_m_sq")
-            if sigma < 0:
-                raise MessageRejected("malformed", f"sigma_m_sq must be >= 0, got {sigma}")
             return Uplink(
                 fleet=_check_id(meta["fleet"], "fleet"), run_id=_check_id(meta["run_id"], "run_id"),
                 device_id=_check_id(meta["device_id"], "device_id"),
                 device_type=_check_id(meta["device_type"], "device_type"),
-                round_id=_int(meta["round_id"], "round_id"),
+                round_id=_int(meta["round_id"], "round_id", 1),
                 params=_main_tensor(tensors, "params", expected_numel),
-                sigma_m_sq=sigma,
-                num_samples=_int(meta["num_samples"], "num_samples"),
-                local_steps=_int(meta["local_steps"], "local_steps"),
-                relative_fa=_finite_float(meta.get("relative_fa"), "relative_fa", allow_none=True),
-                relative_fr=_finite_float(meta.get("relative_fr"), "relative_fr", allow_none=True),
+                sigma_m_sq=_finite_float(meta["sigma_m_sq"], "sigma_m_sq", low=0.0),
+                num_samples=_int(meta["num_samples"], "num_samples", 0, MAX_NUM_SAMPLES),
+                local_steps=_int(meta["local_steps"], "local_steps", 0, MAX_LOCAL_STEPS),
+                relative_fa=_finite_float(meta.get("relative_fa"), "relative_fa", allow_none=True,
+                                          low=0.0, high=MAX_RELATIVE),
+                relative_fr=_finite_float(meta.get("relative_fr"), "relative_fr", allow_none=True,
+                                          low=0.0, high=MAX_RELATIVE),
                 scalars=_scalar_map(meta.get("scalars", {}), "scalars"),
                 tensors=extras, version=meta["v"],
             )
         if tensors:
             raise MessageRejected("malformed", f"a {kind} message carries no tensors")
         if kind == "ack":
-            if not isinstance(meta["accepted"], bool) or not isinstance(meta.get("reason", ""), str):
-                raise MessageRejected("malformed", "ack fields ill-typed")
+            if not isinstance(meta["accepted"], bool):
+                raise MessageRejected("malformed", "ack field accepted must be a boolean")
             return Ack(fleet=_check_id(meta["fleet"], "fleet"),
                        device_id=_check_id(meta["device_id"], "device_id"),
                        round_id=_int(meta["round_id"], "round_id"), accepted=meta["accepted"],
-                       reason=meta.get("reason", ""), version=meta["v"])
+                       reason=_text(meta.get("reason", ""), "reason"),
+                       answers=_text(meta.get("answers", ""), "answers", MESSAGE_ID_LEN),
+                       version=meta["v"])
         if kind == "hello":
+            if not isinstance(meta.get("online", True), bool):
+                raise MessageRejected("malformed", "hello field online must be a boolean")
             return Hello(fleet=_check_id(meta["fleet"], "fleet"),
                          device_id=_check_id(meta["device_id"], "device_id"),
                          device_type=_check_id(meta["device_type"], "device_type"),
-                         num_samples=_int(meta.get("num_samples", 0), "num_samples"),
-                         online=bool(meta.get("online", True)), version=meta["v"])
+                         num_samples=_int(meta.get("num_samples", 0), "num_samples", 0, MAX_NUM_SAMPLES),
+                         online=meta.get("online", True), version=meta["v"])
+        if kind == "decline":
+            return Decline(fleet=_check_id(meta["fleet"], "fleet"),
+                           run_id=_check_id(meta["run_id"], "run_id"),
+                           device_id=_check_id(meta["device_id"], "device_id"),
+                           round_id=_int(meta["round_id"], "round_id", 1),
+                           reason=_text(meta.get("reason", ""), "reason"), version=meta["v"])
     except KeyError as exc:
         raise MessageRejected("malformed", f"{kind} message lacks field {exc}") from exc
-    raise MessageRejected("malformed", f"unknown message kind {kind!r}")
+    raise MessageRejected("malformed", f"unknown message kind {_short(kind)}")
 
 
 def decode_as(data: bytes, cls: type, **kw: Any) -> Any:

@@ -29,18 +29,32 @@ from wakefl.sdk import topics
 from wakefl.sdk.messages import (
     DEFAULT_MAX_BYTES,
     Ack,
+    Decline,
     Downlink,
     Hello,
     MessageRejected,
     Uplink,
+    decode,
     decode_as,
     encode,
+    message_id,
 )
 from wakefl.sdk.mqtt_link import MqttLink
-from wakefl.sdk.selffl.strategy import ServerState, Strategy
-from wakefl.server.state_store import StateStore
+from wakefl.sdk.selffl.strategy import ClientResult, ServerState, Strategy
+from wakefl.sdk.selffl.update_screening import (
+    Screening,
+    ScreeningRules,
+    apply_scale,
+    delta_norm,
+    screen_updates,
+)
+from wakefl.server.state_store import StateStore, UpdateView
 
 log = logging.getLogger("wakefl.server")
+
+# mosquitto's running count of messages dropped because a client's queue was full
+# (max_queued_messages) or for other limits; readable by the server (acl.template).
+BROKER_DROPPED_TOPIC = "$SYS/broker/publish/messages/dropped"
 
 
 @dataclass
@@ -61,6 +75,10 @@ class ServerConfig:
     max_bytes: int = DEFAULT_MAX_BYTES
     ack_timeout_s: float = 30.0
     start_timeout: float | None = None  # give up waiting for devices (None: wait forever)
+    # A static registry without min_clients waits this long for every device before the
+    # first round, then starts with those online (None: min(round_timeout, 60 s)).
+    start_grace_s: float | None = None
+    screening: ScreeningRules = field(default_factory=ScreeningRules)
     keep_update_rounds: int = 2  # tensor files of older rounds are deleted after aggregation
     seed: int = 0
 
@@ -73,6 +91,8 @@ class ServerConfig:
             raise ConfigError("rounds must be >= 0 and the round timeout > 0")
         if self.min_clients is not None and self.min_clients < 1:
             raise ConfigError("--min-clients must be >= 1")
+        if self.start_grace_s is not None and self.start_grace_s < 0:
+            raise ConfigError("the start grace period must be >= 0 s")
         if self.initial_params.dim() != 1 or not all_finite(self.initial_params):
             raise ConfigError("initial parameters must be a finite flat vector")
 
@@ -84,10 +104,12 @@ class RoundReport:
     reported: dict[str, dict[str, float]]  # device -> {sigma_m_sq, local_steps, num_samples}
     sigma0_sq: float
     wall_s: float
-    closed_by: str  # "all", "quorum", "deadline"
+    closed_by: str  # "all" (every sampled device answered or declined), "quorum", "deadline"
     # Where the wall time went: opening (sampling, downlink encode and publish), collecting
     # (until the round closed), aggregating plus persisting the new state.
     phases_s: dict[str, float] = field(default_factory=dict)
+    declined: dict[str, str] = field(default_factory=dict)  # device -> its reason
+    screened: dict[str, str] = field(default_factory=dict)  # device -> clipped / refused, why
 
 
 class AggregationServer:
@@ -117,6 +139,8 @@ class AggregationServer:
             self.store.register_device(dev, typ, "registry")
         self.link: MqttLink | None = None
         self.stop_event = threading.Event()
+        self.broker_dropped = 0  # mosquitto's $SYS count of dropped messages
+        self._started_rounds = False  # the start grace period applies before the first round
 
     # ------------------------------------------------------------------ registry
     def registry(self) -> dict[str, str]:
@@ -127,61 +151,124 @@ class AggregationServer:
 
     # ------------------------------------------------------------------ receiving
     def _reject(self, reason: str, detail: str, device: str | None, round_id: int | None,
-                ack_device: str | None) -> None:
+                ack_device: str | None, answers: str = "") -> None:
         self.rejections[reason] += 1
-        self.store.count_rejection(reason, device, round_id, detail)
-        log.warning("rejected update from %s (round %s): %s: %s", device, round_id, reason, detail)
+        try:
+            self.store.count_rejection(reason, device, round_id, detail)
+        except Exception:  # noqa: BLE001 - the in-memory count and the log line still stand
+            log.exception("rejection of a message from %s not written to the state store", device)
+        log.warning("rejected message from %s (round %s): %s: %s", device, round_id, reason, detail)
         if ack_device is not None and round_id is not None:
-            self._send_ack(ack_device, round_id, False, reason)
+            self._send_ack(ack_device, round_id, False, reason, answers)
 
-    def _send_ack(self, device: str, round_id: int, accepted: bool, reason: str) -> None:
+    def _send_ack(self, device: str, round_id: int, accepted: bool, reason: str,
+                  answers: str = "") -> None:
         assert self.link is not None
-        payload = encode(Ack(self.cfg.fleet, device, round_id, accepted, reason))
+        payload = encode(Ack(self.cfg.fleet, device, round_id, accepted, reason, answers=answers))
         try:
             self.link.publish(topics.ack(self.cfg.fleet, device), payload, wait=False)
         except ProtocolError as exc:
             log.warning("ack to %s not sent: %s", device, exc)
 
-    def _on_uplink(self, topic: str, payload: bytes) -> None:
-        _, _, dev = topics.parse(topic)
-        registry = self.registry()
-        known = dev if dev in registry else None
-        round_hint: int | None = self._open[0] if self._open else None
+    def _guarded(self, what: str, handle: Callable[[str, bytes], None], topic: str,
+                 payload: bytes) -> None:
+        """Every message ends as handled or as a counted, logged rejection: an exception
+        is the server's own failure (reason `internal`, logged with its traceback), and the
+        device still gets a refusal when it can be identified."""
         try:
-            msg: Uplink = decode_as(payload, Uplink, max_bytes=self.cfg.max_bytes,
-                                    expected_numel=self.numel)
+            handle(topic, payload)
+        except Exception as exc:  # noqa: BLE001
+            log.exception("internal error while handling a %s on %r", what, topic[:200])
+            dev = self._topic_device(topic)
+            rid = self._open[0] if self._open else None
+            try:
+                self._reject("internal", f"{what}: {type(exc).__name__}: {str(exc)[:200]}", dev, rid,
+                             dev if dev in self.registry() else None, message_id(payload))
+            except Exception:  # noqa: BLE001 - never let the network thread die
+                log.exception("could not count an internal error")
+
+    def _topic_device(self, topic: str) -> str | None:
+        try:
+            _, _, dev = topics.parse(topic)
+            return topics.check_name(dev or "", "device id")
+        except ProtocolError:
+            return None
+
+    def _on_uplink(self, topic: str, payload: bytes) -> None:
+        self._guarded("uplink", self._handle_uplink, topic, payload)
+
+    def _on_hello(self, topic: str, payload: bytes) -> None:
+        self._guarded("hello", self._handle_hello, topic, payload)
+
+    def _handle_uplink(self, topic: str, payload: bytes) -> None:
+        mid = message_id(payload)
+        dev = self._topic_device(topic)
+        registry = self.registry()
+        known = dev if dev is not None and dev in registry else None
+        round_hint: int | None = self._open[0] if self._open else None
+        if dev is None:
+            self._reject("malformed", f"topic {topic[:200]!r} names no valid device id", None,
+                         round_hint, None)
+            return
+        try:
+            msg = decode(payload, max_bytes=self.cfg.max_bytes, expected_numel=self.numel)
+            if not isinstance(msg, Uplink | Decline):
+                raise MessageRejected("wrong_kind", f"expected Uplink or Decline, got {type(msg).__name__}")
         except MessageRejected as exc:
-            self._reject(exc.reason, exc.detail, dev, round_hint, known)
+            self._reject(exc.reason, exc.detail, dev, round_hint, known, mid)
             return
         rid = msg.round_id
         with self._lock:
             if msg.device_id != dev or msg.fleet != self.cfg.fleet:
                 self._reject("topic_mismatch", f"message from {msg.device_id!r} of fleet "
-                             f"{msg.fleet!r} on topic {topic!r}", dev, rid, known)
+                             f"{msg.fleet!r} on topic {topic!r}", dev, rid, known, mid)
             elif known is None:
                 self._reject("unknown_device", f"{dev!r} is not in the registry", dev, rid, None)
+            elif isinstance(msg, Decline):
+                self._handle_decline(msg, mid)
             elif registry[dev] != msg.device_type:
                 self._reject("wrong_device_type", f"{dev!r} is registered as {registry[dev]!r}, "
-                             f"sent {msg.device_type!r}", dev, rid, dev)
+                             f"sent {msg.device_type!r}", dev, rid, dev, mid)
             elif msg.run_id == self.run_id and self.store.has_update(rid, dev):
                 # QoS 1 redelivery or a re-send after a lost ack: on record already.
                 self._reject("duplicate", f"round {rid} already has an update from {dev}", dev, rid, None)
-                self._send_ack(dev, rid, True, "duplicate")
+                self._send_ack(dev, rid, True, "duplicate", mid)
             elif self._open is None or msg.run_id != self.run_id or rid != self._open[0]:
                 open_id = self._open[0] if self._open else None
                 self._reject("stale_round", f"update for round {rid} (run {msg.run_id}); open "
-                             f"round is {open_id}", dev, rid, dev)
+                             f"round is {open_id}", dev, rid, dev, mid)
             elif dev not in self._open[1]:
-                self._reject("not_sampled", f"{dev} was not sampled for round {rid}", dev, rid, dev)
+                self._reject("not_sampled", f"{dev} was not sampled for round {rid}", dev, rid, dev, mid)
             else:
                 self.store.record_update(msg, payload)
-                self._send_ack(dev, rid, True, "")
+                self._send_ack(dev, rid, True, "", mid)
                 log.info("round %d: update from %s accepted (%d steps, sigma_m^2=%.4g)",
                          rid, dev, msg.local_steps, msg.sigma_m_sq)
                 self._changed.notify_all()
 
-    def _on_hello(self, topic: str, payload: bytes) -> None:
-        _, _, dev = topics.parse(topic)
+    def _handle_decline(self, msg: Decline, mid: str) -> None:
+        dev, rid = msg.device_id, msg.round_id
+        if self._open is None or msg.run_id != self.run_id or rid != self._open[0]:
+            self._reject("stale_round", f"decline for round {rid} (run {msg.run_id})", dev, rid, dev, mid)
+        elif dev not in self._open[1]:
+            self._reject("not_sampled", f"{dev} declined round {rid} it was not sampled for",
+                         dev, rid, dev, mid)
+        elif self.store.has_update(rid, dev):
+            self._reject("duplicate", f"{dev} declined round {rid} after its update was recorded",
+                         dev, rid, None)
+            self._send_ack(dev, rid, True, "duplicate", mid)
+        else:
+            self.store.record_decline(rid, dev, msg.reason)
+            self._send_ack(dev, rid, True, "declined", mid)
+            log.warning("round %d: %s declined: %s", rid, dev, msg.reason or "no reason given")
+            self._changed.notify_all()
+
+    def _handle_hello(self, topic: str, payload: bytes) -> None:
+        dev = self._topic_device(topic)
+        if dev is None:
+            self._reject("malformed", f"hello on topic {topic[:200]!r} names no valid device id",
+                         None, None, None)
+            return
         try:
             msg: Hello = decode_as(payload, Hello, max_bytes=1 << 20)
         except MessageRejected as exc:
@@ -205,6 +292,22 @@ class AggregationServer:
             self.store.set_online(dev, msg.online)
             self._changed.notify_all()
         log.info("device %s (%s) %s", dev, msg.device_type, "online" if msg.online else "offline")
+
+    def _on_broker_dropped(self, topic: str, payload: bytes) -> None:
+        """mosquitto's $SYS counter of messages it dropped (a client's queue was full, or
+        its in-flight window): a dropped uplink is an update the server never sees, so the
+        count is logged and kept where the operator looks."""
+        try:
+            total = int(payload.decode("ascii", "replace").strip() or 0)
+        except ValueError:
+            return
+        with self._lock:
+            grew = total > self.broker_dropped
+            self.broker_dropped = total
+        if grew:
+            log.warning("the broker has dropped %d message(s) so far (queue overflow)", total)
+            self.progress(f"warning: the broker reports {total} dropped message(s) "
+                          "(a client's queue overflowed; see max_queued_messages)")
 
     def _on_connect(self, session_present: bool) -> None:
         with self._lock:
@@ -254,13 +357,25 @@ class AggregationServer:
         return sorted(rng.sample(online, min(k, len(online))))
 
     def _wait_for_devices(self) -> list[str]:
-        need = self.cfg.min_clients or (len(self.cfg.devices) if self._static else 1)  # type: ignore[arg-type]
+        """Online registered devices, once enough are there. `--min-clients` is the number
+        needed; without it a static registry waits for all its devices only during the start
+        grace period before the first round (one device that never comes online must not
+        stop the fleet), and otherwise one online device is enough."""
+        grace = (self.cfg.start_grace_s if self.cfg.start_grace_s is not None
+                 else min(self.cfg.round_timeout, 60.0))
         start = time.monotonic()
         last_note = 0.0
         while not self.stop_event.is_set():
             reg = self.registry()
             online = [d for d in self.store.online_devices() if d in reg]
+            if self.cfg.min_clients is not None:
+                need = self.cfg.min_clients
+            elif self._static and not self._started_rounds and time.monotonic() - start < grace:
+                need = len(reg)
+            else:
+                need = 1
             if len(online) >= max(1, need):
+                self._started_rounds = True
                 return online
             if time.monotonic() - last_note > 10:
                 self.progress(f"waiting for devices: {len(online)}/{need} online")
@@ -273,7 +388,6 @@ class AggregationServer:
         return []
 
     def _collect(self, round_id: int, sampled: list[str], deadline: float) -> str:
-        quorum = min(self.cfg.min_clients or len(sampled), len(sampled))
         with self._changed:
             while not self.stop_event.is_set():
                 if self._republish and self._downlink is not None:
@@ -285,9 +399,11 @@ class AggregationServer:
                     finally:
                         self._changed.acquire()
                 n = len(self.store.update_rows(round_id))
-                if n >= len(sampled):
+                declined = len(self.store.declines(round_id))
+                if n + declined >= len(sampled):
                     return "all"
-                if n >= quorum:
+                # a device that declined will not send: the quorum shrinks with it
+                if n >= max(1, min(self.cfg.min_clients or len(sampled), len(sampled) - declined)):
                     return "quorum"
                 remaining = deadline - time.time()
                 if remaining <= 0:
@@ -295,20 +411,45 @@ class AggregationServer:
                 self._changed.wait(min(remaining, 0.5))
         return "stopped"
 
+    def _screen(self, round_id: int, view: UpdateView, global_params: Tensor) -> tuple[list[dict], Screening]:
+        """Apply docs/PROTOCOL.md's robust-aggregation rules (sdk/selffl/update_screening.py)
+        to the round's recorded updates: one extra read of each update file."""
+        norms, sigmas = [], []
+        for res in view:
+            norms.append(delta_norm(res.params, global_params))
+            sigmas.append(float(res.scalars["sigma_sq"]))
+        prev = self.store.get_meta("screening_reference") or {}
+        screening = screen_updates(norms, sigmas, float(torch.linalg.vector_norm(global_params.double())),
+                                   self.cfg.screening, previous_norm=prev.get("norm"),
+                                   previous_sigma_sq=prev.get("sigma_sq"))
+        if len(norms) >= self.cfg.screening.min_reference_updates:
+            self.store.set_meta(screening_reference={"norm": screening.reference_norm,
+                                                     "sigma_sq": screening.reference_sigma_sq})
+        for row, v in zip(view.rows, screening.verdicts, strict=True):
+            if v.action == "refuse":
+                self._reject("outlier", v.reason, row["device_id"], round_id, None)
+            elif v.action == "clip":
+                log.warning("round %d: update from %s %s", round_id, row["device_id"], v.reason)
+        return view.rows, screening
+
     def _run_round(self, state: ServerState, round_id: int, resume: bool) -> ServerState:
         t0 = time.monotonic()
-        deadline = time.time() + self.cfg.round_timeout
         if resume:
             rec = self.store.round(round_id)
             assert rec is not None
             sampled = rec.sampled
-            self.store.extend_deadline(round_id, deadline)
+            if self._open is not None and self._open[0] == round_id:
+                deadline = self._open[2]  # reopened by run() before any message was handled
+            else:
+                deadline = time.time() + self.cfg.round_timeout
+                self.store.extend_deadline(round_id, deadline)
             self.progress(f"round {round_id}/{self.cfg.rounds}: resumed with {rec.accepted}/"
                           f"{len(sampled)} updates on record")
         else:
             online = self._wait_for_devices()
             if self.stop_event.is_set():
                 return state
+            deadline = time.time() + self.cfg.round_timeout
             sampled = self._sample(round_id, online, len(self.registry()))
             self.store.open_round(round_id, sampled, deadline)
         payload = self._build_downlink(state, round_id, sampled, deadline)
@@ -328,34 +469,59 @@ class AggregationServer:
         with self._lock:  # no update can be recorded for this round from here on
             self._open = None
             view = self.store.updates(round_id, self.numel, self.cfg.max_bytes)
-            n = len(view)
-            if n == 0:
-                new_state = ServerState(round_id=state.round_id + 1,
-                                        global_params=state.global_params, tensors=state.tensors,
-                                        scalars=state.scalars, clients=state.clients)
-            else:
-                # C = |A| / M: the share of the registry whose update is aggregated.
-                rate = min(1.0, n / max(1, len(self.registry())))
-                new_state = self.strategy.aggregate(state, view, rate)
-            self.store.close_round(round_id, new_state)
+            declined = self.store.declines(round_id)
+        screened: dict[str, str] = {}
+        rows: list[dict] = []
+        if len(view):
+            all_rows, screening = self._screen(round_id, view, state.global_params)
+            keep = ScreenedUpdates(view, screening, state.global_params)
+            rows = keep.rows
+            screened = {r["device_id"]: f"{v.action}: {v.reason}"
+                        for r, v in zip(all_rows, screening.verdicts, strict=True) if v.action != "keep"}
+        n = len(rows)
+        if n == 0:
+            new_state = ServerState(round_id=state.round_id + 1,
+                                    global_params=state.global_params, tensors=state.tensors,
+                                    scalars=state.scalars, clients=state.clients)
+        else:
+            # C = |A| / M: the share of the registry whose update is aggregated.
+            rate = min(1.0, n / max(1, len(self.registry())))
+            new_state = self.strategy.aggregate(state, keep, rate)
+        self.store.close_round(round_id, new_state)
         t_aggregated = time.monotonic()
         self.store.prune_update_files(round_id - self.cfg.keep_update_rounds + 1)
         reported = {r["device_id"]: {"sigma_m_sq": r["sigma_m_sq"], "local_steps": r["local_steps"],
-                                     "num_samples": r["num_samples"]} for r in view.rows}
+                                     "num_samples": r["num_samples"]} for r in rows}
         report = RoundReport(round_id, sampled, reported, float(new_state.scalars.get("sigma0_sq", 0.0)),
                              time.monotonic() - t0, closed_by,
                              {"open": t_open - t0, "collect": t_closed - t_open,
-                              "aggregate": t_aggregated - t_closed})
+                              "aggregate": t_aggregated - t_closed}, declined, screened)
         self.reports.append(report)
-        missing = [d for d in sampled if d not in reported]
+        missing = [d for d in sampled if d not in reported and d not in declined and d not in screened]
         details = ", ".join(f"{d}: {int(v['local_steps'])} steps, sigma_m^2={v['sigma_m_sq']:.4g}"
                             for d, v in sorted(reported.items()))
         self.progress(f"round {round_id}/{self.cfg.rounds}: closed by {closed_by} with {n}/"
                       f"{len(sampled)} updates in {report.wall_s:.2f} s; sigma0^2="
                       f"{report.sigma0_sq:.4g}; {details}"
+                      + (f"; declined: {', '.join(sorted(declined))}" if declined else "")
+                      + (f"; screened: {screened}" if screened else "")
                       + (f"; no answer from {', '.join(missing)}" if missing else "")
                       + (f"; rejected so far {dict(self.rejections)}" if self.rejections else ""))
         return new_state
+
+    def _reopen_interrupted_round(self, state: ServerState) -> None:
+        """Reopen the round a killed server left open BEFORE subscribing: the broker hands
+        over the updates queued in the server's session as soon as it connects, and they
+        must find their round open (else they are refused as stale and the devices drop
+        them)."""
+        rid = state.round_id + 1
+        rec = self.store.round(rid)
+        if rec is None or rec.status != "open" or rid > self.cfg.rounds:
+            return
+        deadline = time.time() + self.cfg.round_timeout
+        self.store.extend_deadline(rid, deadline)
+        with self._lock:
+            self._open = (rid, set(rec.sampled), deadline)
 
     def run(self) -> ServerState:
         state = self.store.load_server_state()
@@ -365,11 +531,14 @@ class AggregationServer:
         elif state.global_params.numel() != self.numel:
             raise ConfigError(f"state in {self.cfg.state_dir} holds a model of "
                               f"{state.global_params.numel()} parameters, not {self.numel}")
+        self._reopen_interrupted_round(state)
         self.link = MqttLink(self.cfg.broker_url, f"wakefl-server-{self.cfg.fleet}",
                              max_payload=self.cfg.max_bytes)
         self.link.on_connect_hooks.append(self._on_connect)
         self.link.subscribe(topics.hello_filter(self.cfg.fleet), self._on_hello)
         self.link.subscribe(topics.uplink_filter(self.cfg.fleet), self._on_uplink)
+        # QoS 0: a counter the broker republishes every sys_interval (10 s by default).
+        self.link.subscribe(BROKER_DROPPED_TOPIC, self._on_broker_dropped, qos=0)
         self.link.connect()
         try:
             self.progress(f"server for fleet '{self.cfg.fleet}' (run {self.run_id}) at "
@@ -390,3 +559,31 @@ class AggregationServer:
         finally:
             self.link.close()
             self.store.close()
+
+
+class ScreenedUpdates:
+    """A round's recorded updates after screening, as the strategy's lazy update view:
+    refused updates left out, clipped ones scaled back towards the global model, every
+    sigma_m^2 raised to the round's floor. Re-iterable, one update in memory at a time."""
+
+    def __init__(self, view: UpdateView, screening: Screening, global_params: Tensor) -> None:
+        self._view = view
+        self._global = global_params
+        pairs = list(zip(view.rows, screening.verdicts, strict=True))
+        self._verdicts = {r["device_id"]: v for r, v in pairs}
+        self.rows = [r for r, v in pairs if v.action != "refuse"]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self):
+        for res in self._view:
+            v = self._verdicts[res.client_id]
+            if v.action == "refuse":
+                continue
+            scalars = dict(res.scalars)
+            scalars["sigma_sq"] = v.sigma_sq
+            yield ClientResult(client_id=res.client_id, round_id=res.round_id,
+                               params=apply_scale(res.params, self._global, v.scale),
+                               num_samples=res.num_samples, scalars=scalars, tensors=res.tensors,
+                               group=res.group)

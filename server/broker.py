@@ -111,6 +111,12 @@ class ManagedBroker:
         user = "user root\n" if pw is not None and not reachable_by(self.state_dir, pw) else ""
         listener = self.listener_conf or (
             f"listener {self.port} 127.0.0.1\nallow_anonymous true\n")
+        # With passwords on, a client id is its username: otherwise one stolen device
+        # password could connect with the server's (or another device's) client id and the
+        # broker would hand it that session, disconnecting the real client. Anonymous
+        # clients have no username to bind (docs/PROTOCOL.md: what anonymous mode guarantees).
+        auth = "password_file" in listener + self.extra_conf
+        bind_id = "use_username_as_clientid true\n" if auth else ""
         conf = (
             "# written by wakefl.server.broker\n"
             "per_listener_settings false\n"
@@ -124,7 +130,9 @@ class ManagedBroker:
             "max_inflight_messages 20\n"
             "persistent_client_expiration 7d\n"
             "log_dest stderr\n"
-            "log_type error\nlog_type warning\n"
+            # notice: "Outgoing messages are being dropped for client X" (queue overflow)
+            "log_type error\nlog_type warning\nlog_type notice\n"
+            f"{bind_id}"
             f"{listener}{self.extra_conf}\n"
         )
         self.conf_path.write_text(conf)

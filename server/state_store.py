@@ -14,6 +14,7 @@ file, so SIGKILL at any point leaves either the old or the new state, never a mi
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sqlite3
@@ -55,6 +56,9 @@ CREATE TABLE IF NOT EXISTS updates (
 CREATE TABLE IF NOT EXISTS rejections (reason TEXT PRIMARY KEY, count INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS rejection_log (
     at REAL NOT NULL, reason TEXT NOT NULL, device_id TEXT, round_id INTEGER, detail TEXT);
+CREATE TABLE IF NOT EXISTS declines (
+    round_id INTEGER NOT NULL, device_id TEXT NOT NULL, reason TEXT NOT NULL, at REAL NOT NULL,
+    PRIMARY KEY (round_id, device_id));
 """
 
 
@@ -182,6 +186,21 @@ class StateStore:
         with self._lock:
             self._db.close()
 
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction. On any error it is rolled back before the error goes on:
+        a transaction left open would make every later BEGIN fail ("cannot start a
+        transaction within a transaction"), i.e. one bad insert would stop all recording."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+                self._db.execute("COMMIT")
+            except BaseException:
+                if self._db.in_transaction:  # a failed COMMIT (disk full) leaves it open too
+                    self._db.rollback()
+                raise
+
     # ------------------------------------------------------------------ meta
     def get_meta(self, key: str, default: Any = None) -> Any:
         with self._lock:
@@ -189,11 +208,9 @@ class StateStore:
         return default if row is None else json.loads(row[0])
 
     def set_meta(self, **values: Any) -> None:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
+        with self._tx() as db:
             for k, v in values.items():
-                self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (k, json.dumps(v)))
-            self._db.execute("COMMIT")
+                db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (k, json.dumps(v)))
 
     def run_id(self) -> str:
         rid = self.get_meta("run_id")
@@ -216,16 +233,14 @@ class StateStore:
 
     # ------------------------------------------------------------------ rounds
     def open_round(self, round_id: int, sampled: list[str], deadline: float) -> None:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            self._db.execute(
+        with self._tx() as db:
+            db.execute(
                 "INSERT OR REPLACE INTO rounds (round_id, status, sampled, deadline, opened_at)"
                 " VALUES (?, 'open', ?, ?, ?)", (round_id, json.dumps(sampled), deadline, time.time()))
-            self._db.execute("COMMIT")
 
     def extend_deadline(self, round_id: int, deadline: float) -> None:
-        with self._lock:
-            self._db.execute("UPDATE rounds SET deadline=? WHERE round_id=?", (deadline, round_id))
+        with self._tx() as db:
+            db.execute("UPDATE rounds SET deadline=? WHERE round_id=?", (deadline, round_id))
 
     def round(self, round_id: int) -> RoundRecord | None:
         with self._lock:
@@ -239,13 +254,11 @@ class StateStore:
         """Persist the state after `round_id` (file first), then mark the round closed."""
         name = f"state_r{new_state.round_id:06d}.st"
         write_atomic(self.root / "models" / name, server_state_to_bytes(new_state))
-        with self._lock:
-            n = self._db.execute("SELECT COUNT(*) FROM updates WHERE round_id=?", (round_id,)).fetchone()[0]
-            self._db.execute("BEGIN IMMEDIATE")
-            self._db.execute("UPDATE rounds SET status='closed', closed_at=?, accepted=?, state_file=?"
-                             " WHERE round_id=?", (time.time(), n, name, round_id))
-            self._db.execute("INSERT OR REPLACE INTO meta VALUES ('state_file', ?)", (json.dumps(name),))
-            self._db.execute("COMMIT")
+        with self._tx() as db:
+            n = db.execute("SELECT COUNT(*) FROM updates WHERE round_id=?", (round_id,)).fetchone()[0]
+            db.execute("UPDATE rounds SET status='closed', closed_at=?, accepted=?, state_file=?"
+                       " WHERE round_id=?", (time.time(), n, name, round_id))
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('state_file', ?)", (json.dumps(name),))
         # Keep the previous state file as a fallback; older ones are no longer referenced.
         for old in (self.root / "models").glob("state_r*.st"):
             if old.name < f"state_r{new_state.round_id - 1:06d}.st":
@@ -253,9 +266,9 @@ class StateStore:
 
     # ------------------------------------------------------------------ devices
     def register_device(self, device_id: str, device_type: str, source: str) -> None:
-        with self._lock:
-            self._db.execute("INSERT OR IGNORE INTO devices (device_id, device_type, source)"
-                             " VALUES (?, ?, ?)", (device_id, device_type, source))
+        with self._tx() as db:
+            db.execute("INSERT OR IGNORE INTO devices (device_id, device_type, source)"
+                       " VALUES (?, ?, ?)", (device_id, device_type, source))
 
     def devices(self) -> dict[str, str]:
         with self._lock:
@@ -263,9 +276,9 @@ class StateStore:
         return {r[0]: r[1] for r in rows}
 
     def set_online(self, device_id: str, online: bool) -> None:
-        with self._lock:
-            self._db.execute("UPDATE devices SET online=?, last_seen=? WHERE device_id=?",
-                             (int(online), time.time(), device_id))
+        with self._tx() as db:
+            db.execute("UPDATE devices SET online=?, last_seen=? WHERE device_id=?",
+                       (int(online), time.time(), device_id))
 
     def online_devices(self) -> list[str]:
         with self._lock:
@@ -285,22 +298,40 @@ class StateStore:
             if self.has_update(msg.round_id, msg.device_id):
                 return False
             write_atomic(self.root / rel, payload)
-            self._db.execute("BEGIN IMMEDIATE")
-            self._db.execute(
-                "INSERT INTO updates VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (msg.round_id, msg.device_id, msg.device_type, rel, len(payload), msg.sigma_m_sq,
-                 msg.num_samples, msg.local_steps, time.time()))
-            self._db.execute(
-                "INSERT INTO clients (device_id, sigma_m_sq, num_samples, local_steps,"
-                " rounds_reported, last_round, relative_fa, relative_fr) VALUES (?,?,?,?,1,?,?,?)"
-                " ON CONFLICT(device_id) DO UPDATE SET sigma_m_sq=excluded.sigma_m_sq,"
-                " num_samples=excluded.num_samples, local_steps=excluded.local_steps,"
-                " rounds_reported=rounds_reported+1, last_round=excluded.last_round,"
-                " relative_fa=excluded.relative_fa, relative_fr=excluded.relative_fr",
-                (msg.device_id, msg.sigma_m_sq, msg.num_samples, msg.local_steps, msg.round_id,
-                 msg.relative_fa, msg.relative_fr))
-            self._db.execute("COMMIT")
+            # A file without its row is never read (rows name the files); the next accepted
+            # send of this update overwrites it.
+            with self._tx() as db:
+                self._insert_update(db, msg, rel, len(payload))
         return True
+
+    @staticmethod
+    def _insert_update(db: sqlite3.Connection, msg: Uplink, rel: str, nbytes: int) -> None:
+        db.execute(
+            "INSERT INTO updates VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (msg.round_id, msg.device_id, msg.device_type, rel, nbytes, msg.sigma_m_sq,
+             msg.num_samples, msg.local_steps, time.time()))
+        db.execute(
+            "INSERT INTO clients (device_id, sigma_m_sq, num_samples, local_steps,"
+            " rounds_reported, last_round, relative_fa, relative_fr) VALUES (?,?,?,?,1,?,?,?)"
+            " ON CONFLICT(device_id) DO UPDATE SET sigma_m_sq=excluded.sigma_m_sq,"
+            " num_samples=excluded.num_samples, local_steps=excluded.local_steps,"
+            " rounds_reported=rounds_reported+1, last_round=excluded.last_round,"
+            " relative_fa=excluded.relative_fa, relative_fr=excluded.relative_fr",
+            (msg.device_id, msg.sigma_m_sq, msg.num_samples, msg.local_steps, msg.round_id,
+             msg.relative_fa, msg.relative_fr))
+
+    def record_decline(self, round_id: int, device_id: str, reason: str) -> bool:
+        """A sampled device said it cannot train this round; False when already on record."""
+        with self._tx() as db:
+            cur = db.execute("INSERT OR IGNORE INTO declines VALUES (?, ?, ?, ?)",
+                             (round_id, device_id, reason[:500], time.time()))
+            return cur.rowcount == 1
+
+    def declines(self, round_id: int) -> dict[str, str]:
+        with self._lock:
+            rows = self._db.execute("SELECT device_id, reason FROM declines WHERE round_id=?",
+                                    (round_id,)).fetchall()
+        return {r[0]: r[1] for r in rows}
 
     def update_rows(self, round_id: int) -> list[dict[str, Any]]:
         with self._lock:
@@ -328,15 +359,13 @@ class StateStore:
     # ------------------------------------------------------------------ rejections
     def count_rejection(self, reason: str, device_id: str | None, round_id: int | None,
                         detail: str) -> None:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            self._db.execute("INSERT INTO rejections VALUES (?, 1) ON CONFLICT(reason)"
-                             " DO UPDATE SET count=count+1", (reason,))
-            self._db.execute("INSERT INTO rejection_log VALUES (?, ?, ?, ?, ?)",
-                             (time.time(), reason, device_id, round_id, detail[:500]))
+        with self._tx() as db:
+            db.execute("INSERT INTO rejections VALUES (?, 1) ON CONFLICT(reason)"
+                       " DO UPDATE SET count=count+1", (reason,))
+            db.execute("INSERT INTO rejection_log VALUES (?, ?, ?, ?, ?)",
+                       (time.time(), reason, device_id, round_id, detail[:500]))
             if device_id is not None:
-                self._db.execute("UPDATE clients SET rejected=rejected+1 WHERE device_id=?", (device_id,))
-            self._db.execute("COMMIT")
+                db.execute("UPDATE clients SET rejected=rejected+1 WHERE device_id=?", (device_id,))
 
     def rejection_counts(self) -> dict[str, int]:
         with self._lock:

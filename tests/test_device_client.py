@@ -56,6 +56,8 @@ class FakeServer:
     def __init__(self, url: str, fleet: str) -> None:
         self.fleet = fleet
         self.uplinks: queue.Queue[messages.Uplink] = queue.Queue()
+        self.declines: queue.Queue[messages.Decline] = queue.Queue()
+        self.last_id: dict[str, str] = {}  # device -> message_id of its latest uplink
         self.hellos: queue.Queue[messages.Hello] = queue.Queue()
         self.link = MqttLink(url, f"server-{fleet}", clean_start=True).connect()
         self.link.subscribe(topics.uplink_filter(fleet), self._up)
@@ -63,7 +65,9 @@ class FakeServer:
         self.initial = get_flat_params(KwsCnn(CFG))
 
     def _up(self, topic, payload):
-        self.uplinks.put(messages.decode_as(payload, messages.Uplink))
+        msg = messages.decode(payload)
+        self.last_id[msg.device_id] = messages.message_id(payload)
+        (self.declines if isinstance(msg, messages.Decline) else self.uplinks).put(msg)
 
     def _hello(self, topic, payload):
         self.hellos.put(messages.decode_as(payload, messages.Hello))
@@ -79,10 +83,13 @@ class FakeServer:
             deadline=time.time() + deadline_s, final=final)
         self.link.publish(topics.downlink(self.fleet), messages.encode(msg), retain=True)
 
-    def ack(self, device: str, round_id: int, accepted: bool = True, reason: str = "") -> None:
+    def ack(self, device: str, round_id: int, accepted: bool = True, reason: str = "",
+            answers: str | None = None) -> None:
+        """Ack the device's latest uplink (or the message id `answers`)."""
+        answers = self.last_id.get(device, "") if answers is None else answers
         self.link.publish(topics.ack(self.fleet, device), messages.encode(
             messages.Ack(fleet=self.fleet, device_id=device, round_id=round_id,
-                         accepted=accepted, reason=reason)))
+                         accepted=accepted, reason=reason, answers=answers)))
 
     def next_uplink(self, timeout: float = 30.0) -> messages.Uplink:
         return self.uplinks.get(timeout=timeout)
@@ -245,6 +252,13 @@ def test_diverging_training_is_refused_and_the_state_kept(tmp_path, broker):
         assert state.participations == 1 and state.pending is None
         assert torch.equal(state.personal_params, first.params)
         assert bool(torch.isfinite(state.client.tensors["rv_mean"]).all())
+        # the server is told it need not wait for this device's update
+        decline = server.declines.get(timeout=10)
+        assert (decline.device_id, decline.round_id, decline.run_id) == ("dev1", 2, "run1")
+        assert "training refused" in decline.reason
+        server.downlink(2, ["dev1"], args={**ARGS, "lr": 1e38})  # redelivered: no second decline
+        with pytest.raises(queue.Empty):
+            server.declines.get(timeout=2)
         server.downlink(2, [], final=True)
         th.join(20)
         assert out["summary"].finished
@@ -253,6 +267,66 @@ def test_diverging_training_is_refused_and_the_state_kept(tmp_path, broker):
         client.stop()
         th.join(10)
         client.close()
+        server.close()
+
+
+def test_acks_for_other_messages_are_ignored(tmp_path, broker):
+    """Garbage (or a forged update) on up/D draws a refusal ack for D's round: D must not
+    drop its own valid update on it, only on an ack that answers its own bytes."""
+    server = FakeServer(broker.url, "f6")
+    client = _client(tmp_path, broker, "f6", max_sends=3)
+    th, out = _start(client)
+    try:
+        server.downlink(1, ["dev1"])
+        up = server.next_uplink()
+        mine = server.last_id["dev1"]
+        server.ack("dev1", 1, accepted=False, reason="malformed",
+                   answers=messages.message_id(b"garbage"))
+        server.ack("dev1", 1, accepted=False, reason="stale_round", answers="")
+        again = server.next_uplink(timeout=10)  # still pending: re-sent after the ack timeout
+        assert torch.equal(again.params, up.params) and server.last_id["dev1"] == mine
+        assert DeviceStateStore(tmp_path / "dev1").load().pending is not None
+        server.ack("dev1", 1, answers=mine)
+        assert _wait(lambda: DeviceStateStore(tmp_path / "dev1").load().last_acked_round == 1)
+        server.downlink(1, [], final=True)
+        th.join(20)
+        assert out["summary"].updates_accepted == 1
+    finally:
+        client.stop()
+        th.join(10)
+        client.close()
+        server.close()
+
+
+def test_restart_resends_at_once_and_counts_attempts(tmp_path, broker):
+    """A restarted device re-sends its unacknowledged update without waiting for a
+    downlink (here the broker holds none), and the sends are counted across restarts."""
+    server = FakeServer(broker.url, "f7")
+    first = _client(tmp_path, broker, "f7", max_sends=2)
+    th, out = _start(first)
+    try:
+        server.downlink(1, ["dev1"])
+        up = server.next_uplink()
+        server.next_uplink(timeout=10)
+        assert _wait(lambda: DeviceStateStore(tmp_path / "dev1").load().pending.attempts == 2)
+        first.stop()
+        th.join(20)
+        first.close()
+        server.link.publish(topics.downlink("f7"), b"", retain=True)  # no retained downlink
+        second = _client(tmp_path, broker, "f7", max_sends=4)
+        th2, out2 = _start(second)
+        again = server.next_uplink(timeout=15)
+        assert again.round_id == 1 and torch.equal(again.params, up.params)
+        assert _wait(lambda: DeviceStateStore(tmp_path / "dev1").load().pending.attempts >= 3)
+        server.ack("dev1", 1)
+        assert _wait(lambda: DeviceStateStore(tmp_path / "dev1").load().pending is None)
+        assert DeviceStateStore(tmp_path / "dev1").load().participations == 1
+        second.stop()
+        th2.join(20)
+        assert out2["summary"].updates_accepted == 1
+        second.close()
+    finally:
+        first.stop()
         server.close()
 
 

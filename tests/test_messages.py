@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import pickle
@@ -105,12 +106,12 @@ def test_oversized_rejected_on_receipt_and_before_publish():
 
 
 def test_wrong_protocol_version_rejected():
-    assert _reason(M.encode(_uplink(version=2))) == "version"
+    assert _reason(M.encode(_uplink(version=M.PROTOCOL_VERSION + 1))) == "version"
 
 
 def test_wrong_shape_and_dtype_rejected():
     assert _reason(M.encode(_uplink(d=999)), expected_numel=1000) == "shape"
-    meta = json.loads(json.dumps({"v": 1, "kind": "up", "fleet": "f1", "run_id": "r", "device_id": "a",
+    meta = json.loads(json.dumps({"v": M.PROTOCOL_VERSION, "kind": "up", "fleet": "f1", "run_id": "r", "device_id": "a",
                                   "device_type": "t", "round_id": 1, "sigma_m_sq": 0.1,
                                   "num_samples": 1, "local_steps": 1}))
     two_d = _frame_from_body(_body(meta, {"params": torch.zeros(10, 100)}))
@@ -122,7 +123,7 @@ def test_wrong_shape_and_dtype_rejected():
 
 
 def test_non_finite_tensor_and_scalar_rejected():
-    meta = {"v": 1, "kind": "up", "fleet": "f1", "run_id": "r", "device_id": "a",
+    meta = {"v": M.PROTOCOL_VERSION, "kind": "up", "fleet": "f1", "run_id": "r", "device_id": "a",
             "device_type": "t", "round_id": 1, "sigma_m_sq": 0.1, "num_samples": 1,
             "local_steps": 1}
     bad = torch.zeros(100)
@@ -151,7 +152,7 @@ def test_pickle_and_torch_save_content_rejected_without_loading():
 
 
 def test_missing_field_and_wrong_kind():
-    meta = {"v": 1, "kind": "up", "fleet": "f1", "run_id": "r", "device_id": "a"}
+    meta = {"v": M.PROTOCOL_VERSION, "kind": "up", "fleet": "f1", "run_id": "r", "device_id": "a"}
     assert _reason(_frame_from_body(_body(meta, {"params": torch.zeros(4)}))) == "malformed"
     ack = M.encode(M.Ack("f1", "a", 1, True))
     with pytest.raises(M.MessageRejected) as info:
@@ -180,3 +181,74 @@ def test_topics_layout_and_names():
     for bad in ("a/b", "+", "#", "", "a b"):
         with pytest.raises(ProtocolError):
             topics.uplink("f1", bad)
+
+
+def _raw_uplink_meta(**fields) -> bytes:
+    """A frame whose JSON fields are written by hand (values json.dumps would emit)."""
+    meta = {"v": M.PROTOCOL_VERSION, "kind": "up", "fleet": "f1", "run_id": "r", "device_id": "a",
+            "device_type": "t", "round_id": 1, "sigma_m_sq": 0.1, "num_samples": 1,
+            "local_steps": 1}
+    meta.update(fields)
+    return _frame_from_body(_body(meta, {"params": torch.zeros(8)}))
+
+
+def _raw_meta_text(text: str) -> bytes:
+    """A frame whose wakefl metadata is the JSON text given, byte for byte."""
+    return _frame_from_body(st_save({"params": torch.zeros(8)}, metadata={"wakefl": text}))
+
+
+@pytest.mark.parametrize("field,value", [
+    ("num_samples", 2**63), ("num_samples", 10**9 + 1), ("num_samples", -1),
+    ("local_steps", 2**64), ("round_id", 2**31), ("round_id", 0),
+    ("sigma_m_sq", 1e31), ("sigma_m_sq", -0.5), ("sigma_m_sq", 10**400),
+    ("relative_fa", 1e7), ("relative_fr", -1.0), ("scalars", {"x": 1e300}),
+    ("scalars", {f"k{i}": 0.0 for i in range(300)}),
+])
+def test_absurd_scalar_fields_are_out_of_range(field, value):
+    assert _reason(_raw_uplink_meta(**{field: value})) == "out_of_range"
+
+
+def test_in_range_extremes_are_accepted():
+    up = M.decode(_raw_uplink_meta(num_samples=M.MAX_NUM_SAMPLES, local_steps=M.MAX_LOCAL_STEPS,
+                                   round_id=M.MAX_ROUND_ID, sigma_m_sq=0.0, relative_fa=0.0))
+    assert (up.num_samples, up.local_steps, up.round_id) == (10**9, 10**7, 2**31 - 1)
+
+
+def test_crafted_json_is_refused_not_raised():
+    base = (f'{{"v":{M.PROTOCOL_VERSION},"kind":"up","fleet":"f1","run_id":"r","device_id":"a",'
+            '"device_type":"t","round_id":1,"sigma_m_sq":0.1,"local_steps":1,')
+    cases = {
+        "nested": base + '"num_samples":1,"scalars":' + "[" * 100000 + "]" * 100000 + "}",
+        "digits": base + '"num_samples":' + "9" * 5000 + "}",
+        "float_overflow": base + '"num_samples":1,"relative_fa":1e309}',
+        "int_over_float": base + '"num_samples":1,"relative_fa":' + "1" + "0" * 309 + "}",
+    }
+    for name, text in cases.items():
+        reason = _reason(_raw_meta_text(text))
+        assert reason in ("malformed", "out_of_range", "non_finite"), (name, reason)
+    # a safetensors header (outside the wakefl metadata) nested deeply
+    raw = b"[" * 50000 + b"]" * 50000
+    assert _reason(_frame_from_body(len(raw).to_bytes(8, "little") + raw)) == "malformed"
+    # every byte string decodes or is refused with a reason, never another exception
+    g = torch.Generator().manual_seed(1)
+    good = M.encode(_uplink(d=16))
+    for _ in range(300):
+        b = bytearray(good)
+        i = int(torch.randint(36, len(b), (1,), generator=g))
+        b[i] = int(torch.randint(0, 256, (1,), generator=g))
+        body = bytes(b[36:])
+        with contextlib.suppress(M.MessageRejected):  # anything else fails the test
+            M.decode(_frame_from_body(body))
+
+
+def test_ack_names_the_message_it_answers_and_decline_round_trips():
+    payload = M.encode(_uplink(d=16))
+    mid = M.message_id(payload)
+    assert len(mid) == M.MESSAGE_ID_LEN and mid == M.message_id(bytes(payload))
+    ack = M.decode(M.encode(M.Ack("f1", "dev-a", 3, False, "stale_round", answers=mid)))
+    assert ack.answers == mid and ack.reason == "stale_round"
+    assert M.message_id(b"garbage") != mid
+    dec = M.decode(M.encode(M.Decline("f1", "run1", "dev-a", 3, "training diverged")))
+    assert isinstance(dec, M.Decline) and (dec.round_id, dec.reason) == (3, "training diverged")
+    long_reason = M.decode(M.encode(M.Decline("f1", "run1", "dev-a", 3, "x" * 1000)))
+    assert len(long_reason.reason) == M.MAX_REASON_LEN

@@ -122,6 +122,9 @@ def provision(state: str | Path, device_id: str, device_type: str, *, fleet: str
             "broker": f"mqtts://{SERVER_USER}:{pw}@{host}:{port}?ca={state / 'ca.crt'}"})
     password = secrets.token_urlsafe(24)
     _run(["mosquitto_passwd", "-b", str(passwd), device_id, password])
+    # mosquitto_passwd leaves the file world-readable (0644): salted hashes, but still
+    # material for an offline guessing attack on every device's password.
+    os.chmod(passwd, 0o600)
     registry["devices"][device_id] = device_type
     fleet_file.write_text(json.dumps(registry, indent=2) + "\n")
     (state / "acl").write_text(render_acl(fleet, registry["devices"]))
