@@ -1,6 +1,6 @@
-"""Server-side Self-FL aggregation (SELF_FL.md section 4): Eqn 11, smoothing with the
-activity rate, and the cluster-level variant (Appendix G.4). Pure functions, O(d) memory
-for the streaming forms."""
+"""Server-side Self-FL aggregation (docs/SELF_FL.md, "The server's round" and "Cluster-level
+aggregation"): Eqn 11, smoothing with the activity rate, and the cluster-level variant
+(Appendix G.4). Pure functions, O(d) memory for the streaming forms."""
 
 from __future__ import annotations
 

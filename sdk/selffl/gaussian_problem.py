@@ -1,4 +1,5 @@
-"""The two-level Gaussian model's local objective as a `LocalProblem` (SELF_FL.md section 1).
+"""The two-level Gaussian model's local objective as a `LocalProblem` (docs/SELF_FL.md, "The
+model behind the rules" and "The local objective").
 
 Client m's loss is (theta - z_m)^2 / (2 sigma_m^2) summed over the parameter entries, with
 z_m its local optimum and sigma_m^2 its intra-client variance. The exact gradient is

@@ -1,4 +1,5 @@
-"""Self-FL's client-side rules as small pure functions (SELF_FL.md sections 2 and 4).
+"""Self-FL's client-side rules as small pure functions (docs/SELF_FL.md, "The client's
+round" and "The server's round").
 
 Each edge case the paper leaves open is decided here and stated in the docstring:
 no variance yet, a client so certain that Eqn 16's logarithm is undefined, no other

@@ -37,7 +37,8 @@ def _check_vector(x: Tensor, what: str) -> Tensor:
 class RunningVariance:
     """Trace variance of the vectors seen so far, updated one vector at a time.
 
-    Recursion (SELF_FL.md section 3, the corrected Eqn 19, equal to Welford's update):
+    Recursion (docs/SELF_FL.md, "Memory-bounded recursive variance": the corrected
+    Eqn 19, equal to Welford's update):
         mean_t = mean_{t-1} + (x_t - mean_{t-1}) / t
         var_t  = (t-1)/t * var_{t-1} + (t-1)/t * ||mean_t - mean_{t-1}||^2 + ||x_t - mean_t||^2 / t
 

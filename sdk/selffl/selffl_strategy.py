@@ -1,5 +1,5 @@
 """Self-FL as a `Strategy`: Algorithm 1 (early-stopped personal models) and Algorithm 2
-(also the locally converged models), SELF_FL.md sections 2-4.
+(also the locally converged models), as docs/SELF_FL.md describes them.
 
 Client state (persisted on the device between the rounds it takes part in):
     tensors["personal"]   theta_m, the personal model (Algorithm 1 and 2)

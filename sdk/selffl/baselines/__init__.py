@@ -1,4 +1,4 @@
-"""Baseline personalization methods on the `Strategy` interface (SELF_FL.md section 6).
+"""Baseline personalization methods on the `Strategy` interface (docs/SELF_FL.md, "Baselines").
 
 `BASELINES` maps a method name to a constructor taking that method's keyword
 hyperparameters (documented on each class and in README.md)."""
