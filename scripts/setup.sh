@@ -6,7 +6,9 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
 # --- Debian packages: the real MQTT broker and the speech synthesisers for the corpus.
-apt_pkgs=(mosquitto mosquitto-clients espeak-ng flite libsndfile1 openssl)
+# festival and its voices are speech engines of the pretraining corpus (tools/CORPUS.md).
+apt_pkgs=(mosquitto mosquitto-clients espeak-ng flite festival festvox-kallpc16k festvox-kdlpc16k
+          festvox-us-slt-hts libsndfile1 openssl)
 missing=()
 for p in "${apt_pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -6,6 +6,8 @@ import argparse
 import time
 from collections import Counter
 
+from wakefl.tools.corpus_plan import PROFILES
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("corpus", help="build a synthetic corpus or import recordings")
@@ -14,7 +16,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     b = sub.add_parser("build", help="synthesize the five-device-type wake-word corpus")
     b.add_argument("--out", required=True, help="output folder (new, empty, or a previous corpus)")
     b.add_argument("--seed", type=int, default=0, help="same seed and profile give identical files")
-    b.add_argument("--profile", choices=("tiny", "small", "full"), default="tiny")
+    b.add_argument("--profile", choices=tuple(PROFILES), default="tiny",
+                   help="corpus size and recipe; 'pretrain' is the pretraining corpus (see tools/CORPUS.md)")
     b.add_argument("--phrase", default="hey nova", help="the wake phrase (default: hey nova)")
     b.add_argument("--tts-cache", default=None, help="speech cache folder (default $WAKEFL_TTS_CACHE, else $WAKEFL_CACHE/tts, else ~/.cache/wakefl/tts)")
     b.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -26,12 +26,44 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     src.add_argument("--weights", type=Path, default=None, help="a .safetensors checkpoint")
     src.add_argument("--width", type=float, default=None,
                      help="export a freshly initialised model of this width (default 1.0)")
+    src.add_argument("--pretrained", choices=("full", "small"), default=None,
+                     help="export a shipped pretrained model")
     exp.add_argument("--seed", type=int, default=0, help="initialisation seed without --weights")
     exp.add_argument("--int8", action="store_true", help="static int8 (QDQ) quantization")
     exp.add_argument("--calibration", type=Path, nargs="+", default=None, metavar="WAV",
                      help="WAV files whose windows calibrate int8 (default: synthetic audio)")
     exp.add_argument("--json", action="store_true", help="print JSON")
     exp.set_defaults(func=_export)
+
+    pre = sub.add_parser("pretrain", help="train the wake-word model on the pretraining corpus")
+    pre.add_argument("--out", type=Path, required=True, help="run folder (checkpoints, best model)")
+    pre.add_argument("--width", type=float, default=1.0, help="width multiplier (0.25 = small)")
+    pre.add_argument("--phrase", default="hey nova", help="the wake phrase (synthetic speech)")
+    pre.add_argument("--corpus", type=Path, default=None, metavar="MANIFEST",
+                     help="a corpus manifest with train/val clips and streams "
+                          "(default: build or reuse the 'pretrain' corpus for --phrase)")
+    pre.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    pre.add_argument("--resume", action="store_true", help="continue the run in --out")
+    pre.add_argument("--init-from", type=Path, default=None, metavar="WEIGHTS",
+                     help="start from these weights (e.g. a shipped model) instead of random")
+    pre.add_argument("--samples", type=int, default=400_000,
+                     help="training samples in the whole run; sets the learning-rate schedule")
+    pre.add_argument("--batch-size", type=int, default=32)
+    pre.add_argument("--lr", type=float, default=2e-3)
+    pre.add_argument("--seed", type=int, default=0)
+    pre.add_argument("--threads", type=int, default=2, help="torch threads for training")
+    pre.add_argument("--eval-every", type=int, default=500, metavar="STEPS")
+    pre.add_argument("--checkpoint-minutes", type=float, default=5.0)
+    pre.add_argument("--max-minutes", type=float, default=None,
+                     help="stop (with a checkpoint) after this long; --resume continues")
+    pre.add_argument("--quiet", action="store_true", help="no progress bar")
+    pre.set_defaults(func=_pretrain)
+
+    pub = sub.add_parser("publish", help="ship a pretraining run's best model (fp16) as "
+                         "models/kws_cnn/pretrained/NAME")
+    pub.add_argument("--run", type=Path, required=True, help="a `wakefl model pretrain` --out folder")
+    pub.add_argument("--name", choices=("full", "small"), required=True)
+    pub.set_defaults(func=_publish)
 
 
 def _build(args: argparse.Namespace):
@@ -40,6 +72,10 @@ def _build(args: argparse.Namespace):
     from wakefl.models.kws_cnn import KwsCnn, ModelConfig, load_model
 
     torch.set_num_threads(1)
+    if getattr(args, "pretrained", None) is not None:
+        from wakefl.models.kws_cnn.pretrained import load_pretrained
+
+        return load_pretrained(args.pretrained)
     if args.weights is not None:
         return load_model(args.weights)
     torch.manual_seed(getattr(args, "seed", 0))
@@ -115,4 +151,45 @@ def _export(args: argparse.Namespace) -> int:
               "sample_rate": model.cfg.sample_rate}
     print(json.dumps(result) if args.json else
           f"wrote {out} ({result['precision']}, {result['bytes'] / 1e6:.2f} MB)")
+    return 0
+
+
+def _pretrain(args: argparse.Namespace) -> int:
+    from wakefl.cache_location import cache_root
+    from wakefl.tools.corpus_build import build_corpus
+    from wakefl.tools.pretrain import PretrainSettings, pretrain
+
+    if args.samples < args.batch_size:
+        raise ConfigError("--samples must be at least one batch")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda: no CUDA device is available here")
+    manifest = args.corpus
+    if manifest is None:
+        phrase = "-".join(args.phrase.lower().split())
+        folder = cache_root() / "corpus" / f"pretrain-{phrase}-seed{args.seed}"
+        manifest = folder / "manifest.csv"
+        if not manifest.exists() or not (folder / "corpus.json").exists():
+            build_corpus(folder, seed=args.seed, profile="pretrain", phrase=args.phrase,
+                         progress=not args.quiet)
+    settings = PretrainSettings(width=args.width, phrase=" ".join(args.phrase.lower().split()),
+                                seed=args.seed, batch_size=args.batch_size, samples=args.samples,
+                                lr=args.lr, threads=args.threads, device=args.device,
+                                eval_every_steps=args.eval_every,
+                                checkpoint_minutes=args.checkpoint_minutes)
+    info = pretrain(manifest, args.out, settings, resume=args.resume, init_from=args.init_from,
+                    max_minutes=args.max_minutes, progress=not args.quiet)
+    best = info.get("best") or {}
+    print(json.dumps({"out": str(args.out), "step": info["step"], "seconds": round(info["seconds"], 1),
+                      "best": best}))
+    return 0
+
+
+def _publish(args: argparse.Namespace) -> int:
+    from wakefl.tools.pretrain import publish
+
+    out = publish(args.run, args.name)
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB) with its config and card")
     return 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +28,7 @@ from wakefl.tools.corpus_plan import (
     Speaker,
     clip_recipes,
     make_speakers,
+    make_unseen_speakers,
     phrase_variants,
 )
 from wakefl.tools.device_acoustics import DEVICE_PROFILES, capture, reverberate, scale_to
@@ -35,6 +36,9 @@ from wakefl.tools.room_impulse import exponential_rir
 from wakefl.tools.speech_synthesis import Voice, synthesize_many
 
 _KIND_CLIP, _KIND_STREAM, _KIND_ROOM = 0, 1, 2
+# Added to the kinds above for the unseen-voices corpus, so its draws never repeat the main one's.
+_UNSEEN_KIND_OFFSET = 10
+UNSEEN_DIR = "unseen"
 _DEVICE_INDEX = {name: i for i, name in enumerate(DEVICE_PROFILES)}
 _MAX_PHRASE_S = 1.4  # the phrase must fit in the 1.5 s window with a margin
 _EDGE_S = 0.04
@@ -51,6 +55,7 @@ class _Context:
     speech: dict[tuple[Voice, str], np.ndarray]
     phrases: tuple[str, ...]
     rooms: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
+    kind_offset: int = 0
 
     def room(self, device: str, index: int) -> np.ndarray:
         key = (device, index)
@@ -108,8 +113,9 @@ def render_clip(ctx: _Context, recipe: ClipRecipe) -> tuple[np.ndarray, str]:
     """One 1.5 s clip as recorded by the recipe's device; returns (wave, speaker id)."""
     dev = DEVICE_PROFILES[recipe.device_type]
     rng = np.random.default_rng(
-        [ctx.seed, _DEVICE_INDEX[recipe.device_type], _KIND_CLIP, SPLITS.index(recipe.split), recipe.index]
-    )
+        [ctx.seed, _DEVICE_INDEX[recipe.device_type], _KIND_CLIP + ctx.kind_offset,
+         SPLITS.index(recipe.split), recipe.index]
+    )  # fmt: skip
     room = ctx.room(recipe.device_type, int(rng.integers(ctx.profile.rooms_per_device)))
     ref_db = rng.uniform(*_SPEECH_LEVEL_DB)
     field_ = scale_to(ambient_noise(rng, CLIP_SAMPLES, dev.ambient_exponent), ref_db + dev.noise_floor_db)
@@ -142,18 +148,20 @@ def _gate(rng: np.random.Generator, n: int, on_s: tuple[float, float], off_s: tu
     return np.convolve(gate, np.ones(ramp) / ramp, mode="same")
 
 
-def render_stream(ctx: _Context, device: str, index: int) -> tuple[np.ndarray, str]:
-    """A long negative recording: test-split speakers saying confusable phrases and other
+def render_stream(ctx: _Context, device: str, index: int, split: str = "test") -> tuple[np.ndarray, str]:
+    """A long negative recording: the split's speakers saying confusable phrases and other
     speech with pauses, over the state's background. Returns (wave, state)."""
     dev = DEVICE_PROFILES[device]
     d_idx = _DEVICE_INDEX[device]
-    rng = np.random.default_rng([ctx.seed, d_idx, _KIND_STREAM, index])
+    key = [ctx.seed, d_idx, _KIND_STREAM + ctx.kind_offset, index]
+    # Test streams keep the key they always had, so existing corpora do not change.
+    rng = np.random.default_rng(key if split == "test" else [*key, SPLITS.index(split) + 1])
     state = STATES[(index + d_idx) % len(STATES)]
     n = int(ctx.profile.stream_seconds * SAMPLE_RATE)
     room = ctx.room(device, int(rng.integers(ctx.profile.rooms_per_device)))
     ref_db = float(np.mean(_SPEECH_LEVEL_DB))
     dry = np.zeros(n)
-    pool = ctx.speakers["test"]
+    pool = ctx.speakers[split]
     t = int(rng.uniform(0.2, 2.0) * SAMPLE_RATE)
     while t < n:
         speaker = pool[int(rng.integers(len(pool)))]
@@ -188,11 +196,85 @@ def _prepare_out_dir(out: Path) -> None:
             raise ConfigError(
                 f"--out {out} is not empty and holds no wakefl corpus; choose an empty or new folder"
             )
-        for sub in ("clips", "streams"):
+        for sub in ("clips", "streams", UNSEEN_DIR):
             shutil.rmtree(out / sub, ignore_errors=True)
         for f in ("manifest.csv", "speakers.csv", _CORPUS_INFO):
             (out / f).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
+
+
+def _render_clips(ctx: _Context, recipes: list[ClipRecipe], out: Path, progress: bool,
+                  desc: str) -> list[ManifestRow]:
+    from tqdm import tqdm
+
+    rows: list[ManifestRow] = []
+    for r in tqdm(recipes, desc=desc, unit="clip", disable=not progress):
+        wave, speaker_id = render_clip(ctx, r)
+        rel = f"clips/{r.device_type}/{r.split}/{r.device_type}_{r.split}_{r.index:05d}_{r.content}.wav"
+        _write_wav(out / rel, wave)
+        rows.append(
+            ManifestRow(rel, int(r.content == "pos"), r.device_type, r.state, speaker_id, r.split,
+                        CLIP_SAMPLES / SAMPLE_RATE, "clip")
+        )  # fmt: skip
+    return rows
+
+
+def _render_streams(ctx: _Context, counts: dict[str, int], out: Path, progress: bool) -> list[ManifestRow]:
+    """`counts[split]` streams per device type, from that split's speakers. Test streams keep
+    their historical file names; training and validation streams carry their split."""
+    from tqdm import tqdm
+
+    jobs = [(sp, d, i) for sp in SPLITS for d in DEVICE_PROFILES for i in range(counts.get(sp, 0))]
+    rows: list[ManifestRow] = []
+    for sp, d, i in tqdm(jobs, desc="streams", unit="stream", disable=not progress):
+        wave, state = render_stream(ctx, d, i, sp)
+        name = f"{d}_stream_{i:03d}.wav" if sp == "test" else f"{d}_{sp}_stream_{i:03d}.wav"
+        rel = f"streams/{d}/{name}"
+        _write_wav(out / rel, wave)
+        rows.append(ManifestRow(rel, 0, d, state, f"mixed-{sp}", sp, wave.size / SAMPLE_RATE, "stream"))
+    return rows
+
+
+def _write_speakers(path: Path, speakers: list[Speaker]) -> None:
+    with path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(["speaker", "split", "engine", "voice", "variant", "rate", "pitch"])
+        for s in speakers:
+            v = s.voice
+            w.writerow([s.speaker_id, s.split, v.engine, v.voice, v.variant, v.rate, v.pitch])
+
+
+def _corpus_info(seed: int, prof: CorpusProfile, phrase: str, **extra: object) -> str:
+    info = {
+        "generator": "wakefl corpus build",
+        "seed": seed,
+        "profile": asdict(prof),
+        "phrase": phrase,
+        "sample_rate": SAMPLE_RATE,
+        "clip_samples": CLIP_SAMPLES,
+        "device_types": {k: v.description for k, v in DEVICE_PROFILES.items()},
+        **extra,
+    }
+    return json.dumps(info, indent=2, sort_keys=True) + "\n"
+
+
+def _build_unseen(out: Path, seed: int, prof: CorpusProfile, phrase: str, phrases: tuple[str, ...],
+                  progress: bool, tts_cache_dir: Path | None) -> Path:
+    """The unseen-voices test corpus in `out/unseen/`: test clips and streams spoken only by
+    voices that no training, validation or test clip of the main corpus uses."""
+    speakers = make_unseen_speakers(seed, prof, phrase)
+    jobs = [(s.voice, t) for s in speakers for t in (*phrases, *s.confusables, *s.others)]
+    speech = synthesize_many(jobs, tts_cache_dir, progress=progress)
+    sub = replace(prof, test_clips=prof.unseen_test_clips)
+    ctx = _Context(seed, sub, {"test": speakers}, speech, phrases, kind_offset=_UNSEEN_KIND_OFFSET)
+    recipes = [r for r in clip_recipes(seed + _UNSEEN_KIND_OFFSET, sub) if r.split == "test"]
+    udir = out / UNSEEN_DIR
+    udir.mkdir(parents=True, exist_ok=True)
+    rows = _render_clips(ctx, recipes, udir, progress, "clips (unseen voices)")
+    rows += _render_streams(ctx, {"test": prof.unseen_streams_per_device}, udir, progress)
+    _write_speakers(udir / "speakers.csv", speakers)
+    (udir / _CORPUS_INFO).write_text(_corpus_info(seed, prof, phrase, subset="unseen-voices"), encoding="utf-8")
+    return write_manifest(rows, udir / "manifest.csv")
 
 
 def build_corpus(
@@ -203,53 +285,29 @@ def build_corpus(
     progress: bool = True,
     tts_cache_dir: str | Path | None = None,
 ) -> Path:
-    """Synthesize the corpus into `out_dir` and return the path of its `manifest.csv`."""
-    from tqdm import tqdm
-
+    """Synthesize the corpus into `out_dir` and return the path of its `manifest.csv`. A
+    profile with unseen speakers also writes the unseen-voices corpus to `out_dir/unseen/`."""
     prof = resolve_profile(profile)
     phrase = " ".join(phrase.lower().split())
     if not phrase or not all(c.isalpha() or c in " '-" for c in phrase):
         raise ConfigError(f"the wake phrase must be words of letters, got {phrase!r}")
     out = Path(out_dir)
     _prepare_out_dir(out)
+    cache = Path(tts_cache_dir) if tts_cache_dir else None
 
     speakers = make_speakers(seed, prof, phrase)
     phrases = phrase_variants(phrase)
     jobs = [(s.voice, t) for s in speakers for t in (*phrases, *s.confusables, *s.others)]
-    speech = synthesize_many(jobs, Path(tts_cache_dir) if tts_cache_dir else None, progress=progress)
+    speech = synthesize_many(jobs, cache, progress=progress)
     ctx = _Context(seed, prof, {sp: [s for s in speakers if s.split == sp] for sp in SPLITS}, speech, phrases)
 
-    rows: list[ManifestRow] = []
-    recipes = clip_recipes(seed, prof)
-    for r in tqdm(recipes, desc=f"clips ({prof.name})", unit="clip", disable=not progress):
-        wave, speaker_id = render_clip(ctx, r)
-        rel = f"clips/{r.device_type}/{r.split}/{r.device_type}_{r.split}_{r.index:05d}_{r.content}.wav"
-        _write_wav(out / rel, wave)
-        rows.append(
-            ManifestRow(rel, int(r.content == "pos"), r.device_type, r.state, speaker_id, r.split,
-                        CLIP_SAMPLES / SAMPLE_RATE, "clip")
-        )  # fmt: skip
-    stream_jobs = [(d, i) for d in DEVICE_PROFILES for i in range(prof.streams_per_device)]
-    for d, i in tqdm(stream_jobs, desc="streams", unit="stream", disable=not progress):
-        wave, state = render_stream(ctx, d, i)
-        rel = f"streams/{d}/{d}_stream_{i:03d}.wav"
-        _write_wav(out / rel, wave)
-        rows.append(ManifestRow(rel, 0, d, state, "mixed-test", "test", wave.size / SAMPLE_RATE, "stream"))
-
-    with (out / "speakers.csv").open("w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f, lineterminator="\n")
-        w.writerow(["speaker", "split", "engine", "voice", "variant", "rate", "pitch"])
-        for s in speakers:
-            v = s.voice
-            w.writerow([s.speaker_id, s.split, v.engine, v.voice, v.variant, v.rate, v.pitch])
-    info = {
-        "generator": "wakefl corpus build",
-        "seed": seed,
-        "profile": asdict(prof),
-        "phrase": phrase,
-        "sample_rate": SAMPLE_RATE,
-        "clip_samples": CLIP_SAMPLES,
-        "device_types": {k: v.description for k, v in DEVICE_PROFILES.items()},
-    }
-    (out / _CORPUS_INFO).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    rows = _render_clips(ctx, clip_recipes(seed, prof), out, progress, f"clips ({prof.name})")
+    counts = {"train": prof.train_streams_per_device, "val": prof.val_streams_per_device,
+              "test": prof.streams_per_device}
+    rows += _render_streams(ctx, counts, out, progress)
+    _write_speakers(out / "speakers.csv", speakers)
+    if prof.unseen_speakers > 0:
+        _build_unseen(out, seed, prof, phrase, phrases, progress, cache)
+    # Written last: its presence marks a finished build.
+    (out / _CORPUS_INFO).write_text(_corpus_info(seed, prof, phrase), encoding="utf-8")
     return write_manifest(rows, out / "manifest.csv")

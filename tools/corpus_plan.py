@@ -9,7 +9,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from wakefl.tools.device_acoustics import DEVICE_PROFILES
-from wakefl.tools.speech_synthesis import ESPEAK_VARIANTS, ESPEAK_VOICES, FLITE_VOICES, Voice
+from wakefl.tools.speech_synthesis import (
+    ESPEAK_VARIANTS,
+    ESPEAK_VOICES,
+    FLITE_VOICES,
+    PICO_VOICES,
+    Voice,
+)
 
 STATES = ("normal", "playback", "alarm")
 SPLITS = ("train", "val", "test")
@@ -34,6 +40,35 @@ OTHER_SPEECH = (
 )  # fmt: skip
 
 
+# Extra hard negatives and everyday speech for the pretraining corpus: the more ways a
+# detector hears "almost the phrase" and ordinary talk in training, the fewer false accepts
+# per hour it makes on long recordings.
+PRETRAIN_CONFUSABLES = (
+    "okay nova", "supernova", "hey novak", "hey nova scotia", "hey lover", "hey noble",
+    "hey no", "a nova", "the nova", "hey nobody", "hey nonna", "hey rover", "hay over",
+    "hey, nope", "renova", "bossa nova music", "hey, know what", "anova", "hey mover",
+    "play nova", "hey noel", "nova is a star", "casanova", "hey you",
+)  # fmt: skip
+PRETRAIN_OTHER_SPEECH = (
+    "hey google", "alexa, what's the weather", "okay computer", "hey there, how are you",
+    "turn off the oven", "is it going to snow today", "add eggs to the shopping list",
+    "what is on television tonight", "i'll be home in ten minutes", "pause the movie",
+    "the kids are asleep upstairs", "did you feed the dog", "tell me a joke",
+    "skip this advert", "how long until the bus comes", "set an alarm for seven",
+    "we need more coffee", "that was a great goal", "read me the news",
+    "breaking news tonight from the capital", "and now, the weather forecast",
+    "in other news, the market fell", "welcome back to the show", "shuffle my playlist",
+    "where did i park the car", "it's your turn to do the dishes", "happy birthday to you",
+    "one two three four five six", "i love this song", "could you turn that down",
+)  # fmt: skip
+
+# Voice families kept out of training entirely in the pretraining corpus: they make the
+# unseen-voices test split, beside the held-out speakers of the training engines.
+UNSEEN_ESPEAK_VOICES = ("en-029", "en-us-nyc")
+UNSEEN_FESTIVAL_VOICES = ("cmu_us_slt_arctic_hts",)
+TRAIN_FESTIVAL_VOICES = ("kal_diphone", "ked_diphone")
+
+
 @dataclass(frozen=True)
 class CorpusProfile:
     name: str
@@ -46,6 +81,14 @@ class CorpusProfile:
     confusables_per_speaker: int = 6
     others_per_speaker: int = 4
     rooms_per_device: int = 16
+    # "basic": espeak-ng and flite; "pretrain": every engine, wide prosody, hard negatives,
+    # training and validation streams, and an unseen-voices test corpus.
+    voice_set: str = "basic"
+    train_streams_per_device: int = 0
+    val_streams_per_device: int = 0
+    unseen_speakers: int = 0
+    unseen_test_clips: int = 0  # per device type
+    unseen_streams_per_device: int = 0
 
 
 PROFILES: dict[str, CorpusProfile] = {
@@ -54,6 +97,13 @@ PROFILES: dict[str, CorpusProfile] = {
     # ratio of false-accept counts, and its intervals are only as narrow as those counts.
     "small": CorpusProfile("small", 200, 240, 480, 960, 3, 70.0),
     "full": CorpusProfile("full", 240, 800, 480, 960, 6, 250.0, 10, 10, 32),
+    # Pretraining: ~520 training-engine speakers and 22k training clips, an hour of test
+    # streams per device type for FA per hour, and 96 speakers of voices training never hears.
+    "pretrain": CorpusProfile("pretrain", 520, 2000, 400, 1000, 6, 600.0, 8, 6, 32,
+                              "pretrain", 4, 2, 96, 600, 2),
+    # The same recipe at a size a test builds in seconds.
+    "pretrain-micro": CorpusProfile("pretrain-micro", 24, 4, 6, 6, 1, 12.0, 3, 3, 4,
+                                    "pretrain", 1, 1, 6, 6, 1),
 }
 
 
@@ -114,6 +164,8 @@ def _allocate(total: int, shares: dict[str, float], minimum: int = 0) -> dict[st
 def make_speakers(seed: int, profile: CorpusProfile, phrase: str) -> list[Speaker]:
     """Synthetic speakers, each a distinct voice and prosody, assigned to disjoint splits
     (stratified by engine, so every split hears both synthesisers)."""
+    if profile.voice_set == "pretrain":
+        return make_pretrain_speakers(seed, profile, phrase)
     rng = np.random.default_rng([seed, 9001])
     n_flite = max(3, profile.n_speakers // 4)
     n_espeak = profile.n_speakers - n_flite
@@ -150,6 +202,97 @@ def make_speakers(seed: int, profile: CorpusProfile, phrase: str) -> list[Speake
     return [
         Speaker(f"spk{i:03d}", s.voice, s.split, s.confusables, s.others) for i, s in enumerate(speakers)
     ]
+
+
+def _pretrain_voices(rng: np.random.Generator, n: int) -> list[Voice]:
+    """Voices of the training engines: espeak-ng (all but the held-out families), flite and
+    festival's diphone voices, each with a wide, random rate and pitch."""
+    n_festival = max(1, n // 12)
+    n_flite = max(1, n // 6)
+    n_espeak = n - n_festival - n_flite
+    families = [v for v in ESPEAK_VOICES if v not in UNSEEN_ESPEAK_VOICES]
+    pairs = [(v, var) for v in families for var in ESPEAK_VARIANTS]
+    picks = rng.choice(len(pairs), size=n_espeak, replace=n_espeak > len(pairs))
+    voices = [
+        Voice("espeak-ng", pairs[i][0], pairs[i][1], int(rng.integers(100, 231)), int(rng.integers(5, 96)))
+        for i in picks
+    ]
+    for k in range(n_flite):
+        name = FLITE_VOICES[k % len(FLITE_VOICES)]
+        f0 = int(rng.integers(150, 261)) if name == "slt" else int(rng.integers(75, 171))
+        voices.append(Voice("flite", name, "", int(rng.integers(70, 141)), f0))
+    for k in range(n_festival):
+        voices.append(Voice("festival", TRAIN_FESTIVAL_VOICES[k % len(TRAIN_FESTIVAL_VOICES)], "",
+                            int(rng.integers(70, 141)), 0))
+    return voices
+
+
+def unseen_voices(seed: int, n: int) -> list[Voice]:
+    """Voices no training clip uses: the whole Pico engine, festival's HTS voice and the
+    held-out espeak-ng families."""
+    rng = np.random.default_rng([seed, 9002])
+    n_fest = max(1, n // 6)
+    n_espeak = max(1, n // 3)
+    n_pico = max(1, n - n_fest - n_espeak)
+    voices = [Voice("pico", PICO_VOICES[k % len(PICO_VOICES)], "", int(rng.integers(75, 146)),
+                    int(rng.integers(70, 146))) for k in range(n_pico)]
+    voices += [Voice("festival", UNSEEN_FESTIVAL_VOICES[k % len(UNSEEN_FESTIVAL_VOICES)], "",
+                     int(rng.integers(75, 136)), 0) for k in range(n_fest)]
+    pairs = [(v, var) for v in UNSEEN_ESPEAK_VOICES for var in ESPEAK_VARIANTS]
+    picks = rng.choice(len(pairs), size=min(n_espeak, len(pairs)), replace=False)
+    voices += [Voice("espeak-ng", pairs[i][0], pairs[i][1], int(rng.integers(100, 231)),
+                     int(rng.integers(5, 96))) for i in picks]
+    return voices
+
+
+def texts_for(profile: CorpusProfile, phrase: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(confusable phrases, other speech) a profile's speakers draw from."""
+    confusables = confusables_for(phrase)
+    others = OTHER_SPEECH
+    if profile.voice_set == "pretrain":
+        if phrase.strip().lower() == "hey nova":
+            confusables = tuple(dict.fromkeys(confusables + PRETRAIN_CONFUSABLES))
+        others = tuple(dict.fromkeys(others + PRETRAIN_OTHER_SPEECH))
+    return confusables, others
+
+
+def speakers_with_texts(rng: np.random.Generator, profile: CorpusProfile, phrase: str,
+                        voices: list[Voice], split: str, prefix: str) -> list[Speaker]:
+    """One speaker per voice, each with its own draw of confusables and other speech."""
+    confusables, others = texts_for(profile, phrase)
+    out = []
+    for i, v in enumerate(voices):
+        conf = rng.choice(len(confusables), size=min(profile.confusables_per_speaker, len(confusables)), replace=False)
+        oth = rng.choice(len(others), size=min(profile.others_per_speaker, len(others)), replace=False)
+        out.append(Speaker(f"{prefix}{i:03d}", v, split, tuple(confusables[j] for j in sorted(conf)),
+                           tuple(others[j] for j in sorted(oth))))
+    return out
+
+
+def make_pretrain_speakers(seed: int, profile: CorpusProfile, phrase: str) -> list[Speaker]:
+    """Training-engine speakers split 80/10/10 by speaker (stratified by engine)."""
+    rng = np.random.default_rng([seed, 9003])
+    voices = _pretrain_voices(rng, profile.n_speakers)
+    shares = {"train": 0.8, "val": 0.1, "test": 0.1}
+    speakers: list[Speaker] = []
+    for engine in ("espeak-ng", "flite", "festival"):
+        group = [v for v in voices if v.engine == engine]
+        counts = _allocate(len(group), shares, minimum=1)
+        order = rng.permutation(len(group))
+        pos = 0
+        for split in SPLITS:
+            chosen = [group[i] for i in order[pos : pos + counts[split]]]
+            speakers += speakers_with_texts(rng, profile, phrase, chosen, split, "tmp")
+            pos += counts[split]
+    speakers.sort(key=lambda s: (SPLITS.index(s.split), s.voice.describe()))
+    return [Speaker(f"spk{i:03d}", s.voice, s.split, s.confusables, s.others) for i, s in enumerate(speakers)]
+
+
+def make_unseen_speakers(seed: int, profile: CorpusProfile, phrase: str) -> list[Speaker]:
+    """The unseen-voices test speakers (ids `unseen000`, ...), all in split test."""
+    rng = np.random.default_rng([seed, 9004])
+    return speakers_with_texts(rng, profile, phrase, unseen_voices(seed, profile.unseen_speakers), "test",
+                               "unseen")
 
 
 def clip_counts(profile: CorpusProfile) -> dict[str, dict[str, int]]:

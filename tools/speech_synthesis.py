@@ -1,6 +1,7 @@
-"""Speech from the Debian synthesisers espeak-ng and flite, resampled to 16 kHz and cached.
+"""Speech from offline synthesisers, resampled to 16 kHz and cached: espeak-ng, flite and
+festival (Debian packages) and SVOX Pico (the `py-nanotts` wheel, its voices inside).
 
-Both engines are deterministic for a given voice, settings and text; the cache key is a hash
+Every engine is deterministic for a given voice, settings and text; the cache key is a hash
 of exactly those (and the engine's version), so a cached render equals a fresh one.
 """
 
@@ -40,14 +41,24 @@ ESPEAK_VARIANTS = (
     "paul", "robert", "steph", "victor", "adam", "caleb", "shelby", "travis", "zac",
 )  # fmt: skip
 FLITE_VOICES = ("kal16", "awb", "rms", "slt")
+# festival voice names as its Scheme functions call them (Debian festvox-* packages).
+FESTIVAL_VOICES = ("kal_diphone", "ked_diphone", "cmu_us_slt_arctic_hts")
+FESTIVAL_PACKAGES = {
+    "kal_diphone": "festvox-kallpc16k",
+    "ked_diphone": "festvox-kdlpc16k",
+    "cmu_us_slt_arctic_hts": "festvox-us-slt-hts",
+}
+PICO_VOICES = ("en-US", "en-GB")
+ENGINES = ("espeak-ng", "flite", "festival", "pico")
 
 
 @dataclass(frozen=True)
 class Voice:
     """One synthetic speaker: engine, voice, variant and prosody settings.
 
-    `rate` is words per minute for espeak-ng and a duration stretch x100 for flite;
-    `pitch` is espeak-ng's 0-99 pitch or flite's mean F0 target in Hz.
+    `rate` is words per minute for espeak-ng, a duration stretch x100 for flite and
+    festival, and a speed factor x100 for Pico; `pitch` is espeak-ng's 0-99 pitch, flite's
+    mean F0 target in Hz, or Pico's pitch factor x100 (festival ignores it).
     """
 
     engine: str
@@ -65,14 +76,24 @@ def default_cache_dir() -> Path:
     return Path(env) if env else cache_root() / "tts"
 
 
-@lru_cache(maxsize=4)
+@lru_cache(maxsize=8)
 def engine_version(engine: str) -> str:
-    exe = {"espeak-ng": "espeak-ng", "flite": "flite"}.get(engine)
+    if engine == "pico":
+        try:
+            import py_nanotts  # noqa: F401
+        except ImportError as exc:
+            raise ConfigError(f"the Pico engine needs the py-nanotts package ({exc}); run scripts/setup.sh") from None
+        from importlib.metadata import version
+
+        return f"py-nanotts {version('py-nanotts')}"
+    exe = {"espeak-ng": "espeak-ng", "flite": "flite", "festival": "text2wave"}.get(engine)
     if exe is None:
         raise ConfigError(f"unknown speech engine {engine!r}")
     if shutil.which(exe) is None:
-        raise ConfigError(f"{exe} is not installed (Debian package '{exe}'; run scripts/setup.sh)")
-    out = subprocess.run([exe, "--version"], capture_output=True, text=True, check=False)
+        package = "festival" if engine == "festival" else exe
+        raise ConfigError(f"{exe} is not installed (Debian package '{package}'; run scripts/setup.sh)")
+    cmd = ["festival", "--version"] if engine == "festival" else [exe, "--version"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
     return (out.stdout + out.stderr).strip().splitlines()[0] if (out.stdout + out.stderr).strip() else exe
 
 
@@ -111,12 +132,50 @@ def _run_engine(voice: Voice, text: str) -> np.ndarray:
             if res.returncode != 0 or not out.exists():
                 raise AudioError(f"flite failed for {voice.describe()}: {res.stderr.decode(errors='replace')[:200]}")
             wave, sr = sf.read(str(out), dtype="float32")
+    elif voice.engine == "festival":
+        wave, sr = _run_festival(voice, text)
+    elif voice.engine == "pico":
+        wave, sr = _run_pico(voice, text)
     else:
         raise ConfigError(f"unknown speech engine {voice.engine!r}")
     wave = _to_16k(wave, sr)
     if wave.size == 0 or not np.any(wave):
         raise AudioError(f"{voice.describe()} produced no audio for {text!r}")
     return trim_silence(wave)
+
+
+def _run_festival(voice: Voice, text: str) -> tuple[np.ndarray, int]:
+    if voice.voice not in FESTIVAL_VOICES:
+        raise ConfigError(f"unknown festival voice {voice.voice!r}; choose one of {', '.join(FESTIVAL_VOICES)}")
+    # text2wave reads the text from a file; the voice and the speaking rate are Scheme
+    # expressions evaluated before synthesis.
+    with tempfile.TemporaryDirectory(prefix="wakefl-festival-") as tmp:
+        src, out = Path(tmp) / "u.txt", Path(tmp) / "u.wav"
+        src.write_text(text + "\n", encoding="utf-8")
+        cmd = [
+            "text2wave", "-eval", f"(voice_{voice.voice})",
+            "-eval", f"(Parameter.set 'Duration_Stretch {voice.rate / 100:.2f})",
+            str(src), "-o", str(out),
+        ]  # fmt: skip
+        res = subprocess.run(cmd, capture_output=True, check=False)
+        if res.returncode != 0 or not out.exists() or out.stat().st_size <= 44:
+            detail = res.stderr.decode(errors="replace")[:200]
+            raise AudioError(
+                f"festival failed for {voice.describe()} (is {FESTIVAL_PACKAGES[voice.voice]} installed?): {detail}"
+            )
+        wave, sr = sf.read(str(out), dtype="float32")
+    return wave, sr
+
+
+def _run_pico(voice: Voice, text: str) -> tuple[np.ndarray, int]:
+    engine_version("pico")
+    import py_nanotts
+
+    if voice.voice not in PICO_VOICES:
+        raise ConfigError(f"unknown Pico voice {voice.voice!r}; choose one of {', '.join(PICO_VOICES)}")
+    pcm = py_nanotts.NanoTTS().speak(text, voice=voice.voice, speed=voice.rate / 100.0,
+                                     pitch=voice.pitch / 100.0)
+    return np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0, SAMPLE_RATE
 
 
 def trim_silence(wave: np.ndarray, threshold_db: float = -45.0, margin_s: float = 0.03) -> np.ndarray:

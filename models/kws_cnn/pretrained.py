@@ -1,0 +1,50 @@
+"""The shipped pretrained wake-word models ("hey nova"): `full` (width 1.0) and `small`
+(width 0.25), each as fp16 safetensors with its JSON config and an operating-point card
+(`<name>.card.json`: the shipped threshold and the detector settings it was chosen for).
+MODEL_CARD.md in the same folder describes their data, training and measured figures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from wakefl.errors import ConfigError
+
+from .checkpoint import load_model
+from .model import KwsCnn
+
+PRETRAINED_DIR = Path(__file__).resolve().parent / "pretrained"
+NAMES = ("full", "small")
+
+
+def pretrained_path(name: str) -> Path:
+    """The safetensors file of shipped model `name`; ConfigError if unknown or missing."""
+    if name not in NAMES:
+        raise ConfigError(f"unknown pretrained model {name!r}; choose one of {', '.join(NAMES)}")
+    path = PRETRAINED_DIR / f"{name}.safetensors"
+    if not path.exists():
+        raise ConfigError(f"the pretrained model {name!r} is not in this installation ({path})")
+    return path
+
+
+def is_available(name: str) -> bool:
+    return name in NAMES and (PRETRAINED_DIR / f"{name}.safetensors").exists()
+
+
+def load_pretrained(name: str) -> KwsCnn:
+    """The shipped model as float32, in eval mode."""
+    return load_model(pretrained_path(name)).float().eval()
+
+
+def pretrained_card(name: str) -> dict[str, Any]:
+    """The operating-point card: `threshold`, `hop_s`, `smoothing`, `refractory_s`, the
+    phrase and the validation figures it was chosen on."""
+    path = pretrained_path(name).with_suffix(".card.json")
+    try:
+        card = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read the card of pretrained model {name!r}: {exc}") from None
+    if not isinstance(card, dict) or not isinstance(card.get("threshold"), int | float):
+        raise ConfigError(f"{path}: no numeric 'threshold'")
+    return card

@@ -1,0 +1,153 @@
+"""Pretraining pipeline on a micro corpus: the corpus recipe (engines, unseen voices, streams
+per split), augmentation, a few training steps, checkpoints, resume and publishing."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from wakefl.errors import ConfigError
+from wakefl.models.kws_cnn import load_model
+from wakefl.sdk.manifest import read_manifest
+from wakefl.tools.corpus_build import build_corpus
+from wakefl.tools.pretrain import (
+    BEST,
+    BEST_CARD,
+    STATE_INFO,
+    PretrainSettings,
+    count_events,
+    load_pretrain_data,
+    lr_at,
+    make_batch,
+    pretrain,
+    publish,
+    smoothed,
+    threshold_for_fa,
+)
+from wakefl.tools.wave_augment import AugmentBank, augment_window, fit_window
+
+SETTINGS = PretrainSettings(width=0.25, samples=16 * 6, batch_size=16, eval_every_steps=3,
+                            warmup_steps=2, threads=1, val_stream_seconds=6.0)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("pretrain-micro")
+    return build_corpus(out, seed=0, profile="pretrain-micro", progress=False,
+                        tts_cache_dir=tmp_path_factory.getbasetemp() / "tts")
+
+
+def _speakers(path: Path) -> list[dict[str, str]]:
+    with path.open(encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def test_corpus_has_streams_per_split_and_an_unseen_voices_corpus(corpus: Path) -> None:
+    rows = read_manifest(corpus)
+    streams = {r.split for r in rows if r.kind == "stream"}
+    assert streams == {"train", "val", "test"}
+    engines = {s["engine"] for s in _speakers(corpus.parent / "speakers.csv")}
+    assert {"espeak-ng", "flite", "festival"} <= engines
+    unseen = read_manifest(corpus.parent / "unseen" / "manifest.csv")
+    assert unseen and all(r.split == "test" for r in unseen)
+    assert any(r.label == 1 for r in unseen) and any(r.kind == "stream" for r in unseen)
+    seen_voices = {(s["engine"], s["voice"]) for s in _speakers(corpus.parent / "speakers.csv")}
+    unseen_voices = {(s["engine"], s["voice"]) for s in _speakers(corpus.parent / "unseen" / "speakers.csv")}
+    # Whole voice families and the Pico engine stay out of the main corpus.
+    assert not seen_voices & unseen_voices
+    assert any(e == "pico" for e, _ in unseen_voices)
+    assert {r.speaker for r in unseen if r.kind == "clip" and r.label == 1} <= {
+        s["speaker"] for s in _speakers(corpus.parent / "unseen" / "speakers.csv")}
+
+
+def test_augmentation_keeps_length_and_is_deterministic() -> None:
+    bank = AugmentBank.make(0, n_each=2, seconds=2.0)
+    x = (np.random.default_rng(1).standard_normal(24000) * 0.05).astype(np.float32)
+    a = augment_window(x, 1, np.random.default_rng(5), bank)
+    b = augment_window(x, 1, np.random.default_rng(5), bank)
+    assert a.shape == x.shape and a.dtype == np.float32 and np.array_equal(a, b)
+    assert np.all(np.abs(a) <= 1.0)
+    # Padding a short clip repeats its own edges instead of inserting digital silence.
+    short = np.full(1000, 0.1, np.float32)
+    assert np.all(fit_window(short, 2000, np.random.default_rng(0)) != 0)
+
+
+def test_batches_depend_only_on_seed_and_step(corpus: Path) -> None:
+    data = load_pretrain_data(corpus, 24000, 6.0, progress=False)
+    x1, y1 = make_batch(data, 7, SETTINGS)
+    x2, y2 = make_batch(data, 7, SETTINGS)
+    x3, _ = make_batch(data, 8, SETTINGS)
+    assert np.array_equal(x1, x2) and np.array_equal(y1, y2)
+    assert not np.array_equal(x1, x3)
+    assert y1.sum() == SETTINGS.batch_size // 2  # class balance
+
+
+def test_schedule_warms_up_then_decays() -> None:
+    s = PretrainSettings(samples=32 * 1000, warmup_steps=100)
+    assert lr_at(0, s) < lr_at(99, s) == pytest.approx(s.lr)
+    assert lr_at(999, s) == pytest.approx(0.05 * s.lr, rel=1e-3)
+
+
+def test_event_counting_follows_the_streaming_detector() -> None:
+    from wakefl.edge_runtime import detect_audio
+
+    class Scorer:
+        sample_rate, window_samples = 16000, 1600
+
+        def score(self, windows: np.ndarray) -> np.ndarray:
+            return np.clip(np.abs(windows).max(axis=1), 0, 1)
+
+    rng = np.random.default_rng(3)
+    wave = (rng.random(16000 * 20) < 0.0004).astype(np.float32) * rng.uniform(0.3, 1.0, 16000 * 20).astype(np.float32)
+    res = detect_audio(Scorer(), wave, hop_s=0.1, threshold=0.5, smoothing=3, refractory_s=1.0)
+    sc = smoothed(res.raw_scores, 3)
+    assert np.allclose(sc, res.scores)
+    assert count_events(sc, 0.5, 10) == len(res.events)
+    thr = threshold_for_fa([sc], 20 / 3600, 180.0, 10)  # at most one event in 20 s
+    assert count_events(sc, thr, 10) <= 1 and count_events(sc, thr - 1e-3, 10) > 1
+
+
+def test_train_checkpoint_resume_equals_uninterrupted_run(corpus: Path, tmp_path: Path) -> None:
+    whole = pretrain(corpus, tmp_path / "a", SETTINGS, progress=False)
+    assert whole["step"] == SETTINGS.total_steps
+    for f in (BEST, BEST_CARD, STATE_INFO, "history.jsonl"):
+        assert (tmp_path / "a" / f).exists()
+    card = json.loads((tmp_path / "a" / BEST_CARD).read_text())
+    assert 0.0 <= card["threshold"] <= 1.0 + 1e-6 and card["smoothing"] == 3
+    # Killed after 2 steps (the checkpoint of that moment survives), then resumed.
+    pretrain(corpus, tmp_path / "b", SETTINGS, progress=False, max_steps=2)
+    assert json.loads((tmp_path / "b" / STATE_INFO).read_text())["step"] == 2
+    with pytest.raises(ConfigError, match="--resume"):
+        pretrain(corpus, tmp_path / "b", SETTINGS, progress=False)
+    resumed = pretrain(corpus, tmp_path / "b", SETTINGS, resume=True, progress=False)
+    assert resumed["step"] == SETTINGS.total_steps
+    from safetensors.torch import load_file
+
+    wa = load_file(str(tmp_path / "a" / "state.safetensors"))
+    wb = load_file(str(tmp_path / "b" / "state.safetensors"))
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ConfigError, match="width"):
+        pretrain(corpus, tmp_path / "b", PretrainSettings(width=0.5, samples=96, batch_size=16),
+                 resume=True, progress=False)
+
+
+def test_publish_writes_fp16_weights_config_and_card(corpus: Path, tmp_path: Path) -> None:
+    pretrain(corpus, tmp_path / "run", SETTINGS, progress=False, max_steps=3)
+    out = publish(tmp_path / "run", "small", dest=tmp_path / "ship")
+    from safetensors.torch import load_file
+
+    assert all(t.dtype == torch.float16 for t in load_file(str(out)).values())
+    model = load_model(out)
+    best = load_model(tmp_path / "run" / BEST)
+    for (_, p), (_, q) in zip(model.named_parameters(), best.named_parameters(), strict=True):
+        torch.testing.assert_close(p, q.half().float())
+    assert "threshold" in json.loads(out.with_suffix(".card.json").read_text())
+    with pytest.raises(ConfigError):
+        publish(tmp_path / "run", "medium", dest=tmp_path / "ship")

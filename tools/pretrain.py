@@ -1,0 +1,484 @@
+"""`wakefl model pretrain`: train the wake-word model offline on the pretraining corpus.
+
+Every batch is drawn fresh: half wake-phrase clips, half negatives (clips of confusable
+phrases, other speech and background, and random 1.5 s cuts of the training streams), each
+augmented on the fly (tools/wave_augment.py) and with SpecAugment-style masks on the log-mel
+input. The learning rate warms up linearly, then follows a cosine to 5%.
+
+Validation measures what a device maker ships for: the false-reject rate of the validation
+clips at the threshold where the streaming detector (its smoothing and refractory period)
+makes at most `val_fa_per_hour` false accepts per hour on the validation streams. The best
+model by that figure is kept.
+
+Checkpoints: `state.safetensors` (weights and optimizer moments) + `state.json` (step, best
+figure, history) every `checkpoint_minutes`, written atomically. `--resume` continues from
+them; the batch of step k depends only on (seed, k), so a resumed run sees the same data a
+run without the kill would have seen.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from wakefl.errors import ConfigError
+
+STATE_WEIGHTS = "state.safetensors"
+STATE_INFO = "state.json"
+BEST = "best.safetensors"
+BEST_CARD = "best.card.json"
+HISTORY = "history.jsonl"
+# The shipped detector's settings: the streaming detector's defaults.
+HOP_S, SMOOTHING, REFRACTORY_S = 0.1, 3, 1.0
+
+
+@dataclass(frozen=True)
+class PretrainSettings:
+    width: float = 1.0
+    phrase: str = "hey nova"
+    seed: int = 0
+    batch_size: int = 32
+    samples: int = 400_000  # training samples in the whole run (sets the schedule)
+    lr: float = 2e-3
+    weight_decay: float = 1e-4
+    warmup_steps: int = 300
+    stream_crop_share: float = 0.35  # of the negatives in a batch
+    spec_masks: bool = True
+    eval_every_steps: int = 500
+    checkpoint_minutes: float = 5.0
+    val_fa_per_hour: float = 2.0
+    val_stream_seconds: float = 300.0  # per validation stream (caps validation cost)
+    threads: int = 2
+    device: str = "cpu"
+
+    @property
+    def total_steps(self) -> int:
+        return max(1, math.ceil(self.samples / self.batch_size))
+
+
+def lr_at(step: int, s: PretrainSettings) -> float:
+    """Linear warm-up, then a cosine from `lr` down to 5% of it at the last step."""
+    if step < s.warmup_steps:
+        return s.lr * (step + 1) / s.warmup_steps
+    frac = min(1.0, (step - s.warmup_steps) / max(1, s.total_steps - s.warmup_steps))
+    return s.lr * (0.05 + 0.95 * 0.5 * (1.0 + math.cos(math.pi * frac)))
+
+
+# ---------------------------------------------------------------- data
+
+
+@dataclass
+class PretrainData:
+    """Decoded audio of a corpus, in memory: training clips by label, training streams for
+    negative cuts, validation clips and streams."""
+
+    pos: np.ndarray  # [P, T]
+    neg: np.ndarray  # [N, T]
+    train_streams: list[np.ndarray]
+    val_clips: np.ndarray
+    val_labels: np.ndarray
+    val_streams: list[np.ndarray] = field(default_factory=list)
+    bank: Any = None  # wave_augment.AugmentBank
+
+    @property
+    def window(self) -> int:
+        return int(self.pos.shape[1])
+
+
+def _decode(path: Path) -> np.ndarray:
+    from wakefl.edge_runtime import load_audio
+
+    return load_audio(path, 16000)
+
+
+def load_pretrain_data(manifest: Path, window: int, val_stream_seconds: float,
+                       progress: bool = True, seed: int = 0) -> PretrainData:
+    from tqdm import tqdm
+
+    from wakefl.sdk.dataset import load_clip
+    from wakefl.sdk.manifest import read_manifest
+
+    rows = read_manifest(manifest)
+    clips = [r for r in rows if r.kind == "clip" and r.split in ("train", "val")]
+    if not any(r.split == "train" and r.label == 1 for r in clips):
+        raise ConfigError(f"{manifest}: no wake-phrase clips in the train split")
+    if not any(r.split == "val" and r.label == 1 for r in clips):
+        raise ConfigError(f"{manifest}: no wake-phrase clips in the val split")
+    waves = [load_clip(r.resolve(manifest), window)
+             for r in tqdm(clips, desc="decode clips", unit="clip", disable=not progress, leave=False)]
+    arr = np.stack(waves).astype(np.float32)
+    labels = np.array([r.label for r in clips])
+    train = np.array([r.split == "train" for r in clips])
+    streams = {sp: [_decode(r.resolve(manifest)) for r in rows if r.kind == "stream" and r.split == sp]
+               for sp in ("train", "val")}
+    cap = int(val_stream_seconds * 16000)
+    from wakefl.tools.wave_augment import AugmentBank
+
+    return PretrainData(
+        pos=arr[train & (labels == 1)], neg=arr[train & (labels == 0)],
+        train_streams=[s for s in streams["train"] if s.size >= window],
+        val_clips=arr[~train], val_labels=labels[~train],
+        val_streams=[s[:cap] for s in streams["val"] if s.size >= window],
+        bank=AugmentBank.make(seed),
+    )
+
+
+def make_batch(data: PretrainData, step: int, s: PretrainSettings) -> tuple[np.ndarray, np.ndarray]:
+    """The augmented batch of training step `step`: a pure function of (seed, step)."""
+    from wakefl.tools.wave_augment import augment_window
+
+    rng = np.random.default_rng([s.seed, 77, step])
+    n_pos = s.batch_size // 2
+    n_neg = s.batch_size - n_pos
+    n_cut = int(round(n_neg * s.stream_crop_share)) if data.train_streams else 0
+    out = np.empty((s.batch_size, data.window), np.float32)
+    labels = np.zeros(s.batch_size, np.int64)
+    labels[:n_pos] = 1
+    for i in range(s.batch_size):
+        if i < n_pos:
+            src = data.pos[int(rng.integers(len(data.pos)))]
+        elif i < n_pos + n_cut:
+            stream = data.train_streams[int(rng.integers(len(data.train_streams)))]
+            start = int(rng.integers(0, stream.size - data.window + 1))
+            src = stream[start:start + data.window]
+        else:
+            src = data.neg[int(rng.integers(len(data.neg)))]
+        out[i] = augment_window(src, int(labels[i]), rng, data.bank)
+    return out, labels
+
+
+def batch_stream(data: PretrainData, start_step: int, s: PretrainSettings,
+                 workers: int = 1) -> Iterator[tuple[Any, Any]]:
+    """Batches from `start_step` on, prepared in a worker process while the model trains."""
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset
+
+    class _Batches(IterableDataset):
+        def __iter__(self):
+            info = torch.utils.data.get_worker_info()
+            k, n = (info.id, info.num_workers) if info is not None else (0, 1)
+            step = start_step + k
+            while step < s.total_steps:
+                x, y = make_batch(data, step, s)
+                yield torch.from_numpy(x), torch.from_numpy(y)
+                step += n
+
+    if workers == 0:
+        return iter(_Batches())
+    # Workers take steps round-robin and the loader returns them in worker order, so the
+    # batches arrive in step order.
+    return iter(DataLoader(_Batches(), batch_size=None, num_workers=workers, prefetch_factor=4,
+                           persistent_workers=False))
+
+
+# ---------------------------------------------------------------- validation
+
+
+def stream_windows(wave: np.ndarray, window: int, hop: int) -> np.ndarray:
+    """Every window the streaming detector scores: ends at window, window + hop, ..."""
+    n = 1 + (wave.size - window) // hop
+    return np.lib.stride_tricks.sliding_window_view(wave, window)[::hop][:n]
+
+
+def smoothed(raw: np.ndarray, smoothing: int) -> np.ndarray:
+    """The streaming detector's moving average (fewer terms at the stream's start)."""
+    c = np.cumsum(np.concatenate([[0.0], raw.astype(np.float64)]))
+    idx = np.arange(1, raw.size + 1)
+    lo = np.maximum(0, idx - smoothing)
+    return (c[idx] - c[lo]) / (idx - lo)
+
+
+def count_events(scores: np.ndarray, threshold: float, refractory_hops: int) -> int:
+    """Detections of the streaming detector on smoothed scores at one threshold."""
+    above = np.flatnonzero(scores >= threshold)
+    count, last = 0, -(10**9)
+    for i in above:
+        if i - last >= refractory_hops:
+            count += 1
+            last = int(i)
+    return count
+
+
+def threshold_for_fa(streams_scores: list[np.ndarray], hours: float, fa_per_hour: float,
+                     refractory_hops: int) -> float:
+    """The lowest threshold at which the streams give at most `fa_per_hour` false accepts
+    per hour (bisection: the event count falls as the threshold rises)."""
+    allowed = math.floor(fa_per_hour * hours + 1e-9)
+    lo, hi = 0.0, 1.0 + 1e-9
+
+    def events(t: float) -> int:
+        return sum(count_events(sc, t, refractory_hops) for sc in streams_scores)
+
+    if events(lo) <= allowed:
+        return lo
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        if events(mid) <= allowed:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def score_batches(model: Any, windows: np.ndarray, batch: int = 256) -> np.ndarray:
+    import torch
+
+    out = []
+    with torch.no_grad():
+        for i in range(0, len(windows), batch):
+            x = torch.from_numpy(np.ascontiguousarray(windows[i:i + batch], dtype=np.float32))
+            out.append(model.predict_proba(x.to(next(model.parameters()).device)).cpu().numpy())
+    return np.concatenate(out) if out else np.zeros(0)
+
+
+def validate(model: Any, data: PretrainData, s: PretrainSettings) -> dict[str, float]:
+    """FRR on validation clips at the threshold giving `val_fa_per_hour` on the validation
+    streams, plus clip-level figures that stay informative before any stream fires."""
+    was = model.training
+    model.eval()
+    try:
+        clip_scores = score_batches(model, data.val_clips)
+        hop = int(round(HOP_S * 16000))
+        stream_scores = [smoothed(score_batches(model, stream_windows(w, data.window, hop)), SMOOTHING)
+                         for w in data.val_streams]
+    finally:
+        model.train(was)
+    pos = clip_scores[data.val_labels == 1]
+    neg = clip_scores[data.val_labels == 0]
+    hours = sum(w.size for w in data.val_streams) / 16000 / 3600
+    thr = (threshold_for_fa(stream_scores, hours, s.val_fa_per_hour, int(round(REFRACTORY_S / HOP_S)))
+           if stream_scores else float(np.quantile(neg, 0.99)))
+    return {
+        "threshold": float(thr),
+        "frr": float(np.mean(pos < thr)),
+        "clip_far": float(np.mean(neg >= thr)),
+        "frr_at_half": float(np.mean(pos < 0.5)),
+        "far_at_half": float(np.mean(neg >= 0.5)),
+        "val_stream_hours": float(hours),
+    }
+
+
+def better(a: dict[str, float], b: dict[str, float] | None) -> bool:
+    """Lower FRR at the fixed FA/h wins; on a tie, fewer clip false accepts at 0.5."""
+    if b is None:
+        return True
+    return (a["frr"], a["far_at_half"] + a["frr_at_half"]) < (b["frr"], b["far_at_half"] + b["frr_at_half"])
+
+
+# ---------------------------------------------------------------- checkpoints
+
+
+def save_state(out: Path, model: Any, opt: Any, info: dict[str, Any]) -> None:
+    """Weights and AdamW moments in safetensors, the rest as JSON; both written atomically,
+    the JSON last (it names the step the weights belong to)."""
+    from safetensors.torch import save_file
+
+    from wakefl.sdk.atomic_files import write_atomic
+
+    tensors = {f"model.{k}": v.detach().cpu().contiguous() for k, v in model.named_parameters()}
+    for i, p in enumerate(opt.param_groups[0]["params"]):
+        st = opt.state.get(p, {})
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key in st:
+                tensors[f"opt.{i}.{key}"] = st[key].detach().cpu().contiguous()
+        if "step" in st:
+            tensors[f"opt.{i}.step"] = st["step"].detach().cpu().reshape(1).float()
+    tmp = out / f".{STATE_WEIGHTS}.tmp"
+    save_file(tensors, str(tmp))
+    tmp.replace(out / STATE_WEIGHTS)
+    write_atomic(out / STATE_INFO, (json.dumps(info, indent=1) + "\n").encode())
+
+
+def load_state(out: Path, model: Any, opt: Any) -> dict[str, Any]:
+    import torch
+    from safetensors.torch import load_file
+
+    try:
+        info = json.loads((out / STATE_INFO).read_text())
+        tensors = load_file(str(out / STATE_WEIGHTS))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot resume from {out}: {exc}") from None
+    with torch.no_grad():
+        for k, p in model.named_parameters():
+            if f"model.{k}" not in tensors or tensors[f"model.{k}"].shape != p.shape:
+                raise ConfigError(f"cannot resume from {out}: its weights do not fit this model ({k})")
+            p.copy_(tensors[f"model.{k}"])
+    for i, p in enumerate(opt.param_groups[0]["params"]):
+        if f"opt.{i}.exp_avg" in tensors:
+            opt.state[p] = {"exp_avg": tensors[f"opt.{i}.exp_avg"].clone(),
+                            "exp_avg_sq": tensors[f"opt.{i}.exp_avg_sq"].clone(),
+                            "step": tensors[f"opt.{i}.step"].reshape(()).clone()}
+    return info
+
+
+def save_best(out: Path, model: Any, metrics: dict[str, float], info: dict[str, Any]) -> None:
+    from wakefl.models.kws_cnn import save_model
+    from wakefl.sdk.atomic_files import write_atomic
+
+    tmp = out / ".best-tmp.safetensors"
+    save_model(model, tmp)
+    tmp.with_suffix(".json").replace(out / "best.json")
+    tmp.replace(out / BEST)
+    card = {"threshold": metrics["threshold"], "hop_s": HOP_S, "smoothing": SMOOTHING,
+            "refractory_s": REFRACTORY_S, "validation": metrics, **info}
+    write_atomic(out / BEST_CARD, (json.dumps(card, indent=1) + "\n").encode())
+
+
+# ---------------------------------------------------------------- training loop
+
+
+def _settings_match(saved: dict[str, Any], s: PretrainSettings) -> None:
+    for key in ("width", "phrase", "seed", "batch_size"):
+        if saved.get(key) != getattr(s, key):
+            raise ConfigError(f"--resume: the checkpoint was made with {key}={saved.get(key)!r}, "
+                              f"this run asks for {getattr(s, key)!r}")
+
+
+def spec_mask(feats: Any, generator: Any) -> Any:
+    """Two frequency bands (up to 6 mel bins) and two time spans (up to 12 frames) per
+    example, set to the example's mean log-mel."""
+    import torch
+
+    b, f, t = feats.shape
+    out = feats.clone()
+    mean = feats.mean(dim=(1, 2), keepdim=True)
+    for size, dim, limit in ((6, 1, f), (12, 2, t)):
+        for _ in range(2):
+            width = torch.randint(0, size + 1, (b,), generator=generator)
+            start = (torch.rand(b, generator=generator) * (limit - width)).long()
+            idx = torch.arange(limit)
+            m = (idx[None, :] >= start[:, None]) & (idx[None, :] < (start + width)[:, None])
+            m = m[:, :, None] if dim == 1 else m[:, None, :]
+            out = torch.where(m, mean, out)
+    return out
+
+
+def forward_train(model: Any, wave: Any, generator: Any, masks: bool) -> Any:
+    """The model's forward with masks on the log-mel input (as KwsCnn.forward otherwise)."""
+    x = model.frontend(wave)
+    if masks:
+        x = spec_mask(x, generator)
+    x = model.features(x.unsqueeze(1)).mean(dim=(2, 3))
+    return model.head(x)
+
+
+def pretrain(manifest: Path, out: Path, s: PretrainSettings, resume: bool = False,
+             init_from: Path | None = None, max_minutes: float | None = None,
+             progress: bool = True, max_steps: int | None = None) -> dict[str, Any]:
+    """Train (or resume) into `out`; returns the final state info. Stops at `s.samples` or
+    after `max_minutes` or `max_steps` in this call (checkpointing first). `init_from` starts a
+    new run from saved weights (a shipped model: its optimizer state is not shipped)."""
+    import torch
+    import torch.nn.functional as F
+    from tqdm import tqdm
+
+    from wakefl.models.kws_cnn import KwsCnn, ModelConfig
+    from wakefl.sdk.atomic_files import write_atomic
+
+    torch.set_num_threads(max(1, s.threads))
+    out.mkdir(parents=True, exist_ok=True)
+    if not resume and (out / STATE_INFO).exists():
+        raise ConfigError(f"{out} already holds a pretraining run; pass --resume to continue it "
+                          "or choose a new --out")
+    torch.manual_seed(s.seed)
+    model = KwsCnn(ModelConfig(width=s.width)).to(s.device)
+    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
+    info: dict[str, Any] = {"settings": asdict(s), "step": 0, "best": None, "seconds": 0.0,
+                            "manifest": str(manifest)}
+    if init_from is not None and not (resume and (out / STATE_INFO).exists()):
+        from wakefl.models.kws_cnn import load_model
+
+        start = load_model(init_from)
+        if start.cfg != model.cfg:
+            raise ConfigError(f"--init-from {init_from}: its config differs from width {s.width}")
+        model.load_state_dict(start.state_dict())
+        info["init_from"] = str(init_from)
+    if resume and (out / STATE_INFO).exists():
+        try:
+            saved = json.loads((out / STATE_INFO).read_text(encoding="utf-8"))["settings"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"cannot resume from {out}: {exc}") from None
+        _settings_match(saved, s)
+        info = load_state(out, model, opt)
+        info["settings"] = asdict(s)
+    data = load_pretrain_data(manifest, model.cfg.window_samples, s.val_stream_seconds, progress, s.seed)
+    start_step = int(info["step"])
+    gen = torch.Generator()
+    t0, last_ckpt = time.monotonic(), time.monotonic()
+    seconds0 = float(info["seconds"])
+    bar = tqdm(total=s.total_steps, initial=start_step, desc=f"pretrain w{s.width}", unit="step",
+               disable=not progress)
+    running = None
+    step = start_step
+    model.train()
+    for step, (x, y) in enumerate(batch_stream(data, start_step, s), start=start_step):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, s)
+        gen.manual_seed(s.seed * 1_000_003 + step)  # the masks of step k depend on k alone
+        loss = F.cross_entropy(forward_train(model, x.to(s.device), gen, s.spec_masks), y.to(s.device))
+        if not torch.isfinite(loss):
+            raise ConfigError(f"the training loss became {loss.item()} at step {step}; lower --lr")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        running = loss.item() if running is None else 0.98 * running + 0.02 * loss.item()
+        info["step"] = step + 1
+        info["seconds"] = seconds0 + time.monotonic() - t0
+        bar.update(1)
+        done = step + 1 >= s.total_steps
+        out_of_time = ((max_minutes is not None and time.monotonic() - t0 > max_minutes * 60)
+                       or (max_steps is not None and step + 1 - start_step >= max_steps))
+        if (step + 1) % s.eval_every_steps == 0 or done or out_of_time:
+            metrics = validate(model, data, s)
+            record = {"step": step + 1, "samples": (step + 1) * s.batch_size, "loss": running,
+                      "lr": lr_at(step, s), "seconds": info["seconds"], **metrics}
+            with (out / HISTORY).open("a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+            if better(metrics, info["best"]):
+                info["best"] = record
+                save_best(out, model, metrics, {"step": step + 1, "samples": record["samples"],
+                                               "phrase": s.phrase, "width": s.width})
+            bar.set_postfix(loss=f"{running:.3f}", frr=f"{metrics['frr']:.3f}",
+                            best=f"{info['best']['frr']:.3f}")
+        if done or out_of_time or time.monotonic() - last_ckpt > s.checkpoint_minutes * 60:
+            save_state(out, model, opt, info)
+            last_ckpt = time.monotonic()
+        if done or out_of_time:
+            break
+    bar.close()
+    write_atomic(out / STATE_INFO, (json.dumps(info, indent=1) + "\n").encode())
+    return info
+
+
+def publish(run: Path, name: str, dest: Path | None = None) -> Path:
+    """Copy a run's best model into the shipped-models folder as fp16 safetensors, with its
+    JSON config and operating-point card (threshold chosen on validation)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from wakefl.models.kws_cnn import load_model
+    from wakefl.models.kws_cnn.pretrained import NAMES, PRETRAINED_DIR
+    from wakefl.sdk.atomic_files import write_atomic
+
+    if name not in NAMES:
+        raise ConfigError(f"a shipped model is one of {', '.join(NAMES)}, got {name!r}")
+    dest = PRETRAINED_DIR if dest is None else dest
+    dest.mkdir(parents=True, exist_ok=True)
+    model = load_model(run / BEST)
+    card = json.loads((run / BEST_CARD).read_text(encoding="utf-8"))
+    tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in model.named_parameters()}
+    out = dest / f"{name}.safetensors"
+    tmp = dest / f".{name}.tmp.safetensors"
+    save_file(tensors, str(tmp), metadata={"architecture": "kws_cnn",
+                                           "config": json.dumps(model.cfg.to_dict())})
+    write_atomic(out.with_suffix(".json"), (run / "best.json").read_bytes())
+    write_atomic(out.with_suffix(".card.json"), (json.dumps(card, indent=1) + "\n").encode())
+    tmp.replace(out)
+    return out
