@@ -76,7 +76,8 @@ class ManagedBroker:
     def __init__(self, state_dir: str | Path, port: int | None = None, *,
                  autosave_s: int = 30, extra_conf: str = "", listener_conf: str | None = None,
                  max_packet: int = DEFAULT_MAX_PACKET, binary: str | None = None,
-                 conf_file: str | Path | None = None) -> None:
+                 conf_file: str | Path | None = None, max_queued: int = 10000,
+                 sys_interval: int = 10) -> None:
         """`conf_file`: run that configuration as is (e.g. the one `wakefl provision`
         rendered from server/config/mosquitto.conf) instead of writing one; `port` must
         then be the port it listens on."""
@@ -91,6 +92,8 @@ class ManagedBroker:
             raise ConfigError("mosquitto is not installed (Debian: apt-get install mosquitto); "
                               "or pass --broker mqtt://HOST:PORT of an existing broker")
         self.conf_file = Path(conf_file).resolve() if conf_file else None
+        self.max_queued = max_queued
+        self.sys_interval = sys_interval
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -126,7 +129,8 @@ class ManagedBroker:
             f"autosave_interval {self.autosave_s}\n"
             "autosave_on_changes false\n"
             f"max_packet_size {self.max_packet}\n"
-            "max_queued_messages 10000\n"
+            f"max_queued_messages {self.max_queued}\n"
+            f"sys_interval {self.sys_interval}\n"
             "max_inflight_messages 20\n"
             "persistent_client_expiration 7d\n"
             "log_dest stderr\n"

@@ -95,3 +95,38 @@ def test_wrong_password_plain_tcp_and_unknown_ca_are_refused(secure_broker, tmp_
     with pytest.raises(ProtocolError):  # a server certificate this CA did not sign
         MqttLink(f"mqtts://dev-a:{a_cfg['password']}@{url.host}:{url.port}?ca={other_ca / 'ca.crt'}",
                  "dev-a").connect(3)
+
+
+def test_stolen_device_password_cannot_take_over_another_client_id(secure_broker):
+    """The broker binds the client id to the username (use_username_as_clientid): dev-a's
+    credentials used with the server's or dev-b's client id only ever reach dev-a's own
+    session, so the real server and dev-b stay connected."""
+    a_cfg, b_cfg, srv_cfg, prov = secure_broker
+    assert "use_username_as_clientid true" in (prov / "mosquitto.conf").read_text()
+    srv = MqttLink(srv_cfg["broker"], "wakefl-server-secure").connect(10)
+    b = MqttLink(b_cfg["broker"], "dev-b").connect(10)
+    try:
+        for victim in ("wakefl-server-secure", "wakefl-server", "dev-b") * 3:
+            thief = MqttLink(a_cfg["broker"], victim, clean_start=True).connect(10)
+            time.sleep(0.2)
+            thief.close()
+        time.sleep(0.5)
+        assert srv.connected and b.connected
+        assert srv.connects == 1 and b.connects == 1  # never kicked off, never reconnected
+    finally:
+        for link in (b, srv):
+            link.close()
+
+
+def test_password_file_is_private(secure_broker):
+    _, _, _, prov = secure_broker
+    assert (prov / "passwd").stat().st_mode & 0o777 == 0o600
+
+
+def test_embedded_broker_with_passwords_binds_client_ids(tmp_path):
+    broker = ManagedBroker(tmp_path / "b", extra_conf=f"password_file {tmp_path / 'passwd'}\n")
+    broker._write_conf()
+    assert "use_username_as_clientid true" in broker.conf_path.read_text()
+    anon = ManagedBroker(tmp_path / "anon")
+    anon._write_conf()
+    assert "use_username_as_clientid" not in anon.conf_path.read_text()

@@ -384,3 +384,236 @@ def test_recorded_update_reads_back_what_was_received(tmp_path, wire_dtype):
     path.write_bytes(b"not a frame at all")
     with pytest.raises(ConfigError):
         read_recorded_update(path)
+
+
+# --- hostile and broken devices (issue: a fleet that survives them) -----------------------
+
+
+class _Raw:
+    """A bare MQTT client that publishes whatever bytes it is given (anonymous broker)."""
+
+    def __init__(self, url: str, client_id: str) -> None:
+        host, port = url.removeprefix("mqtt://").split(":")
+        self.acks: list[M.Ack] = []
+        self.c = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id, protocol=paho.MQTTv5)
+        self.c.on_message = lambda c, u, m: self.acks.append(M.decode(m.payload))
+        self.c.connect(host, int(port))
+        self.c.loop_start()
+
+    def listen_acks(self, dev: str) -> None:
+        self.c.subscribe(topics.ack(FLEET, dev), qos=1)
+        time.sleep(0.3)
+
+    def send(self, topic: str, payload: bytes) -> None:
+        self.c.publish(topic, payload, qos=1).wait_for_publish(5)
+
+    def close(self) -> None:
+        self.c.disconnect()
+        self.c.loop_stop()
+
+
+def _raw_uplink(down: M.Downlink, dev: str, typ: str, text_fields: str) -> bytes:
+    """An uplink frame whose JSON metadata is written by hand (`text_fields` appended)."""
+    import json
+
+    from safetensors.torch import save as st_save
+
+    meta = json.dumps({"v": M.PROTOCOL_VERSION, "kind": "up", "fleet": FLEET, "run_id": down.run_id,
+                       "device_id": dev, "device_type": typ, "round_id": down.round_id,
+                       "sigma_m_sq": 0.1, "local_steps": 1})[:-1] + "," + text_fields + "}"
+    body = st_save({"params": torch.zeros(D)}, metadata={"wakefl": meta})
+    return M.MAGIC + hashlib.sha256(body).digest() + body
+
+
+def test_store_write_rolls_back_so_later_updates_are_recorded(tmp_path):
+    store = StateStore(tmp_path / "s")
+    bad = M.Uplink(FLEET, "r", "evil", "tv", 1, torch.zeros(4), 0.1, num_samples=2**63, local_steps=1)
+    with pytest.raises(OverflowError):
+        store.record_update(bad, b"x")
+    good = M.Uplink(FLEET, "r", "a", "tv", 1, torch.zeros(4), 0.1, num_samples=5, local_steps=1)
+    assert store.record_update(good, b"y")
+    store.count_rejection("malformed", "a", 1, "still writable")
+    assert [r["device_id"] for r in store.update_rows(1)] == ["a"]
+    assert store.rejection_counts() == {"malformed": 1}
+
+
+def test_crafted_uplinks_are_counted_acked_and_never_crash(mqtt_broker, tmp_path, caplog):
+    reg = {"a": "speaker", "b": "tv", "evil": "speaker"}
+    a, b = SimDevice(mqtt_broker.url, "a", "speaker"), SimDevice(mqtt_broker.url, "b", "tv")
+    a.hold.clear()
+    srv = _server(mqtt_broker, tmp_path, reg, rounds=1, round_timeout=30, min_clients=2)
+    thread = _start(srv)
+    evil = _Raw(mqtt_broker.url, "evil")
+    evil.listen_acks("evil")
+    try:
+        _wait(lambda: a._todo is not None, 15, "round 1 downlink")
+        down = a._todo
+        up_evil = topics.uplink(FLEET, "evil")
+        crafted = {
+            "nested": _raw_uplink(down, "evil", "speaker", '"num_samples":1,"scalars":'
+                                  + "[" * 100000 + "]" * 100000),
+            "digits": _raw_uplink(down, "evil", "speaker", '"num_samples":' + "9" * 5000),
+            "int_1e309": _raw_uplink(down, "evil", "speaker",
+                                     '"num_samples":1,"relative_fa":1' + "0" * 309),
+            "num_samples_2_63": _raw_uplink(down, "evil", "speaker", f'"num_samples":{2**63}'),
+        }
+        for payload in crafted.values():
+            evil.send(up_evil, payload)
+        evil.send(f"wakefl/{FLEET}/up/", b"no device id")
+        evil.send(f"wakefl/{FLEET}/hello/", b"no device id")
+        _wait(lambda: sum(srv.rejections.values()) >= 6, 20, "every crafted message counted")
+        _wait(lambda: len(evil.acks) >= 4, 10, "refusal acks to evil")
+        a.hold.set()
+        thread.join(30)
+        assert not thread.is_alive()
+    finally:
+        evil.close()
+        _close_all([a, b])
+    assert srv.rejections["out_of_range"] == 2 and srv.rejections["malformed"] == 4
+    assert "internal" not in srv.rejections
+    assert sorted(srv.reports[0].reported) == ["a", "b"]  # honest updates still recorded
+    # each refusal ack names the message it answers, so only its sender acts on it
+    assert sorted(x.answers for x in evil.acks) == sorted(M.message_id(p) for p in crafted.values())
+    assert not [r for r in caplog.records if r.exc_info], "a handler raised"
+
+
+def test_updates_queued_while_server_was_down_are_accepted_after_restart(mqtt_broker, tmp_path):
+    reg = {"a": "speaker", "b": "speaker", "c": "tv"}
+    # resend_s=300: b's single send is the one queued in the server's broker session
+    devs = [SimDevice(mqtt_broker.url, d, t, resend_s=300) for d, t in reg.items()]
+    b = devs[1]
+    b.hold.clear()
+    srv = _server(mqtt_broker, tmp_path, reg, rounds=1, round_timeout=60)
+    thread = _start(srv)
+    try:
+        _wait(lambda: all(1 in d.acked for d in (devs[0], devs[2])), 20, "a and c acked")
+        srv.stop_event.set()
+        thread.join(20)
+        assert not thread.is_alive()
+        b.hold.set()  # published while no server is connected: queued by the broker
+        _wait(lambda: 1 in b.sent, 5, "b's update sent")
+        time.sleep(0.5)
+        srv2 = _server(mqtt_broker, tmp_path, reg, rounds=1, round_timeout=60)
+        t0 = time.monotonic()
+        srv2.run()
+        wall = time.monotonic() - t0
+    finally:
+        _close_all(devs)
+    assert "stale_round" not in srv2.rejections, dict(srv2.rejections)
+    assert srv2.reports[0].closed_by == "all" and sorted(srv2.reports[0].reported) == ["a", "b", "c"]
+    assert 1 in b.acked and wall < 30
+
+
+class _HostileDevice(SimDevice):
+    """Answers each round with an update `scale` times its honest step (or entries of
+    `fill`) and claims zero variance."""
+
+    def __init__(self, *a, scale: float = 1.0, fill: float | None = None, **kw):
+        self.scale, self.fill = scale, fill
+        super().__init__(*a, **kw)
+
+    def update_for(self, down: M.Downlink) -> M.Uplink:
+        honest = super().update_for(down)
+        if self.fill is not None:
+            params = torch.full((D,), self.fill) * torch.tensor([1.0, -1.0]).repeat(D // 2)
+        else:
+            params = down.global_params + self.scale * (honest.params - down.global_params)
+        return M.Uplink(FLEET, down.run_id, self.dev, self.typ, down.round_id, params, 0.0,
+                        num_samples=honest.num_samples, local_steps=honest.local_steps,
+                        scalars={"has_variance": 1.0, "sigma_sq": 0.0})
+
+
+@pytest.mark.parametrize("attack", [{"fill": 3e38}, {"scale": 1e6}])
+def test_one_hostile_update_cannot_move_the_global_model(mqtt_broker, tmp_path, attack):
+    honest = {"a": "speaker", "b": "speaker", "c": "tv"}
+    reg = {**honest, "evil": "tv"}
+    devs = [SimDevice(mqtt_broker.url, d, t) for d, t in honest.items()]
+    evil = _HostileDevice(mqtt_broker.url, "evil", "tv", **attack)
+    srv = _server(mqtt_broker, tmp_path, reg, rounds=2, round_timeout=20)
+    try:
+        final = srv.run()
+    finally:
+        _close_all([*devs, evil])
+    assert all(r.screened.get("evil", "").startswith("refuse") for r in srv.reports)
+    assert srv.rejections["outlier"] == 2
+    # the run as if evil had sent nothing (same registry size, so the same activity rate)
+    order = {r: [d for d in rows if d != "evil"]
+             for r, rows in _round_orders(tmp_path / "server", 2).items()}
+    want = _expected(devs, 2, len(reg), False, order)
+    torch.testing.assert_close(final.global_params, want, rtol=0, atol=1e-6)
+    assert float(final.global_params.abs().max()) < 10
+
+
+class _DecliningDevice(SimDevice):
+    def _work(self):
+        while not self._stop.is_set():
+            time.sleep(0.05)
+            with self._lock:
+                down, self._todo = self._todo, None
+            if down is not None and down.round_id not in self.sent:
+                self.sent[down.round_id] = None  # type: ignore[assignment]
+                self.client.publish(topics.uplink(FLEET, self.dev), M.encode(
+                    M.Decline(FLEET, down.run_id, self.dev, down.round_id, "local data unreadable")), qos=1)
+
+
+def test_declining_device_lets_the_round_close_without_waiting_for_the_deadline(mqtt_broker, tmp_path):
+    reg = {"a": "speaker", "b": "tv", "broken": "tv"}
+    devs = [SimDevice(mqtt_broker.url, "a", "speaker"), SimDevice(mqtt_broker.url, "b", "tv"),
+            _DecliningDevice(mqtt_broker.url, "broken", "tv")]
+    srv = _server(mqtt_broker, tmp_path, reg, rounds=2, round_timeout=60)
+    try:
+        t0 = time.monotonic()
+        srv.run()
+        wall = time.monotonic() - t0
+    finally:
+        _close_all(devs)
+    assert wall < 20
+    for rep in srv.reports:
+        assert rep.closed_by == "all" and sorted(rep.reported) == ["a", "b"]
+        assert rep.declined == {"broken": "local data unreadable"}
+    assert not srv.rejections
+
+
+def test_static_registry_with_an_offline_device_still_runs_rounds(mqtt_broker, tmp_path):
+    reg = {"a": "speaker", "b": "tv", "never": "tv"}
+    devs = [SimDevice(mqtt_broker.url, d, t) for d, t in reg.items() if d != "never"]
+    srv = _server(mqtt_broker, tmp_path, reg, rounds=2, round_timeout=10, start_grace_s=1.0)
+    try:
+        t0 = time.monotonic()
+        final = srv.run()
+        wall = time.monotonic() - t0
+    finally:
+        _close_all(devs)
+    assert final.round_id == 2 and wall < 15
+    assert all(r.sampled == ["a", "b"] and r.closed_by == "all" for r in srv.reports)
+
+
+def test_broker_queue_overflow_is_reported_by_the_server(tmp_path):
+    from wakefl.server.broker import ManagedBroker
+
+    with ManagedBroker(tmp_path / "broker", max_queued=5, sys_interval=1) as broker:
+        reg = {"a": "speaker"}
+        dev = SimDevice(broker.url, "a", "speaker")
+        dev.hold.clear()
+        srv = _server(broker, tmp_path, reg, rounds=1, round_timeout=30)
+        thread = _start(srv)
+        host, port = broker.url.removeprefix("mqtt://").split(":")
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = 600
+        sleeper = paho.Client(CallbackAPIVersion.VERSION2, client_id="sleeper", protocol=paho.MQTTv5)
+        sleeper.connect(host, int(port), clean_start=False, properties=props)
+        sleeper.loop_start()
+        sleeper.subscribe("bulk/x", qos=1)
+        time.sleep(0.5)
+        sleeper.disconnect()
+        sleeper.loop_stop()
+        pub = _Raw(broker.url, "pub")
+        try:
+            for i in range(50):  # 45 of them overflow the sleeper's queue of 5
+                pub.send("bulk/x", str(i).encode())
+            _wait(lambda: srv.broker_dropped >= 45, 10, "the server to see the broker's drops")
+        finally:
+            pub.close()
+            dev.hold.set()
+            thread.join(30)
+            _close_all([dev])
