@@ -25,8 +25,36 @@ def list_device_types(manifest_path: str | Path) -> list[str]:
     return _device_types(read_manifest(manifest_path))
 
 
+def _check_wav_complete(path: Path) -> None:
+    """A WAV whose data chunk declares more bytes than the file holds was cut short (a
+    failed copy, a full disk): libsndfile reads what is there, and a 100-byte stub would
+    become a near-silent training clip, so it is refused instead."""
+    import struct
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(12)
+            if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+                return  # not a WAV: libsndfile judges it
+            size = path.stat().st_size
+            pos = 12
+            while pos + 8 <= size:
+                f.seek(pos)
+                cid, n = struct.unpack("<4sI", f.read(8))
+                if cid == b"data":
+                    if pos + 8 + n > size:
+                        raise AudioError(f"{path}: truncated WAV (its data chunk declares {n} bytes, "
+                                         f"the file holds {size - pos - 8})")
+                    return
+                pos += 8 + n + (n & 1)
+    except OSError as exc:
+        raise AudioError(f"cannot read {path}: {exc}") from None
+    raise AudioError(f"{path}: truncated WAV (no complete data chunk)")
+
+
 def load_clip(path: Path, window_samples: int) -> np.ndarray:
     """Decode one clip as float32 mono at 16 kHz, padded or cropped to `window_samples`."""
+    _check_wav_complete(Path(path))
     try:
         wave, sr = sf.read(str(path), dtype="float32", always_2d=True)
     except (sf.LibsndfileError, RuntimeError, OSError) as exc:

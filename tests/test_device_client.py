@@ -384,3 +384,24 @@ def test_embedding_example_runs(tiny_corpus):
     assert res.returncode == 0, res.stdout + res.stderr
     assert "took part in 1 round(s); 1 update(s) accepted" in res.stdout, res.stdout
     assert "personal model exported" in res.stdout and "streamed" in res.stdout, res.stdout
+
+
+def test_truncated_wav_in_local_data_is_refused_with_a_clear_error(tmp_path):
+    import soundfile as sf
+
+    from wakefl.errors import AudioError
+    from wakefl.sdk.dataset import WakeWordDataset
+    from wakefl.sdk.manifest import ManifestRow, write_manifest
+
+    (tmp_path / "clips").mkdir()
+    rows = []
+    for i in range(2):
+        sf.write(tmp_path / "clips" / f"c{i}.wav", np.full(24000, 0.1, np.float32), 16000,
+                 subtype="PCM_16")
+        rows.append(ManifestRow(f"clips/c{i}.wav", i % 2, "A", "normal", "s1", "train", 1.5, "clip"))
+    manifest = write_manifest(rows, tmp_path / "manifest.csv")
+    assert len(WakeWordDataset(manifest, "A", "train")) == 2
+    whole = (tmp_path / "clips" / "c1.wav").read_bytes()
+    (tmp_path / "clips" / "c1.wav").write_bytes(whole[:100])  # a copy cut short
+    with pytest.raises(AudioError, match="truncated WAV"):
+        WakeWordDataset(manifest, "A", "train")

@@ -104,7 +104,7 @@ def _handler(args: argparse.Namespace) -> int:
             devices=parse_devices(args.devices) if args.devices else None,
             strategy_name=args.strategy, strategy_args=strategy_args,
             wire_dtype=args.wire_dtype, ack_timeout_s=args.ack_timeout,
-            start_timeout=args.start_timeout, seed=args.seed)
+            start_timeout=args.start_timeout, start_grace_s=args.start_grace, seed=args.seed)
         AggregationServer(cfg, strategy).run()
     finally:
         if broker is not None:
@@ -123,8 +123,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--group-by", choices=["none", "device_type"], default="none",
                    help="device_type: cluster-level aggregation with one representative per type")
     p.add_argument("--min-clients", type=int, default=None,
-                   help="quorum: close a round once this many updates are in (default: all sampled); "
-                        "also the number of devices that must be online before a round starts")
+                   help="quorum: close a round once this many updates are in (default: all sampled "
+                        "that did not decline); also the number of devices that must be online "
+                        "before a round starts (default: see --start-grace)")
     p.add_argument("--round-timeout", type=float, default=600.0, help="seconds per round (deadline)")
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--activity-rate", type=float, default=1.0, help="share C of devices sampled")
@@ -140,6 +141,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ack-timeout", type=float, default=30.0, help="device re-send interval (s)")
     p.add_argument("--start-timeout", type=float, default=None,
                    help="give up if the devices needed are not online after this many seconds")
+    p.add_argument("--start-grace", type=float, default=None,
+                   help="with --devices and no --min-clients: seconds to wait for every listed "
+                        "device before the first round, then start with those online "
+                        "(default: min(--round-timeout, 60))")
     p.add_argument("--embedded-port", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("-v", "--verbose", action="store_true")
