@@ -200,13 +200,16 @@ def bootstrap_relative_fa_by_subset(
     n_boot: int = 1000,
     seed: int = 0,
     level: float = 0.95,
+    baseline_thr: float | None = None,
 ) -> dict[str, tuple[float | None, float | None]]:
     """Bootstrap intervals of the relative FA on subsets of the negatives (e.g. device
     states) whose operating point is set on the whole set, as in `bootstrap_relative_fa_ci`.
 
     Each replicate resamples the whole set, redoes the matching on it, and evaluates the
     relative FA of every subset (boolean mask over the negatives) at those thresholds; a
-    subset with no negative in a replicate skips that replicate.
+    subset with no negative in a replicate skips that replicate. `baseline_thr` fixes the
+    baseline's threshold (a shipped one) instead of refitting it to `target_fr` in each
+    replicate; the candidate is still rematched to the baseline's FR in the replicate.
     """
     bp = _scores(base_pos, "base_pos")
     bn = _scores(base_neg, "base_neg")
@@ -247,7 +250,7 @@ def bootstrap_relative_fa_by_subset(
             ineg = np.concatenate([neg_members[i] for i in drawn])
             if ip.size == 0 or ineg.size == 0:
                 continue
-        tb = baseline_threshold(bp[ip], target_fr)
+        tb = baseline_threshold(bp[ip], target_fr) if baseline_thr is None else baseline_thr
         tc = matched_threshold(cp[ip], fr_at(bp[ip], tb))
         for name, m in masks.items():
             sel = ineg[m[ineg]]
@@ -289,6 +292,178 @@ def bootstrap_relative_fa_ci(
         groups=groups, n_boot=n_boot, seed=seed, level=level,
     )
     return out["all"]
+
+
+# --------------------------------------------------------------------------------------
+# One evaluation routine: the cell figures both `wakefl eval` and the paper study report
+# --------------------------------------------------------------------------------------
+
+# Note of a set that has no wake-word or no other clips: no operating point can be set.
+NO_CELL_NOTE = "no wake-word or no other clips in this cell"
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    """Both models' thresholds on one set: the baseline's (fitted to a target FR, or the
+    shipped one) and the candidate's, matched to the baseline's FR on that set."""
+
+    baseline_threshold: float
+    candidate_threshold: float
+    baseline_fr: float
+    shipped: bool
+
+
+def operating_point(
+    base_pos: Sequence[float] | np.ndarray,
+    cand_pos: Sequence[float] | np.ndarray,
+    target_fr: float,
+    baseline_thr: float | None = None,
+) -> OperatingPoint:
+    """The baseline's threshold (`baseline_thr` when given, else fitted to `target_fr`)
+    and the candidate's threshold matched to the FR the baseline has there."""
+    bp = _scores(base_pos, "base_pos")
+    if baseline_thr is None:
+        tb = baseline_threshold(bp, target_fr)
+    elif not math.isfinite(baseline_thr):
+        raise ValueError(f"baseline threshold must be finite, got {baseline_thr!r}")
+    else:
+        tb = float(baseline_thr)
+    fr_b = fr_at(bp, tb)
+    return OperatingPoint(tb, matched_threshold(cand_pos, fr_b), fr_b, baseline_thr is not None)
+
+
+@dataclass(frozen=True)
+class CellFigures:
+    """Candidate vs baseline on one subset of a set, at the set's operating point. A
+    figure is None where the subset has no clips to measure it on (`notes` says so)."""
+
+    n_positive: int
+    n_negative: int
+    baseline_fr: float | None = None
+    candidate_fr: float | None = None
+    baseline_fa: float | None = None
+    candidate_fa: float | None = None
+    baseline_fa_count: int | None = None
+    candidate_fa_count: int | None = None
+    relative_fa: float | None = None
+    relative_fr: float | None = None
+    relative_fa_ci: tuple[float | None, float | None] = (None, None)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def note(self) -> str:
+        return "; ".join(n for n in self.notes if n)
+
+
+def _cell_figures(
+    base: np.ndarray, cand: np.ndarray, pos: np.ndarray, neg: np.ndarray, op: OperatingPoint,
+    ci: tuple[float | None, float | None],
+) -> CellFigures:
+    """Phase 2 of `relative_by_subset`: one subset's counts and ratios at `op`."""
+    n_pos, n_neg = int(np.count_nonzero(pos)), int(np.count_nonzero(neg))
+    tb, tc = op.baseline_threshold, op.candidate_threshold
+    fig: dict = {"n_positive": n_pos, "n_negative": n_neg}
+    notes = []
+    if n_pos:
+        fig["baseline_fr"], fig["candidate_fr"] = fr_at(base[pos], tb), fr_at(cand[pos], tc)
+        fig["relative_fr"], note = safe_ratio(fig["candidate_fr"], fig["baseline_fr"], "FR")
+        notes.append(note)
+    else:
+        notes.append("no wake-word clips here: FR not measured")
+    if n_neg:
+        fig["baseline_fa_count"] = int(np.count_nonzero(base[neg] >= tb))
+        fig["candidate_fa_count"] = int(np.count_nonzero(cand[neg] >= tc))
+        fig["baseline_fa"], fig["candidate_fa"] = fa_at(base[neg], tb), fa_at(cand[neg], tc)
+        fig["relative_fa"], note = safe_ratio(fig["candidate_fa"], fig["baseline_fa"], "FA")
+        fig["relative_fa_ci"] = ci
+        notes.insert(0, note)
+    else:
+        notes.insert(0, "no negative clips here: FA not measured")
+    return CellFigures(**fig, notes=tuple(n for n in notes if n))
+
+
+def relative_by_subset(
+    base_scores: Sequence[float] | np.ndarray,
+    cand_scores: Sequence[float] | np.ndarray,
+    labels: Sequence[int] | np.ndarray,
+    units: Sequence[str] | np.ndarray,
+    subsets: dict[str, np.ndarray],
+    target_fr: float,
+    n_boot: int,
+    seed: int,
+    baseline_thr: float | None = None,
+) -> tuple[OperatingPoint | None, dict[str, CellFigures]]:
+    """Relative FA/FR of a candidate against the baseline on subsets of one set of clips
+    (e.g. the device states of a device type), the one routine behind `wakefl eval` and
+    the paper study.
+
+    Both models work at one operating point set on the whole set (see `operating_point`),
+    as a device ships one threshold, not one per subset; each subset (a boolean mask over
+    the clips) counts its false accepts and rejects at those thresholds, so its relative
+    FR shows how well the match holds within it. The interval of each subset's relative
+    FA is the paired bootstrap over `units` (`bootstrap_relative_fa_by_subset`), redoing
+    the operating point in every replicate. Without wake-word or without other clips in
+    the whole set no operating point exists: (None, figures with counts only).
+    """
+    base = _scores(base_scores, "base_scores")
+    cand = _scores(cand_scores, "cand_scores")
+    lab = np.asarray(labels).reshape(-1)
+    grp = np.asarray(units, dtype=str).reshape(-1)
+    if not (base.size == cand.size == lab.size == grp.size):
+        raise ValueError(f"scores, labels and units differ in length: {base.size}, {cand.size}, "
+                         f"{lab.size}, {grp.size}")
+    pos, neg = lab == 1, lab == 0
+    masks = {k: np.asarray(m, dtype=bool).reshape(-1) for k, m in subsets.items()}
+    if not pos.any() or not neg.any():
+        return None, {k: CellFigures(int(np.count_nonzero(pos & m)), int(np.count_nonzero(neg & m)),
+                                     notes=(NO_CELL_NOTE,)) for k, m in masks.items()}
+    op = operating_point(base[pos], cand[pos], target_fr, baseline_thr)
+    with_neg = {k: m[neg] for k, m in masks.items() if (neg & m).any()}
+    cis = bootstrap_relative_fa_by_subset(
+        base[pos], base[neg], cand[pos], cand[neg], target_fr, with_neg,
+        groups=(grp[pos], grp[neg]), n_boot=n_boot, seed=seed, baseline_thr=baseline_thr,
+    )
+    return op, {k: _cell_figures(base, cand, pos & m, neg & m, op, cis.get(k, (None, None)))
+                for k, m in masks.items()}
+
+
+def fa_per_hour_ceiling(hop_s: float, refractory_s: float) -> float:
+    """The most detection events an hour can hold: events lie on the hop grid at least one
+    refractory period apart, so one per ceil(refractory / hop) hops."""
+    if not (hop_s > 0 and refractory_s >= 0):
+        raise ValueError(f"hop_s must be > 0 and refractory_s >= 0, got {hop_s}, {refractory_s}")
+    spacing = max(1, math.ceil(refractory_s / hop_s - 1e-9)) * hop_s
+    return 3600.0 / spacing
+
+
+# FA/hour within this share of its ceiling is reported as saturated.
+SATURATION_SHARE = 0.8
+
+
+def is_saturated(fa_per_hour: float | None, ceiling: float) -> bool:
+    """Whether a FA/hour figure sits within 20% of its ceiling: the refractory period then
+    caps the count, and the real rate of false triggers may be higher."""
+    return fa_per_hour is not None and fa_per_hour >= SATURATION_SHARE * ceiling
+
+
+def interval_record(ci: Sequence[float | None], point: float | None, measured: bool = True) -> dict:
+    """A bootstrap interval as JSON with nothing left implicit: a bound that the
+    bootstrap found infinite is the string "unbounded", and the note says why.
+    `measured=False`: the subset has no clips to measure FA on."""
+    lo, hi = ci
+    if not measured:
+        return {"lower": None, "upper": None, "note": "not measured: no negative clips here"}
+    if lo is None and hi is None:
+        if point is None:
+            return {"lower": "unbounded", "upper": "unbounded",
+                    "note": "unbounded: the baseline makes no false accept here"}
+        return {"lower": None, "upper": None, "note": "no interval: no resample could be evaluated"}
+    rec: dict = {"lower": lo, "upper": hi, "note": ""}
+    if hi is None:
+        rec["upper"] = "unbounded"
+        rec["note"] = ("upper bound unbounded: in some resamples the baseline makes no false "
+                       "accept while the candidate does")
+    return rec
 
 
 def det_curve(

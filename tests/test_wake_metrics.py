@@ -267,3 +267,42 @@ def test_bootstrap_by_subset_keeps_each_subset_apart():
     assert cis["y"] == (1.0, 1.0)
     assert cis["x"][1] < 1.0
     assert cis["all"] == bootstrap_relative_fa_ci(pos, neg, pos, cand_neg, 0.05, n_boot=100, seed=3)
+
+
+def test_relative_by_subset_at_a_shipped_threshold():
+    from wakefl.sdk.wake_metrics import relative_by_subset
+
+    rng = np.random.default_rng(4)
+    labels = np.repeat([1, 0], 200)
+    base = rng.normal(size=400) + 2.0 * labels
+    cand = np.where(labels == 0, base - 0.5, base)  # same positives, lower negatives
+    units = np.array([f"s{i % 20}" for i in range(400)])
+    subsets = {"all": np.ones(400, bool), "half": np.arange(400) % 2 == 0}
+    op, cells = relative_by_subset(base, cand, labels, units, subsets, 0.05, 50, 0, baseline_thr=1.3)
+    # Not refitted: the baseline stays at its threshold, the candidate is matched to its FR.
+    assert op.shipped and op.baseline_threshold == 1.3
+    # Identical positives: the candidate's FR there is the baseline's, at the lowest FA.
+    assert op.candidate_threshold == base[:200][base[:200] >= 1.3].min()
+    assert fr_at(cand[:200], op.candidate_threshold) == op.baseline_fr
+    assert cells["all"].baseline_fr == fr_at(base[:200], 1.3) == op.baseline_fr
+    assert cells["all"].relative_fa == pytest.approx(
+        fa_at(cand[200:], op.candidate_threshold) / fa_at(base[200:], 1.3))
+    assert cells["all"].relative_fa_ci[1] < 1.0
+    assert cells["half"].n_negative == 100
+    fitted, _ = relative_by_subset(base, cand, labels, units, subsets, 0.05, 10, 0)
+    assert not fitted.shipped and fitted.baseline_threshold == baseline_threshold(base[:200], 0.05)
+
+
+def test_saturation_and_explicit_unbounded_intervals():
+    from wakefl.sdk.wake_metrics import fa_per_hour_ceiling, interval_record, is_saturated
+
+    assert fa_per_hour_ceiling(0.1, 1.0) == pytest.approx(3600.0)
+    assert fa_per_hour_ceiling(0.25, 1.1) == pytest.approx(3600.0 / 1.25)  # next hop on the grid
+    assert fa_per_hour_ceiling(0.1, 0.0) == pytest.approx(36000.0)
+    assert is_saturated(2900.0, 3600.0) and not is_saturated(2800.0, 3600.0)
+    assert not is_saturated(None, 3600.0)
+    rec = interval_record((0.8, None), 1.2)
+    assert rec["lower"] == 0.8 and rec["upper"] == "unbounded" and "no false accept" in rec["note"]
+    assert interval_record((None, None), None)["upper"] == "unbounded"
+    assert interval_record((0.5, 0.9), 0.7) == {"lower": 0.5, "upper": 0.9, "note": ""}
+    assert interval_record((None, None), None, measured=False)["upper"] is None

@@ -235,69 +235,36 @@ def relative_records(
     seed: int, repeats: int = 1,
 ) -> dict[str, dict[str, Any]]:
     """Relative FA/FR (with a speaker-bootstrap CI) of candidate scores on `ev`, per entry
-    of `states` (a device state, or "all" for every clip). Both models work at their
-    operating points on the whole device type's clips (the baseline's where its FR meets
-    `target_fr`, the candidate's matched to that FR), as a device ships one threshold, not
-    one per state; a state's row counts its false accepts and rejects at those thresholds,
-    so its relative FR shows how well the match holds within the state. `repeats` > 1:
-    `cand_scores` holds that many models' scores of the same clips one after the other (a
-    device type's fleet of personalized models), compared with the baseline's scores
-    repeated alike at one shared threshold."""
-    from wakefl.sdk.wake_metrics import (
-        bootstrap_relative_fa_by_subset,
-        fa_at,
-        fr_at,
-        relative_fa_fr,
-        safe_ratio,
-    )
+    of `states` (a device state, or "all" for every clip), by the one routine `wakefl eval`
+    uses too (`wakefl.sdk.wake_metrics.relative_by_subset`): both models at their operating
+    points on the whole device type's clips, each state counted at those thresholds.
+    `repeats` > 1: `cand_scores` holds that many models' scores of the same clips one after
+    the other (a device type's fleet of personalized models), compared with the baseline's
+    scores repeated alike at one shared threshold."""
+    from wakefl.sdk.wake_metrics import relative_by_subset
 
     labels = np.tile(ev.labels, repeats)
     clip_states = np.tile(ev.states, repeats)
-    units = np.tile(ev.speakers, repeats)
-    base = np.tile(ev.baseline_scores, repeats)
-    cand = np.asarray(cand_scores)
-    pos, neg = labels == 1, labels == 0
     masks = {st: np.ones(labels.size, bool) if st == ALL_STATES else clip_states == st
              for st in states}
-    out: dict[str, dict[str, Any]] = {
-        st: {"n_positive": int((pos & m).sum()), "n_negative": int((neg & m).sum())}
-        for st, m in masks.items()}
-    if not pos.any() or not neg.any():
-        for rec in out.values():
-            rec.update(relative_fa=None, relative_fr=None, relative_fa_ci=[None, None],
-                       note="no wake-word or no other clips in this cell")
-        return out
-    res = relative_fa_fr(base[pos], base[neg], cand[pos], cand[neg], target_fr)
-    tb, tc = res.baseline_threshold, res.candidate_threshold
-    with_neg = {st: m[neg] for st, m in masks.items() if (neg & m).any()}
-    cis = bootstrap_relative_fa_by_subset(
-        base[pos], base[neg], cand[pos], cand[neg], target_fr, with_neg,
-        groups=(units[pos], units[neg]), n_boot=n_boot, seed=seed,
+    _, cells = relative_by_subset(
+        np.tile(ev.baseline_scores, repeats), cand_scores, labels, np.tile(ev.speakers, repeats),
+        masks, target_fr, n_boot, seed,
     )
-    for st, m in masks.items():
-        rec = out[st]
-        if st not in with_neg:
-            rec.update(relative_fa=None, relative_fr=None, relative_fa_ci=[None, None],
-                       note="no other clips in this cell")
-            continue
-        bn, cn = base[neg & m], cand[neg & m]
-        fa_b, fa_c = fa_at(bn, tb), fa_at(cn, tc)
-        rel_fa, note_fa = safe_ratio(fa_c, fa_b, "FA")
-        fr_b = fr_c = rel_fr = None
-        note_fr = ""
-        if (pos & m).any():
-            fr_b, fr_c = fr_at(base[pos & m], tb), fr_at(cand[pos & m], tc)
-            rel_fr, note_fr = safe_ratio(fr_c, fr_b, "FR")
-        lo, hi = cis[st]
-        rec.update(
-            baseline_fa_count=int(np.count_nonzero(bn >= tb)),
-            candidate_fa_count=int(np.count_nonzero(cn >= tc)),
-            relative_fa=_round(rel_fa), relative_fr=_round(rel_fr),
-            relative_fa_ci=[_round(lo), _round(hi)], baseline_fr=_round(fr_b),
-            baseline_fa=_round(fa_b), candidate_fr=_round(fr_c), candidate_fa=_round(fa_c),
-            note="; ".join(n for n in (note_fa, note_fr) if n),
-        )
-    return out
+    return {st: study_record(cell) for st, cell in cells.items()}
+
+
+def study_record(cell: Any) -> dict[str, Any]:
+    """The study's row fields of one `CellFigures`, rounded for byte-stable output."""
+    lo, hi = cell.relative_fa_ci
+    return {
+        "n_positive": cell.n_positive, "n_negative": cell.n_negative,
+        "baseline_fa_count": cell.baseline_fa_count, "candidate_fa_count": cell.candidate_fa_count,
+        "relative_fa": _round(cell.relative_fa), "relative_fr": _round(cell.relative_fr),
+        "relative_fa_ci": [_round(lo), _round(hi)], "baseline_fr": _round(cell.baseline_fr),
+        "baseline_fa": _round(cell.baseline_fa), "candidate_fr": _round(cell.candidate_fr),
+        "candidate_fa": _round(cell.candidate_fa), "note": cell.note,
+    }
 
 
 def paired_fa_ratio(

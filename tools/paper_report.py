@@ -40,7 +40,7 @@ def format_cell(row: dict[str, Any] | None, with_ci: bool = True) -> str:
     if row is None:
         return "n/a"
     note = row.get("note") or ""
-    if row.get("relative_fa") is None and note.startswith("no wake-word"):
+    if row.get("relative_fa") is None and note.startswith(("no wake-word", "no negative")):
         return "n/a"
     if note.startswith("diverged"):
         return "diverged"
