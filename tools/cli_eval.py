@@ -19,12 +19,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         ".safetensors checkpoints.",
     )
     p.add_argument("--baseline", required=True, help="baseline model (.onnx or .safetensors)")
-    p.add_argument("--candidate", required=True, action="append", default=None,
-                   help="candidate model; repeat for several")
+    p.add_argument("--candidate", action="append", default=None,
+                   help="candidate model, scored on every device type; MODEL:TYPE scores it only "
+                   "on device type TYPE (a personalized model); repeat for several")
+    p.add_argument("--pairing", metavar="CSV",
+                   help="CSV with columns model,device_type: each model scored only on its device type")
     p.add_argument("--manifest", required=True, help="corpus manifest.csv")
     p.add_argument("--split", default="test", choices=("train", "val", "test"))
     p.add_argument("--target-fr", type=float, default=0.05,
-                   help="FR of the baseline's operating point (default 0.05)")
+                   help="fit the baseline's threshold to this FR (default 0.05)")
+    fixed = p.add_mutually_exclusive_group()
+    fixed.add_argument("--threshold", type=float, default=None,
+                       help="the baseline's shipped threshold, on every device type (no refitting)")
+    fixed.add_argument("--thresholds", metavar="FILE",
+                       help="the baseline's shipped threshold per device type: JSON {\"A\": 0.6, ...} "
+                       "or CSV device_type,threshold (\"*\": every other device type)")
+    fixed.add_argument("--at-shipped-threshold", action="store_true",
+                       help="use the shipped_threshold of the baseline's model card (<model>.json "
+                       "or ONNX metadata)")
     p.add_argument("--json", action="store_true", help='print {"rows": [...]} as JSON')
     p.add_argument("--report", metavar="DIR", help="write DET plots and a Markdown/HTML report here")
     p.add_argument("--format", choices=("md", "html", "both"), default="both",
@@ -43,25 +55,39 @@ def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f}"
 
 
+def _bound(x: float | str | None) -> str:
+    return "inf" if x == "unbounded" else _fmt(x)  # type: ignore[arg-type]
+
+
 def _table(rows: list[dict]) -> str:
     head = f"{'candidate':<16} {'device':<7} {'state':<9} {'FR':>6} {'FA':>6} {'relFA':>6} {'CI':>15} {'relFR':>6} {'FA/h':>8} {'pos':>5} {'neg':>5}"
     lines = [head, "-" * len(head)]
     for r in rows:
-        lo, hi = r["relative_fa_ci"]
-        ci = f"[{_fmt(lo)},{'inf' if hi is None and lo is not None else _fmt(hi)}]"
+        ci = f"[{_bound(r['relative_fa_ci']['lower'])},{_bound(r['relative_fa_ci']['upper'])}]"
         fph = "n/a" if r["fa_per_hour"] is None else f"{r['fa_per_hour']:.1f}"
+        if r.get("fa_per_hour_saturated"):
+            fph += "*"  # saturated: at the refractory period's ceiling
         lines.append(
             f"{r['candidate'][:16]:<16} {r['device_type']:<7} {r['state']:<9} {_fmt(r['fr']):>6} "
             f"{_fmt(r['fa']):>6} {_fmt(r['relative_fa']):>6} {ci:>15} {_fmt(r['relative_fr']):>6} "
             f"{fph:>8} {r['n_positive']:>5} {r['n_negative']:>5}"
         )
+    if any(r.get("fa_per_hour_saturated") or r.get("baseline_fa_per_hour_saturated") for r in rows):
+        lines.append("* FA/h saturated: within 20% of its ceiling (one event per refractory "
+                     "period); the real rate of false triggers may be higher")
     return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
     from wakefl.errors import ConfigError
     from wakefl.tools.eval_report import result_json, write_report
-    from wakefl.tools.evaluation import EvalSettings, run_evaluation
+    from wakefl.tools.evaluation import (
+        EvalSettings,
+        parse_candidate,
+        read_pairing,
+        read_thresholds,
+        run_evaluation,
+    )
 
     if not (math.isfinite(args.target_fr) and 0.0 <= args.target_fr < 1.0):
         raise ConfigError(f"--target-fr must be in [0, 1), got {args.target_fr}")
@@ -69,12 +95,19 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--n-boot must be at least 1, got {args.n_boot}")
     if args.batch < 1:
         raise ConfigError(f"--batch must be at least 1, got {args.batch}")
+    candidates = [parse_candidate(c) for c in args.candidate or []]
+    if args.pairing:
+        candidates += read_pairing(args.pairing)
+    if not candidates:
+        raise ConfigError("give at least one --candidate (or a --pairing file)")
+    threshold = read_thresholds(args.thresholds) if args.thresholds else args.threshold
     settings = EvalSettings(
         split=args.split, target_fr=args.target_fr, n_boot=args.n_boot, seed=args.seed,
         batch=args.batch, hop_s=args.hop_s, smoothing=args.smoothing,
-        refractory_s=args.refractory_s, progress=not args.quiet,
+        refractory_s=args.refractory_s, progress=not args.quiet, threshold=threshold,
+        at_shipped_threshold=args.at_shipped_threshold,
     )
-    result = run_evaluation(args.baseline, args.candidate, args.manifest, settings)
+    result = run_evaluation(args.baseline, candidates, args.manifest, settings)
     if args.report:
         formats = ("md", "html") if args.format == "both" else (args.format,)
         written = write_report(result, args.report, formats)

@@ -33,9 +33,18 @@ def _num(x: float | None, fmt: str = "{:.3f}") -> str:
     return "n/a" if x is None else fmt.format(x)
 
 
+def _bound(x: float | str | None) -> str:
+    return x if isinstance(x, str) else _num(x, "{:.2f}")
+
+
+def _fph(x: float | None, saturated: bool) -> str:
+    return _num(x, "{:.1f}") + (" (saturated)" if saturated else "")
+
+
 def _cells(row: dict[str, Any]) -> list[str]:
-    low, high = row["relative_fa_ci"]
-    ci = f"[{_num(low, '{:.2f}')}, {'unbounded' if high is None and low is not None else _num(high, '{:.2f}')}]"
+    ci_rec = row["relative_fa_ci"]
+    ci = f"[{_bound(ci_rec['lower'])}, {_bound(ci_rec['upper'])}]"
+    note = "; ".join(n for n in (row["note"], ci_rec["note"]) if n)
     return [
         row["candidate"],
         row["device_type"],
@@ -44,12 +53,13 @@ def _cells(row: dict[str, Any]) -> list[str]:
         f"{_num(row['baseline_fa'])} → {_num(row['fa'])}",
         f"{_num(row['relative_fa'])} {ci}",
         _num(row["relative_fr"]),
-        f"{_num(row['baseline_fa_per_hour'], '{:.1f}')} → {_num(row['fa_per_hour'], '{:.1f}')}",
+        f"{_fph(row['baseline_fa_per_hour'], row['baseline_fa_per_hour_saturated'])} → "
+        f"{_fph(row['fa_per_hour'], row['fa_per_hour_saturated'])}",
         str(row["n_positive"]),
         str(row["n_negative"]),
         str(row["n_speakers"]),
         f"{row['stream_hours']:.3f}",
-        row["note"] or "",
+        note,
     ]
 
 
@@ -58,8 +68,8 @@ def _explanation(result: EvalResult) -> list[str]:
     return [
         f"Manifest `{result.manifest}`, split `{st.split}`: {result.summary['n_clips']} clips, "
         f"{result.summary['n_streams']} negative streams ({result.summary['stream_hours']:.3f} h).",
-        f"Baseline operating point per device type: the largest threshold whose FR is at most "
-        f"{st.target_fr:.1%} (a score >= threshold accepts). Each candidate's threshold gives the FR "
+        _baseline_point(result),
+        "Each candidate's threshold gives the FR "
         "closest to the baseline's (the lower FR when two are equally close, the largest "
         "threshold for that FR). States are evaluated at their device type's thresholds; "
         "device `all` pools every device type with one operating point.",
@@ -67,8 +77,45 @@ def _explanation(result: EvalResult) -> list[str]:
         "ratio over a baseline of 0 is n/a, 0/0 is 1 (see notes). The 95% interval comes from "
         f"{st.n_boot} bootstrap resamples of speakers, redoing the matching in each.",
         f"FA/hour: detection events of the streaming detector (hop {st.hop_s} s) on the negative "
-        "streams at each model's threshold, over the stream hours shown.",
+        "streams at each model's threshold, over the stream hours shown. The refractory period "
+        "caps it at one event per period; a figure within 20% of that ceiling is marked "
+        "(saturated): the real rate of false triggers may be higher.",
+        "An interval bound shown as `unbounded` comes from resamples in which the baseline made "
+        "no false accept while the candidate did (a ratio over zero).",
     ]
+
+
+def _baseline_point(result: EvalResult) -> str:
+    shipped = result.summary.get("baseline_thresholds")
+    if not shipped:
+        return (f"Baseline operating point per device type: the largest threshold whose FR is at "
+                f"most {result.settings.target_fr:.1%} (a score >= threshold accepts).")
+    text = ("Baseline operating point per device type: its shipped threshold ("
+            + ", ".join(f"{d} {t:g}" for d, t in shipped.items()) + "), not refitted; see the "
+            "table of the baseline at its shipped threshold.")
+    skipped = result.summary.get("pooled_rows_skipped")
+    if skipped:
+        text += f" Pooled rows omitted: {skipped['why']}."
+    return text
+
+
+def shipped_table(result: EvalResult) -> list[str]:
+    """Markdown lines: the baseline's FR, FA and FA/hour at its shipped threshold, per device
+    type, beside which the rows give relative FA at matched FR."""
+    if not result.summary.get("baseline_thresholds"):
+        return []
+    lines = ["## The baseline at its shipped threshold", "",
+             "| device | threshold | FR | FA/clip | FA/hour | wake words | negatives | stream h |",
+             "|---|---|---|---|---|---|---|---|"]
+    seen = set()
+    for r in result.rows:
+        if r["state"] != ALL or r["device_type"] in seen:
+            continue
+        seen.add(r["device_type"])
+        lines.append(f"| {r['device_type']} | {r['baseline_threshold']:g} | {_num(r['baseline_fr'])} | "
+                     f"{_num(r['baseline_fa'])} | {_fph(r['baseline_fa_per_hour'], r['baseline_fa_per_hour_saturated'])} | "
+                     f"{r['n_positive']} | {r['n_negative']} | {r['stream_hours']:.3f} |")
+    return [*lines, ""]
 
 
 def _plots(result: EvalResult, out_dir: Path) -> dict[str, Path]:
@@ -88,6 +135,7 @@ def _markdown(result: EvalResult, plots: dict[str, Path]) -> str:
     lines = ["# Wake-word evaluation: relative FA/FR against the baseline", ""]
     lines += [f"- {t}" for t in _explanation(result)]
     lines += ["", "Models: " + ", ".join(f"`{n}` = `{p}`" for n, p in result.models.items()), ""]
+    lines += shipped_table(result)
     lines += ["## Results", ""]
     lines.append("| " + " | ".join(h for _, h in COLUMNS) + " |")
     lines.append("|" + "---|" * len(COLUMNS))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -188,3 +189,85 @@ def score_clips(
     """Scores of the clip rows, in row order."""
     windows = load_clip_windows(rows, manifest_dir, scorer.sample_rate, scorer.window_samples, progress)
     return score_windows(scorer, windows, batch, progress=progress)
+
+
+@dataclass(frozen=True)
+class StreamPosteriors:
+    """Every hop's raw and smoothed posterior over a whole stream, with the detector rules
+    (`refractory_samples`, the hop grid) needed to turn them into events at any threshold.
+    Scoring is the costly part; the events at several thresholds then cost next to nothing."""
+
+    ends: np.ndarray  # window end of every hop, in samples of the (padded) stream
+    raw: np.ndarray
+    smoothed: np.ndarray
+    sample_rate: int
+    hop_samples: int
+    refractory_samples: int
+    pad: int  # silence put before audio shorter than one window, as `detect_audio` does
+
+    @property
+    def times_s(self) -> np.ndarray:
+        return self.ends / self.sample_rate - self.pad / self.sample_rate
+
+
+def smooth_like_detector(raw: np.ndarray, smoothing: int) -> np.ndarray:
+    """The streaming detector's moving average, with its float rounding: it sums the
+    recent posteriors oldest first starting from 0 (Python's `sum` over its deque) and
+    divides by how many there are (fewer at the stream's start)."""
+    acc = np.zeros(raw.size, dtype=np.float64)
+    for lag in range(smoothing - 1, -1, -1):  # oldest first, as `sum` adds them
+        acc[lag:] += raw[: raw.size - lag]
+    return acc / np.minimum(np.arange(1, raw.size + 1), smoothing)
+
+
+def stream_posteriors(scorer: Scorer, audio: np.ndarray, hop_s: float = 0.1,
+                      smoothing: int | None = None, refractory_s: float | None = None,
+                      batch: int = 64) -> StreamPosteriors:
+    """What `wakefl.edge_runtime.detect_audio` computes, bit for bit, with the windows cut
+    from the whole stream at once and scored in batches of `batch`: a device's detector
+    scores a few windows per push, which offline is pure overhead. `smoothing` and
+    `refractory_s` None take the detector's defaults."""
+    from numpy.lib.stride_tricks import sliding_window_view
+
+    from wakefl.edge_runtime import StreamingDetector, to_float32
+
+    kwargs: dict[str, Any] = {"hop_s": hop_s, "threshold": 0.5}
+    if smoothing is not None:
+        kwargs["smoothing"] = smoothing
+    if refractory_s is not None:
+        kwargs["refractory_s"] = refractory_s
+    # The detector validates the settings and rounds them to samples: one set of rules.
+    det = StreamingDetector(scorer, **kwargs)
+    x = to_float32(audio)
+    if x.size == 0:
+        raise AudioError("no audio samples to score")
+    pad = max(0, det.window_samples - x.size)
+    if pad:
+        x = np.concatenate([np.zeros(pad, dtype=np.float32), x])
+    windows = sliding_window_view(x, det.window_samples)[:: det.hop_samples]
+    raw = np.empty(len(windows), dtype=np.float64)
+    for s in range(0, len(windows), batch):
+        raw[s : s + batch] = np.asarray(scorer.score(np.ascontiguousarray(windows[s : s + batch])),
+                                        dtype=np.float64).reshape(-1)
+    if not np.all(np.isfinite(raw)):
+        i = int(np.flatnonzero(~np.isfinite(raw))[0])
+        raise AudioError(f"non-finite posterior at {(det.window_samples + i * det.hop_samples) / det.sample_rate:.2f} s")
+    ends = det.window_samples + det.hop_samples * np.arange(raw.size, dtype=np.int64)
+    return StreamPosteriors(ends, raw, smooth_like_detector(raw, det.smoothing), det.sample_rate,
+                            det.hop_samples, det.refractory_samples, pad)
+
+
+def detection_times(post: StreamPosteriors, threshold: float) -> list[float]:
+    """Times (s) of the events the streaming detector raises at `threshold`: the smoothed
+    posterior reaches it, at least one refractory period after the previous event."""
+    if threshold > 1.0:  # above every probability: the model never fires
+        return []
+    times = post.times_s
+    out: list[float] = []
+    last: int | None = None
+    for i in np.flatnonzero(post.smoothed >= threshold):
+        end = int(post.ends[i])
+        if last is None or end - last >= post.refractory_samples:
+            last = end
+            out.append(float(times[i]))
+    return out
