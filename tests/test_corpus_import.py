@@ -132,3 +132,144 @@ def test_cli_import(recordings: Path, tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["corpus", "import", "--src", str(recordings), "--manifest", str(tmp_path / "cols.csv"),
                  "--out", str(tmp_path / "c")]) == 2  # fmt: skip
     assert "missing column(s) path, device_type" in capsys.readouterr().err
+
+
+# --- locating the phrase, background padding, names, leakage, --force ----------------------
+
+
+def _trimmed_phrase() -> np.ndarray:
+    """"hey nova" from espeak-ng at 16 kHz, without its leading and trailing silence."""
+    import librosa
+
+    x, sr = _espeak("hey nova")
+    x = librosa.resample(x, orig_sr=sr, target_sr=16000)
+    on = np.flatnonzero(np.abs(x) > 0.02 * np.abs(x).max())
+    return x[on[0] : on[-1] + 1]
+
+
+def _write_csv(path: Path, header: list[str], rows: list[tuple]) -> Path:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        w.writerows(rows)
+    return path
+
+
+def _report_rows(out: Path) -> dict[str, dict[str, str]]:
+    return {e["path"]: e for e in json.loads((out / "import_report.json").read_text())["files"]}
+
+
+def test_long_positives_are_cropped_around_the_phrase_not_the_loud_music(tmp_path: Path) -> None:
+    from wakefl.tools.background_sounds import alarm_tones, music_like
+
+    phrase = _trimmed_phrase()
+    level = np.sqrt(np.mean(phrase**2))
+    src = tmp_path / "src"
+    src.mkdir()
+    placed, rows = {}, []
+    cases = [("music", music_like, 4.0, 0.6), ("music", music_like, 6.0, 4.1), ("music", music_like, 5.0, 2.2),
+             ("alarm", alarm_tones, 4.5, 3.0), ("alarm", alarm_tones, 7.0, 0.9)]
+    for i, (kind, make, seconds, offset) in enumerate(cases):
+        # Background twice as loud (RMS) as the speech: the loudest 1.5 s is not the phrase.
+        x = 2.0 * level * make(np.random.default_rng(i), int(seconds * 16000))
+        start = int(offset * 16000)
+        x[start : start + phrase.size] += phrase
+        name = f"{kind}{i}.wav"
+        sf.write(src / name, np.clip(x, -1, 1).astype(np.float32), 16000, subtype="PCM_16")
+        placed[name] = (offset, offset + phrase.size / 16000)
+        rows.append((name, "1", "A", "playback", f"spk{i}", "test", "", ""))
+    sf.write(src / "marked.wav", np.clip(2.0 * level * music_like(np.random.default_rng(9), 12 * 16000), -1, 1), 16000)
+    rows.append(("marked.wav", "1", "A", "playback", "spk9", "test", "7.25", "8.0"))
+    out = tmp_path / "out"
+    _write_csv(src / "list.csv", ["path", "label", "device_type", "state", "speaker", "split", "onset_s", "offset_s"], rows)
+    import_recordings(src, src / "list.csv", out, progress=False)
+    report = _report_rows(out)
+    for name, (a, b) in placed.items():
+        lo, hi = (float(v) for v in report[name]["crop"].removesuffix(" s").split("-"))
+        assert lo <= a and b <= hi, (name, (a, b), (lo, hi))
+        assert "speech activity" in report[name]["detail"]
+    # The onset/offset columns win, also in a file longer than a stream (12 s).
+    assert report["marked.wav"]["crop"] == "6.875-8.375 s"
+    assert "onset/offset" in report["marked.wav"]["detail"]
+
+
+def test_short_clips_are_padded_with_the_files_background(tmp_path: Path) -> None:
+    phrase = _trimmed_phrase()[:16000]
+    rng = np.random.default_rng(0)
+    noisy = phrase + 0.01 * rng.standard_normal(phrase.size).astype(np.float32)
+    src = tmp_path / "src"
+    src.mkdir()
+    sf.write(src / "noisy.wav", noisy, 16000, subtype="PCM_16")
+    sf.write(src / "clean.wav", np.concatenate([np.zeros(800, np.float32), phrase]), 16000, subtype="PCM_16")
+    _write_csv(src / "list.csv", ["path", "label", "device_type"], [("noisy.wav", 1, "A"), ("clean.wav", 1, "A")])
+    res = import_recordings(src, src / "list.csv", tmp_path / "out", progress=False)
+    clips = {r.path.split("_", 1)[1]: sf.read(str(r.resolve(res.manifest)))[0] for r in read_manifest(res.manifest)}
+    pad = (24000 - noisy.size) // 2
+    edge = clips["noisy.wav"][: pad - 10]
+    assert np.count_nonzero(edge == 0.0) < 0.05 * edge.size  # not digital silence
+    assert 0.5 < np.sqrt(np.mean(edge**2)) / 0.01 < 2.0  # at the file's own noise floor
+    # A file whose quietest part is digital zeros gets a low-level floor, not zeros either.
+    head = clips["clean.wav"][:3000]
+    assert np.count_nonzero(head) > 0.5 * head.size and np.sqrt(np.mean(head**2)) < 1e-3
+    assert "background" in _report_rows(tmp_path / "out")["clean.wav"]["detail"]
+
+
+def test_names_are_normalized_and_only_ambiguity_is_refused(recordings: Path, tmp_path: Path) -> None:
+    from wakefl.tools.evaluation import bootstrap_units
+
+    rows = [
+        ("pos_22k.wav", "1", "phone", " Playback ", "Alice  Smith", "TEST"),
+        ("pos_stereo.flac", "1", "phone", "ALARM", "alice smith", ""),
+        ("neg.ogg", "0", "phone", "normal", "O'Brien", "Train"),
+        ("neg_3s.wav", "0", "phone", "normal", "o brien", "train"),
+        ("neg_long.wav", "0", "phone", "Normal", "background", "validation"),
+        ("silent.wav", "0", "phone", "sleeping", "x", "train"),
+    ]
+    _write_csv(tmp_path / "list.csv", ["path", "label", "device_type", "state", "speaker", "split"], rows)
+    (tmp_path / "sub").mkdir()
+    sf.write(tmp_path / "sub" / "bg.wav", np.random.default_rng(1).standard_normal(8000).astype(np.float32) * 0.05, 16000)
+    res = import_recordings(recordings, tmp_path / "list.csv", tmp_path / "out", max_bad_share=0.6, progress=False)
+    got = {r.path.split("_", 1)[1].rsplit(".", 1)[0]: r for r in read_manifest(res.manifest)}
+    assert (got["pos_22k"].state, got["pos_22k"].split, got["pos_22k"].speaker) == ("playback", "test", "alice-smith")
+    # The same speaker without a split takes the split of its other rows.
+    assert (got["pos_stereo"].speaker, got["pos_stereo"].split, got["pos_stereo"].state) == ("alice-smith", "test", "alarm")
+    assert got["neg_long"].speaker.startswith("nospeech-") and got["neg_long"].split == "val"
+    bad = {e["path"]: e["detail"] for e in res.bad}
+    assert "ambiguous" in bad["neg.ogg"] and "ambiguous" in bad["neg_3s.wav"]
+    assert bad["silent.wav"].startswith("bad state 'sleeping'")
+    # Background-only rows are each their own bootstrap unit.
+    assert len(set(bootstrap_units(["nospeech-5", "nospeech-6", "alice"]).tolist())) == 3
+
+
+def test_speaker_leakage_is_refused_unless_allowed(recordings: Path, tmp_path: Path) -> None:
+    rows = [("pos_22k.wav", "1", "phone", "", "bob", "train"), ("neg.ogg", "0", "phone", "", "Bob", "test")]
+    _write_csv(tmp_path / "list.csv", ["path", "label", "device_type", "state", "speaker", "split"], rows)
+    with pytest.raises(WakeflError, match=r"1 speaker\(s\) appear in more than one split.*bob: test \(line 3\), train \(line 2\).*--allow-speaker-leakage"):
+        import_recordings(recordings, tmp_path / "list.csv", tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+    res = import_recordings(recordings, tmp_path / "list.csv", tmp_path / "out", progress=False,
+                            allow_speaker_leakage=True)
+    assert {r.split for r in read_manifest(res.manifest)} == {"train", "test"}
+
+
+def test_failed_import_leaves_only_its_report_and_force_replaces(recordings: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    with pytest.raises(WakeflError):
+        import_recordings(recordings, recordings / "list.csv", out, max_bad_share=0.1, progress=False)
+    assert sorted(p.name for p in out.iterdir()) == ["import_report.csv", "import_report.json"]
+    assert json.loads((out / "import_report.json").read_text())["status"] == "failed"
+    # The retry is not refused: a failed import's folder is replaced.
+    res = import_recordings(recordings, recordings / "list.csv", out, max_bad_share=0.9, progress=False)
+    assert res.n_ok == 5 and (out / "clips").is_dir()
+    with pytest.raises(WakeflError, match="holds a previous import; pass --force"):
+        import_recordings(recordings, recordings / "list.csv", out, max_bad_share=0.9, progress=False)
+    (out / "stale.txt").write_text("left by an old run")
+    import_recordings(recordings, recordings / "list.csv", out, max_bad_share=0.9, progress=False, force=True)
+    assert not (out / "stale.txt").exists() and (out / "manifest.csv").is_file()
+    other = tmp_path / "mine"
+    other.mkdir()
+    (other / "notes.txt").write_text("not an import")
+    with pytest.raises(WakeflError, match="holds no previous import"):
+        import_recordings(recordings, recordings / "list.csv", other, max_bad_share=0.9, progress=False, force=True)
+    assert (other / "notes.txt").is_file()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folders left

@@ -26,7 +26,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     i = sub.add_parser("import", help="import your own recordings listed in a CSV")
     i.add_argument("--src", required=True, help="folder the CSV's relative paths start from")
     i.add_argument("--manifest", required=True, help="CSV with path,label,device_type[,state,speaker,split]")
-    i.add_argument("--out", required=True, help="new output folder")
+    i.add_argument("--out", required=True, help="output folder (new, empty, or a failed import's)")
+    i.add_argument("--force", action="store_true", help="replace a previous import's output folder")
+    i.add_argument("--allow-speaker-leakage", action="store_true",
+                   help="import a speaker listed in more than one split (refused by default)")
     i.add_argument("--max-bad-share", type=float, default=0.1,
                    help="fail when more than this share of files is bad (default 0.1)")  # fmt: skip
     i.add_argument("--stream-min-s", type=float, default=10.0,
@@ -68,7 +71,8 @@ def _import(args: argparse.Namespace) -> int:
     from wakefl.tools.corpus_import import import_recordings
 
     res = import_recordings(args.src, args.manifest, args.out, max_bad_share=args.max_bad_share,
-                            stream_min_s=args.stream_min_s, progress=not args.quiet)  # fmt: skip
+                            stream_min_s=args.stream_min_s, progress=not args.quiet, force=args.force,
+                            allow_speaker_leakage=args.allow_speaker_leakage)  # fmt: skip
     print(f"imported {res.n_ok} of {res.n_rows} files: {res.manifest}")
     if res.bad:
         print(f"{len(res.bad)} bad file(s) listed in {res.report}:")
