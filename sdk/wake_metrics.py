@@ -27,7 +27,7 @@ Conventions (every function below follows them):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -189,6 +189,30 @@ def percentile_interval(values: list[float], level: float) -> tuple[float | None
     return (None if math.isinf(low) else low), (None if math.isinf(high) else high)
 
 
+def _resamples(rng: np.random.Generator, n_pos: int, n_neg: int,
+               groups: tuple[Sequence[str], Sequence[str]] | None,
+               n_boot: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(positive indices, negative indices) of each bootstrap replicate: utterances drawn
+    with replacement, or whole groups (speakers) when `groups` is given; a replicate that
+    draws no positive or no negative is skipped."""
+    if groups is None:
+        for _ in range(n_boot):
+            yield rng.integers(0, n_pos, n_pos), rng.integers(0, n_neg, n_neg)
+        return
+    gp = np.asarray(groups[0], dtype=str).reshape(-1)
+    gn = np.asarray(groups[1], dtype=str).reshape(-1)
+    if gp.size != n_pos or gn.size != n_neg:
+        raise ValueError("groups must give one speaker id per positive and per negative score")
+    keys = np.unique(np.concatenate([gp, gn]))
+    pos_members, neg_members = _group_members(gp, keys), _group_members(gn, keys)
+    for _ in range(n_boot):
+        drawn = rng.integers(0, keys.size, keys.size)
+        ip = np.concatenate([pos_members[i] for i in drawn])
+        ineg = np.concatenate([neg_members[i] for i in drawn])
+        if ip.size and ineg.size:
+            yield ip, ineg
+
+
 def bootstrap_relative_fa_by_subset(
     base_pos: Sequence[float] | np.ndarray,
     base_neg: Sequence[float] | np.ndarray,
@@ -228,28 +252,8 @@ def bootstrap_relative_fa_by_subset(
         if m.size != bn.size:
             raise ValueError(f"subset {name!r}: mask of {m.size} entries for {bn.size} negatives")
         masks[name] = m
-    rng = np.random.default_rng(seed)
-
-    if groups is not None:
-        gp = np.asarray(groups[0], dtype=str).reshape(-1)
-        gn = np.asarray(groups[1], dtype=str).reshape(-1)
-        if gp.size != bp.size or gn.size != bn.size:
-            raise ValueError("groups must give one speaker id per positive and per negative score")
-        keys = np.unique(np.concatenate([gp, gn]))
-        pos_members = _group_members(gp, keys)
-        neg_members = _group_members(gn, keys)
-
     values: dict[str, list[float]] = {name: [] for name in masks}
-    for _ in range(n_boot):
-        if groups is None:
-            ip = rng.integers(0, bp.size, bp.size)
-            ineg = rng.integers(0, bn.size, bn.size)
-        else:
-            drawn = rng.integers(0, keys.size, keys.size)
-            ip = np.concatenate([pos_members[i] for i in drawn])
-            ineg = np.concatenate([neg_members[i] for i in drawn])
-            if ip.size == 0 or ineg.size == 0:
-                continue
+    for ip, ineg in _resamples(np.random.default_rng(seed), bp.size, bn.size, groups, n_boot):
         tb = baseline_threshold(bp[ip], target_fr) if baseline_thr is None else baseline_thr
         tc = matched_threshold(cp[ip], fr_at(bp[ip], tb))
         for name, m in masks.items():

@@ -309,6 +309,7 @@ def test_fixed_threshold_reports_the_baseline_at_it_and_flags_saturation(models,
         assert r["baseline_fa_per_hour_saturated"] and "saturated" in r["note"]
     md = (report / "report.md").read_text()
     assert "## The baseline at its shipped threshold" in md and "(saturated)" in md
+    assert "The baseline at its shipped threshold" in (report / "report.html").read_text()
 
 
 def test_thresholds_file_and_model_card(models, tiny_corpus, tmp_path, capsys):

@@ -159,6 +159,13 @@ def _html(result: EvalResult, plots: dict[str, Path]) -> str:
     parts += [f"<li>{esc(t)}</li>" for t in _explanation(result)]
     parts.append("</ul><p>Models: " + ", ".join(
         f"<code>{esc(n)}</code> = <code>{esc(p)}</code>" for n, p in result.models.items()) + "</p>")
+    shipped = [line for line in shipped_table(result) if line.startswith("|") and not line.startswith("|---")]
+    if shipped:
+        cells = [[c.strip() for c in line.strip("|").split("|")] for line in shipped]
+        parts.append("<h2>The baseline at its shipped threshold</h2><table><tr>"
+                     + "".join(f"<th>{esc(c)}</th>" for c in cells[0]) + "</tr>")
+        parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in cells[1:]]
+        parts.append("</table>")
     parts.append("<h2>Results</h2><table><tr>" + "".join(f"<th>{esc(h)}</th>" for _, h in COLUMNS) + "</tr>")
     for row in result.rows:
         cls = " class='all'" if row["state"] == ALL else ""
@@ -181,6 +188,7 @@ def result_json(result: EvalResult) -> dict[str, Any]:
         "manifest": result.manifest,
         "split": st.split,
         "target_fr": st.target_fr,
+        "operating_point": "shipped threshold" if result.summary.get("baseline_thresholds") else "target FR",
         "n_boot": st.n_boot,
         "summary": result.summary,
     }
