@@ -93,3 +93,38 @@ def tiny_kws_onnx(tiny_kws_model, tmp_path_factory) -> Path:
     from wakefl.models.kws_cnn import export_onnx
 
     return export_onnx(tiny_kws_model, tmp_path_factory.mktemp("onnx") / "tiny.onnx")
+
+
+# --- Test tiers ---------------------------------------------------------------------------
+# `pytest -m "not slow"` is the fast tier a developer runs while working (under a minute on
+# 2 cores); CI runs every test. A test is in the slow tier when it needs the synthetic corpus
+# (about 15 s to build), a real MQTT broker, or is named below (several seconds alone:
+# training, CLI subprocesses, large exports). Whole modules marked with `pytestmark` and
+# Self-FL's own convergence tests carry the marker in their files.
+SLOW_FIXTURES = frozenset({"tiny_corpus", "mqtt_broker"})
+SLOW_MODULES = frozenset({
+    "test_broker_security.py",  # a TLS-configured mosquitto per test
+    "test_device_client.py",  # devices training the CNN against a real broker
+})
+SLOW_TESTS = frozenset({
+    "test_corpus_build.py::test_same_seed_gives_byte_identical_corpus",
+    "test_edge_runtime.py::test_cli_edge_detect",
+    "test_edge_runtime.py::test_events_do_not_depend_on_chunking_or_format",
+    "test_kws_model.py::test_frontend_matches_librosa_on_speech",
+    "test_onnx_export.py::test_cli_model_info_and_export",
+    "test_onnx_export.py::test_int8_size_and_agreement",
+    "test_pretrain.py::test_batches_depend_only_on_seed_and_step",
+    "test_pretrain.py::test_corpus_has_streams_per_split_and_an_unseen_voices_corpus",
+    "test_pretrain.py::test_publish_writes_fp16_weights_config_and_card",
+    "test_pretrain.py::test_train_checkpoint_resume_equals_uninterrupted_run",
+    "test_server.py::test_broker_queue_overflow_is_reported_by_the_server",
+})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.path.name
+        name = getattr(item, "originalname", item.name)  # one entry covers every parameter
+        if (module in SLOW_MODULES or f"{module}::{name}" in SLOW_TESTS
+                or SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))):
+            item.add_marker(pytest.mark.slow)

@@ -37,6 +37,7 @@ def _personal(res, m):
     return torch.stack([res.clients[f"c{i:02d}"].tensors["personal"] for i in range(m)]).reshape(-1)
 
 
+@pytest.mark.slow  # thousands of local steps per round
 def test_algorithm2_converges_to_closed_forms_eqn2_eqn3():
     m, s0 = 5, 1.0
     problems, glob, personal, sig = _gaussian_fleet(m, s0, 50, 100, seed=4)
@@ -52,6 +53,7 @@ def test_algorithm2_converges_to_closed_forms_eqn2_eqn3():
     assert all(s > 100 for s in steps.values())
 
 
+@pytest.mark.slow  # thousands of local steps per round
 def test_algorithm1_lands_near_closed_forms():
     # Algorithm 1 aggregates the early-stopped personal models, so its fixed point is close
     # to, not exactly at, Eqns 2-3; the gap is a small fraction of the spread.
