@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -37,6 +38,7 @@ DEFAULT_SESSION_EXPIRY_S = 7 * 24 * 3600
 DEFAULT_MAX_PAYLOAD = 64 * 1024 * 1024
 
 Handler = Callable[[str, bytes], None]
+_MAX_ACK_RECORDS = 10000
 
 
 class PublishError(ProtocolError):
@@ -115,7 +117,11 @@ class MqttLink:
         self._subs: dict[str, tuple[int, Handler]] = {}
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
-        self._pending: dict[int, int | None] = {}  # mid -> reason code once acknowledged
+        # mid -> reason code of the PUBACK, newest last (message ids repeat every 65535
+        # publishes; at most _MAX_ACK_RECORDS are kept, so a stale entry cannot be taken
+        # for a new publish's acknowledgement)
+        self._acked: OrderedDict[int, int] = OrderedDict()
+        self._pub_lock = threading.Lock()
         self._connected = False
         self._connect_error: str | None = None
         self.connects = 0  # number of successful (re)connections
@@ -220,10 +226,14 @@ class MqttLink:
                 log.exception("handler for %s failed", message.topic)
 
     def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
+        # paho calls this holding its own message lock, which `publish` also needs: the
+        # code is recorded for every mid (publish may not have registered it yet), and
+        # the oldest entries are dropped, so publishes that nobody waits for cost nothing.
         with self._cond:
-            if mid in self._pending:
-                self._pending[mid] = int(getattr(reason_code, "value", reason_code))
-                self._cond.notify_all()
+            self._acked[mid] = int(getattr(reason_code, "value", reason_code))
+            while len(self._acked) > _MAX_ACK_RECORDS:
+                self._acked.popitem(last=False)
+            self._cond.notify_all()
 
     def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False,
                 timeout: float = 60.0, wait: bool = True) -> None:
@@ -234,15 +244,18 @@ class MqttLink:
         network thread that would deliver the acknowledgement."""
         if len(payload) > self.max_payload:
             raise ProtocolError(f"message of {len(payload)} bytes exceeds the {self.max_payload}-byte limit")
-        with self._cond:
+        # Not under self._cond: paho's network thread holds its message lock while it calls
+        # _on_publish (which takes self._cond), and paho's publish takes that message lock;
+        # holding self._cond here deadlocked both threads under a fast stream of publishes.
+        with self._pub_lock:
             info = self._client.publish(topic, payload, qos=qos, retain=retain)
-            if info.rc not in (paho.MQTT_ERR_SUCCESS, paho.MQTT_ERR_NO_CONN):
-                raise ProtocolError(f"publish to {topic!r} failed: {paho.error_string(info.rc)}")
-            if qos == 0 or not wait:
-                return
-            self._pending[info.mid] = None
-            done = self._cond.wait_for(lambda: self._pending.get(info.mid) is not None, timeout)
-            code = self._pending.pop(info.mid, None)
+        if info.rc not in (paho.MQTT_ERR_SUCCESS, paho.MQTT_ERR_NO_CONN):
+            raise ProtocolError(f"publish to {topic!r} failed: {paho.error_string(info.rc)}")
+        if qos == 0 or not wait:
+            return
+        with self._cond:
+            done = self._cond.wait_for(lambda: info.mid in self._acked, timeout)
+            code = self._acked.pop(info.mid, None)
         if not done:
             raise ProtocolError(f"publish to {topic!r} not acknowledged within {timeout:.0f} s")
         if code is not None and code >= 0x80:
