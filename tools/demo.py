@@ -218,6 +218,8 @@ def _fmt(x: Any) -> str:
         return "n/a"
     if isinstance(x, list | tuple):
         return "[" + ", ".join(_fmt(v) for v in x) + "]"
+    if isinstance(x, dict):  # an interval record: {"lower", "upper", "note"}
+        return _fmt([x.get("lower"), x.get("upper")])
     return f"{x:.2f}" if isinstance(x, float) else str(x)
 
 
@@ -262,7 +264,8 @@ def run_demo(st: DemoSettings) -> Path:
     global_ckpt = export_global(run_dir, baseline)
 
     _say("exporting the models to ONNX and evaluating them as the edge runtime runs them")
-    candidates = [to_onnx(global_ckpt)] + [to_onnx(personal[t]) for t in device_types]
+    # Each personalized model is paired with its device type: scored only there.
+    candidates = [str(to_onnx(global_ckpt))] + [f"{to_onnx(personal[t])}:{t}" for t in device_types]
     result = run_evaluation(
         to_onnx(baseline), candidates, manifest,
         EvalSettings(split="test", target_fr=st.target_fr, seed=st.seed, progress=True),
