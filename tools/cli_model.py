@@ -53,6 +53,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pre.add_argument("--seed", type=int, default=0)
     pre.add_argument("--threads", type=int, default=2, help="torch threads for training")
     pre.add_argument("--eval-every", type=int, default=500, metavar="STEPS")
+    pre.add_argument("--val-stream-seconds", type=float, default=300.0, metavar="S",
+                     help="validate on the first S s of each validation stream (validation cost)")
     pre.add_argument("--checkpoint-minutes", type=float, default=5.0)
     pre.add_argument("--max-minutes", type=float, default=None,
                      help="stop (with a checkpoint) after this long; --resume continues")
@@ -178,6 +180,7 @@ def _pretrain(args: argparse.Namespace) -> int:
                                 seed=args.seed, batch_size=args.batch_size, samples=args.samples,
                                 lr=args.lr, threads=args.threads, device=args.device,
                                 eval_every_steps=args.eval_every,
+                                val_stream_seconds=args.val_stream_seconds,
                                 checkpoint_minutes=args.checkpoint_minutes)
     info = pretrain(manifest, args.out, settings, resume=args.resume, init_from=args.init_from,
                     max_minutes=args.max_minutes, progress=not args.quiet)
