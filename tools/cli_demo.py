@@ -14,7 +14,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rounds", type=int, default=3, help="Self-FL rounds (default 3)")
     p.add_argument("--width", type=float, default=0.25, help="model width (default 0.25)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--warm-epochs", type=int, default=30, help="baseline training epochs")
+    p.add_argument("--baseline", default=None,
+                   help="warm start: 'pretrained' (default: the shipped model of --width), "
+                        "'pretrained:small|full', 'scratch' (train on the corpus) or a checkpoint")
+    p.add_argument("--warm-epochs", type=int, default=30,
+                   help="baseline training epochs with --baseline scratch")
     p.add_argument("--target-fr", type=float, default=0.1,
                    help="baseline operating point: FR target per device type (default 0.1)")
     p.add_argument("--workdir", type=Path, default=Path("runs/demo"),
@@ -36,7 +40,8 @@ def _run(args: argparse.Namespace) -> int:
 
         raise ConfigError("--rounds must be at least 1")
     run_demo(DemoSettings(profile=args.profile, rounds=args.rounds, width=args.width,
-                          seed=args.seed, warm_epochs=args.warm_epochs, workdir=args.workdir,
+                          seed=args.seed, warm_epochs=args.warm_epochs, baseline=args.baseline,
+                          workdir=args.workdir,
                           broker=args.broker, manifest=args.manifest,
                           round_timeout=args.round_timeout, target_fr=args.target_fr))
     return 0

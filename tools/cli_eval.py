@@ -18,7 +18,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "type and state. Models are .onnx files (scored by onnxruntime, as on a device) or "
         ".safetensors checkpoints.",
     )
-    p.add_argument("--baseline", required=True, help="baseline model (.onnx or .safetensors)")
+    p.add_argument("--baseline", default="pretrained:full",
+                   help="baseline model (.onnx or .safetensors), or a shipped model "
+                        "'pretrained:full' (default) / 'pretrained:small'")
     p.add_argument("--candidate", action="append", default=None,
                    help="candidate model, scored on every device type; MODEL:TYPE scores it only "
                    "on device type TYPE (a personalized model); repeat for several")
@@ -107,7 +109,12 @@ def run(args: argparse.Namespace) -> int:
         refractory_s=args.refractory_s, progress=not args.quiet, threshold=threshold,
         at_shipped_threshold=args.at_shipped_threshold,
     )
-    result = run_evaluation(args.baseline, candidates, args.manifest, settings)
+    baseline = args.baseline
+    if str(baseline).startswith("pretrained:"):
+        from wakefl.tools.warm_start import resolve_baseline
+
+        baseline = resolve_baseline(baseline, None, width=0.0, progress=not args.quiet)
+    result = run_evaluation(baseline, candidates, args.manifest, settings)
     if args.report:
         formats = ("md", "html") if args.format == "both" else (args.format,)
         written = write_report(result, args.report, formats)

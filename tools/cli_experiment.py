@@ -34,6 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--manifest", default=None,
                    help="use this corpus manifest instead of building the profile's corpus")
     p.add_argument("--cache-dir", default=None, help="warm-start checkpoint cache")
+    p.add_argument("--baseline", default=None,
+                   help="warm start of every method: 'pretrained' (default: the shipped model of "
+                        "the width), 'pretrained:small|full', 'scratch' or a checkpoint")
     p.add_argument("--methods", default=None,
                    help="comma-separated subset of the methods (default: all)")
     p.add_argument("--no-sampling", action="store_true", help="skip the client-sampling settings")
@@ -46,7 +49,8 @@ def command_line(args: argparse.Namespace) -> str:
     parts = ["wakefl", "experiment", "paper", "--profile", args.profile, "--out", args.out,
              "--seed", str(args.seed)]
     for flag, value in (("--rounds", args.rounds), ("--width", args.width),
-                        ("--manifest", args.manifest), ("--methods", args.methods)):
+                        ("--manifest", args.manifest), ("--methods", args.methods),
+                        ("--baseline", args.baseline)):
         if value is not None:
             parts += [flag, str(value)]
     if args.no_sampling:
@@ -72,7 +76,7 @@ def _paper(args: argparse.Namespace) -> int:
             args.out, profile=args.profile, seed=args.seed, rounds=args.rounds,
             width=args.width, manifest=args.manifest, cache_dir=args.cache_dir, methods=methods,
             sampling_rates=() if args.no_sampling else ACTIVITY_RATES, progress=True, log=log,
-            command=command_line(args),
+            command=command_line(args), baseline=args.baseline,
         )
     if args.json:
         print(json.dumps(result, indent=1, sort_keys=True))

@@ -147,6 +147,16 @@ def _export(args: argparse.Namespace) -> int:
         calib = _calibration_windows(args.calibration, model.cfg.window_samples,
                                      model.cfg.sample_rate)
     out = export_onnx(model, args.out, int8=args.int8, calibration_windows=calib)
+    if getattr(args, "pretrained", None) is not None:
+        # The operating point travels beside the ONNX file, where `wakefl eval
+        # --at-shipped-threshold` and a device app look for it.
+        from wakefl.models.kws_cnn.pretrained import pretrained_card
+
+        card = pretrained_card(args.pretrained)
+        out.with_suffix(".json").write_text(json.dumps(
+            {"shipped_threshold": card["threshold"], "hop_s": card["hop_s"],
+             "smoothing": card["smoothing"], "refractory_s": card["refractory_s"],
+             "pretrained": args.pretrained}, indent=2) + "\n", encoding="utf-8")
     result = {"out": str(out), "precision": "int8" if args.int8 else "fp32",
               "bytes": out.stat().st_size, "trainable_params": model.num_trainable_params(),
               "width": model.cfg.width, "window_samples": model.cfg.window_samples,

@@ -1,6 +1,7 @@
 """`wakefl demo`: the main job, end to end on one machine.
 
-Builds (or reuses) a corpus, trains (or reuses) the warm-start baseline, starts the
+Builds (or reuses) a corpus, takes the shipped pretrained model as the warm-start baseline
+(or trains one from scratch with `--baseline scratch`), starts the
 embedded MQTT broker, the aggregation server and one real `wakefl device` process per
 device type, runs a few Self-FL rounds grouped by device type, then evaluates the updated
 global model and each device's personalized model against the baseline (relative FA at
@@ -31,6 +32,9 @@ class DemoSettings:
     width: float = 0.25
     seed: int = 0
     warm_epochs: int = 30
+    # The warm start: the shipped pretrained model of `width` unless told otherwise
+    # (see warm_start.resolve_baseline; "scratch" trains one on the corpus).
+    baseline: str | None = None
     workdir: Path = Path("runs/demo")
     broker: str | None = None
     round_timeout: float = 300.0
@@ -241,14 +245,14 @@ def run_demo(st: DemoSettings) -> Path:
     from wakefl.sdk.manifest import read_manifest
     from wakefl.tools.eval_report import write_report
     from wakefl.tools.evaluation import EvalSettings, run_evaluation
-    from wakefl.tools.warm_start import train_or_load_baseline
+    from wakefl.tools.warm_start import resolve_baseline
 
     t0 = time.monotonic()
     manifest = corpus_manifest(st)
     device_types = sorted({r.device_type for r in read_manifest(manifest) if r.kind == "clip"})
     _say(f"device types: {', '.join(device_types)}")
-    baseline = train_or_load_baseline(manifest, width=st.width, seed=st.seed,
-                                      epochs=st.warm_epochs, progress=True)
+    baseline = resolve_baseline(st.baseline, manifest, width=st.width, seed=st.seed,
+                                epochs=st.warm_epochs, progress=True)
     run_dir = st.workdir.resolve()
     # A demo run starts from a clean federation; the corpus and baseline stay cached.
     for sub in ("server", "devices", "models", "logs", "report"):

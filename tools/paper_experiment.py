@@ -381,14 +381,14 @@ class PaperStudy:
     """Holds the corpus, the warm-start model and the clients; runs methods and evaluates."""
 
     def __init__(self, manifest: Path, prof: StudyProfile, seed: int, cache_dir: Path | None,
-                 progress: bool, log: Callable[[str], None]) -> None:
+                 progress: bool, log: Callable[[str], None], baseline: str | None = None) -> None:
         import torch
 
         from wakefl.models.kws_cnn import KwsCnn, get_flat_params, head_slice, load_model
         from wakefl.sdk.dataset import WakeWordDataset
         from wakefl.sdk.manifest import read_manifest
         from wakefl.tools.evaluation import bootstrap_units
-        from wakefl.tools.warm_start import train_or_load_baseline
+        from wakefl.tools.warm_start import resolve_baseline
 
         self.prof, self.seed, self.progress, self.log = prof, seed, progress, log
         self.manifest = manifest
@@ -396,10 +396,9 @@ class PaperStudy:
         self.device_types = sorted({r.device_type for r in rows if r.kind == "clip" and r.split == "train"})
         if not self.device_types:
             raise ConfigError(f"{manifest}: no training clips")
-        log(f"[study] warm start: pooled training data of {len(self.device_types)} device types, "
-            f"width {prof.width}")
-        ckpt = train_or_load_baseline(manifest, width=prof.width, seed=seed, cache_dir=cache_dir,
-                                      epochs=prof.warm_epochs, progress=progress)
+        log(f"[study] warm start ({baseline or 'pretrained'}), width {prof.width}")
+        ckpt = resolve_baseline(baseline, manifest, width=prof.width, seed=seed, cache_dir=cache_dir,
+                                epochs=prof.warm_epochs, progress=progress)
         self.baseline_path = ckpt
         baseline = load_model(ckpt)
         self.cfg = baseline.cfg
@@ -566,10 +565,12 @@ def run_paper_study(
     progress: bool = True,
     log: Callable[[str], None] = print,
     command: str = "",
+    baseline: str | None = None,
 ) -> dict[str, Any]:
     """Run the whole study; write `results.json`, `results.md` and the figures into
     `out_dir`; return the result dict. Builds the corpus of the profile into
-    `out_dir/corpus` unless `manifest` names an existing one."""
+    `out_dir/corpus` unless `manifest` names an existing one. Every method starts from
+    `baseline` (warm_start.resolve_baseline: by default the shipped model of the width)."""
     import torch
 
     from wakefl.tools.paper_report import write_report
@@ -602,7 +603,7 @@ def run_paper_study(
             raise ConfigError(f"manifest not found: {manifest_path}")
 
     study = PaperStudy(manifest_path, prof, seed, Path(cache_dir) if cache_dir else None,
-                       progress, log)
+                       progress, log, baseline)
     rows: list[dict[str, Any]] = []
     step_counts: list[dict[str, Any]] = []
     tuning: dict[str, Any] = {}

@@ -478,7 +478,11 @@ def publish(run: Path, name: str, dest: Path | None = None) -> Path:
     tmp = dest / f".{name}.tmp.safetensors"
     save_file(tensors, str(tmp), metadata={"architecture": "kws_cnn",
                                            "config": json.dumps(model.cfg.to_dict())})
-    write_atomic(out.with_suffix(".json"), (run / "best.json").read_bytes())
+    # The config JSON also carries the shipped threshold, where `wakefl eval
+    # --at-shipped-threshold` looks for a model's operating point.
+    meta = json.loads((run / "best.json").read_text(encoding="utf-8"))
+    meta["shipped_threshold"] = card["threshold"]
+    write_atomic(out.with_suffix(".json"), (json.dumps(meta, indent=2) + "\n").encode())
     write_atomic(out.with_suffix(".card.json"), (json.dumps(card, indent=1) + "\n").encode())
     tmp.replace(out)
     return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 
 from wakefl.cache_location import cache_root
@@ -89,3 +90,70 @@ def train_or_load_baseline(
     os.replace(tmp.with_suffix(".json"), out.with_suffix(".json"))
     os.replace(tmp, out)
     return out
+
+
+# The shipped model of each width: a run at one of these widths starts from it by default.
+PRETRAINED_BY_WIDTH = {0.25: "small", 1.0: "full"}
+BASELINE_CHOICES = "'pretrained', 'pretrained:small', 'pretrained:full', 'scratch' or a .safetensors path"
+
+
+def pretrained_checkpoint(name: str, cache_dir: Path | str | None = None) -> Path:
+    """The shipped model `name` as a float32 checkpoint (safetensors + JSON config) in the
+    cache: every part of wakefl that takes a checkpoint path can start from it. The card
+    (its shipped threshold) is copied beside it."""
+    import shutil
+
+    from wakefl.models.kws_cnn import save_model
+    from wakefl.models.kws_cnn.pretrained import load_pretrained, pretrained_card, pretrained_path
+
+    src = pretrained_path(name)
+    digest = hashlib.sha256(src.read_bytes()).hexdigest()[:16]
+    cache = Path(cache_dir) if cache_dir is not None else cache_root() / "baselines"
+    out = cache / f"pretrained-{name}-{digest}.safetensors"
+    if out.exists() and out.with_suffix(".json").exists():
+        return out
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = cache / f".tmp-pretrained-{name}-{os.getpid()}.safetensors"
+    save_model(load_pretrained(name), tmp)
+    shutil.copy(src.with_suffix(".card.json"), out.with_suffix(".card.json"))
+    meta = json.loads(tmp.with_suffix(".json").read_text(encoding="utf-8"))
+    meta["shipped_threshold"] = pretrained_card(name)["threshold"]
+    tmp.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp.with_suffix(".json"), out.with_suffix(".json"))
+    os.replace(tmp, out)
+    return out
+
+
+def resolve_baseline(spec: str | Path | None, manifest: Path | str | None, width: float,
+                     seed: int = 0, cache_dir: Path | str | None = None,
+                     epochs: int | None = None, progress: bool = True) -> Path:
+    """The warm-start checkpoint a run starts from.
+
+    `spec`: None or "pretrained" takes the shipped model of `width` (small at 0.25, full at
+    1.0) and trains from scratch at other widths; "pretrained:NAME" takes that shipped
+    model whatever `width` says; "scratch" trains on `manifest`'s pooled training data (the
+    old behaviour, cached); anything else is a checkpoint path."""
+    from wakefl.errors import ConfigError
+    from wakefl.models.kws_cnn.pretrained import NAMES
+
+    text = "pretrained" if spec is None else str(spec)
+    if text == "pretrained":
+        name = PRETRAINED_BY_WIDTH.get(float(width))
+        text = f"pretrained:{name}" if name else "scratch"
+    if text.startswith("pretrained:"):
+        name = text.split(":", 1)[1]
+        if name not in NAMES:
+            raise ConfigError(f"unknown shipped model {name!r}; the baseline is {BASELINE_CHOICES}")
+        if progress:
+            print(f"[warm-start] starting from the shipped pretrained model '{name}'", file=sys.stderr)
+        return pretrained_checkpoint(name, cache_dir)
+    if text == "scratch":
+        if manifest is None:
+            raise ConfigError("training a baseline from scratch needs a corpus manifest")
+        return train_or_load_baseline(manifest, width=width, seed=seed, cache_dir=cache_dir,
+                                      epochs=epochs, progress=progress)
+    path = Path(text)
+    if path.suffix != ".safetensors" or not path.is_file():
+        raise ConfigError(f"baseline {text!r} is not an existing .safetensors checkpoint; the "
+                          f"baseline is {BASELINE_CHOICES}")
+    return path
