@@ -134,12 +134,13 @@ def resolve_baseline(spec: str | Path | None, manifest: Path | str | None, width
     model whatever `width` says; "scratch" trains on `manifest`'s pooled training data (the
     old behaviour, cached); anything else is a checkpoint path."""
     from wakefl.errors import ConfigError
-    from wakefl.models.kws_cnn.pretrained import NAMES
+    from wakefl.models.kws_cnn.pretrained import NAMES, is_available
 
     text = "pretrained" if spec is None else str(spec)
     if text == "pretrained":
         name = PRETRAINED_BY_WIDTH.get(float(width))
-        text = f"pretrained:{name}" if name else "scratch"
+        # An installation without the shipped files (a stripped package) still runs.
+        text = f"pretrained:{name}" if name and is_available(name) else "scratch"
     if text.startswith("pretrained:"):
         name = text.split(":", 1)[1]
         if name not in NAMES:
