@@ -294,6 +294,22 @@ class DeviceStateStore:
             p.unlink(missing_ok=True)
 
 
+def lock_folder(directory: Path) -> int:
+    """An exclusive lock on the state folder for the life of the process (closing the
+    returned descriptor releases it): two processes writing one device's state would undo
+    each other's rounds."""
+    import fcntl
+
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / ".lock", os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise ConfigError(f"state folder {directory} is in use by another process") from None
+    return fd
+
+
 def load_or_create(
     directory: str | Path, device_id: str, device_type: str, fleet: str = "default"
 ) -> tuple[DeviceStateStore, DeviceState]:

@@ -1,0 +1,236 @@
+"""A device's local work in one round: build the model and the strategy the server
+announces, run the strategy's `client_update` on the local data, score the new personal
+model and the baseline on the validation set (relative FA/FR at matched FR), and fold it
+all into the device's state as the round's commit (the caller saves it).
+
+The baseline for relative FA/FR is the first global model the device receives in a run
+(round 1's global model is the warm-start model; a device that joins later takes the
+global model of the round it joined in and says so in `baseline_round`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import zlib
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from wakefl.errors import ConfigError, ProtocolError, WakeflError
+from wakefl.sdk import messages
+from wakefl.sdk.device_state import DeviceState, PendingUpdate
+from wakefl.sdk.selffl.strategy import ClientInstructions, ClientState, LocalProblem, Strategy
+
+log = logging.getLogger("wakefl.device")
+
+# Keys of the downlink's hyperparameters that configure the transport or the device, not
+# the strategy's constructor.
+_NON_STRATEGY_KEYS = frozenset({
+    "wire_dtype", "ack_timeout_s", "strategy", "rounds", "target_fr", "max_bytes",
+})
+
+
+def looks_like_problem(obj: Any) -> bool:
+    return isinstance(obj, LocalProblem) and not isinstance(obj, Dataset)
+
+
+def round_generator(seed: int, device_id: str, round_id: int) -> torch.Generator:
+    """The minibatch generator of one round: the same (seed, device, round) draws the same
+    batches, different devices different ones."""
+    mix = zlib.crc32(f"{seed}:{device_id}:{round_id}".encode())
+    return torch.Generator().manual_seed(mix)
+
+
+def personal_model(state: DeviceState) -> Any:
+    """The state's personal model as a `KwsCnn` (ConfigError before the first round)."""
+    from wakefl.models.kws_cnn import KwsCnn, ModelConfig, set_flat_params
+
+    if state.personal_params is None or state.model_config is None:
+        raise ConfigError(f"device {state.device_id} has no personal model yet: "
+                          "it has not taken part in a round")
+    model = KwsCnn(ModelConfig.from_dict(state.model_config))
+    set_flat_params(model, state.personal_params)
+    model.eval()
+    return model
+
+
+class RoundTrainer:
+    """The model, strategy and local problem of one device, kept across rounds while the
+    server's announcement does not change them."""
+
+    def __init__(self, train: Dataset | LocalProblem, validation: Dataset | None, *,
+                 device_id: str, seed: int, target_fr: float, eval_batch_size: int,
+                 expected_width: float | None) -> None:
+        self.train_data = train
+        self.validation = validation
+        self.device_id = device_id
+        self.seed = seed
+        self.target_fr = target_fr
+        self.eval_batch_size = eval_batch_size
+        self.expected_width = expected_width
+        self._model: Any = None
+        self._model_key: str | None = None
+        self._problem: LocalProblem | None = train if looks_like_problem(train) else None
+        self._strategy: Strategy | None = None
+        self._strategy_key: str | None = None
+        self._baseline_scores: tuple[int, np.ndarray, np.ndarray] | None = None
+
+    @property
+    def num_samples(self) -> int:
+        if self._problem is not None:
+            return int(self._problem.num_samples)
+        return len(self.train_data)  # type: ignore[arg-type]
+
+    def new_run(self) -> None:
+        """A new run brings a new baseline."""
+        self._baseline_scores = None
+
+    # ------------------------------------------------------------------ building
+    def _ensure_model(self, model_config: dict[str, Any]) -> Any:
+        from wakefl.models.kws_cnn import KwsCnn, ModelConfig
+
+        key = json.dumps(model_config, sort_keys=True)
+        if self._model is not None and key == self._model_key:
+            return self._model
+        cfg = ModelConfig.from_dict(model_config)
+        if self.expected_width is not None and not math.isclose(cfg.width, self.expected_width):
+            raise ConfigError(f"the server runs model width {cfg.width}, this device was "
+                              f"configured for width {self.expected_width}")
+        for name, data in (("training", self.train_data), ("validation", self.validation)):
+            window = getattr(data, "window_samples", None)
+            if window is not None and int(window) != cfg.window_samples:
+                raise ConfigError(f"the {name} data has {window}-sample windows, the server's "
+                                  f"model expects {cfg.window_samples}")
+        self._model = KwsCnn(cfg)
+        self._model_key = key
+        if not looks_like_problem(self.train_data):
+            self._problem = None  # rebuilt over the new model
+        return self._model
+
+    def _strategy_for(self, down: messages.Downlink) -> Strategy:
+        """The strategy the server runs: `hyperparameters["strategy"]` with
+        `hyperparameters["strategy_args"]` (docs/PROTOCOL.md); a flat hyperparameter dict
+        without `strategy_args` is taken as the arguments themselves."""
+        from wakefl.sdk.selffl.registry import make_strategy
+
+        hp = down.hyperparameters
+        name = str(hp.get("strategy", down.strategy))
+        if isinstance(hp.get("strategy_args"), dict):
+            args = dict(hp["strategy_args"])
+        else:
+            args = {k: v for k, v in hp.items() if k not in _NON_STRATEGY_KEYS}
+        key = json.dumps([name, args], sort_keys=True, default=str)
+        if self._strategy is None or key != self._strategy_key:
+            try:
+                self._strategy = make_strategy(name, **args)
+            except TypeError as exc:
+                raise ConfigError(f"strategy {name!r} refuses the server's arguments "
+                                  f"{args}: {exc}") from exc
+            self._strategy_key = key
+        return self._strategy
+
+    def _local_problem(self, strategy: Strategy) -> LocalProblem:
+        # The minibatch size is the strategy's B (it enters Self-FL's step-count rule).
+        batch = int(getattr(strategy, "batch_size", 16))
+        if self._problem is not None and (
+                looks_like_problem(self.train_data)
+                or getattr(self._problem, "batch_size", batch) == batch):
+            return self._problem
+        from wakefl.sdk.local_training import TorchLocalProblem
+
+        self._problem = TorchLocalProblem(self._model, self.train_data, batch_size=batch)
+        return self._problem
+
+    # ------------------------------------------------------------------ the round
+    def train(self, st: DeviceState, down: messages.Downlink) -> None:
+        """Train round `down` and commit the result into `st`: new variance state,
+        personal model and the update to send, all or nothing (an exception leaves them as
+        they were; only a first baseline may have been taken)."""
+        model = self._ensure_model(down.model_config)
+        strategy = self._strategy_for(down)
+        problem = self._local_problem(strategy)
+        d = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        if down.global_params.numel() != d:
+            raise ProtocolError(f"the global model has {down.global_params.numel()} parameters, "
+                                f"the announced model config has {d}")
+        if st.baseline_params is None:
+            st.baseline_params = down.global_params.clone()
+            st.baseline_round = down.round_id
+        scalars = dict(down.instructions.get(self.device_id, {}))
+        scalars.setdefault("sigma0_sq", down.sigma0_sq)
+        instructions = ClientInstructions(
+            client_id=self.device_id, round_id=down.round_id, global_params=down.global_params,
+            scalars=scalars, tensors=dict(down.tensors))
+        result, new_client = strategy.client_update(
+            instructions, st.client, problem,
+            round_generator(self.seed, self.device_id, down.round_id))
+        personal = new_client.tensors.get("personal", result.params)
+        report = self.relative_report(personal, st)
+        st.client = ClientState(tensors=dict(new_client.tensors), scalars=dict(new_client.scalars))
+        st.personal_params = personal
+        st.model_config = dict(down.model_config)
+        st.participations += 1
+        st.last_trained_round = down.round_id
+        st.pending = PendingUpdate(
+            round_id=down.round_id, num_samples=int(result.num_samples),
+            scalars=dict(result.scalars), tensors={"params": result.params, **result.tensors},
+            report=report, wire_dtype=_known_wire_dtype(down.hyperparameters.get("wire_dtype")))
+
+    def _baseline(self, st: DeviceState) -> tuple[np.ndarray, np.ndarray]:
+        """The baseline's validation scores and the labels, scored once per baseline."""
+        from wakefl.sdk.local_training import load_flat_trainable, predict_scores
+
+        assert self.validation is not None and st.baseline_params is not None
+        if self._baseline_scores is None or self._baseline_scores[0] != st.baseline_round:
+            load_flat_trainable(self._model, st.baseline_params)
+            base = predict_scores(self._model, self.validation, batch_size=self.eval_batch_size)
+            labels = getattr(self.validation, "labels", None)
+            if labels is None:
+                labels = [int(self.validation[i][1])
+                          for i in range(len(self.validation))]  # type: ignore[arg-type]
+            self._baseline_scores = (st.baseline_round, base, np.asarray(labels, dtype=np.int64))
+        return self._baseline_scores[1], self._baseline_scores[2]
+
+    def relative_report(self, personal: Tensor, st: DeviceState) -> dict[str, Any]:
+        """Local relative FA/FR of the personal model against the baseline on the
+        validation set, at the baseline's operating point (target FR) and matched FR."""
+        if self.validation is None or len(self.validation) == 0:  # type: ignore[arg-type]
+            return {}
+        from wakefl.sdk.local_training import load_flat_trainable, predict_scores
+        from wakefl.sdk.wake_metrics import local_relative_report
+
+        base, labels = self._baseline(st)
+        load_flat_trainable(self._model, personal)
+        cand = predict_scores(self._model, self.validation, batch_size=self.eval_batch_size)
+        try:
+            rep = local_relative_report(base, cand, labels, target_fr=self.target_fr)
+        except (WakeflError, ValueError) as exc:
+            log.warning("no relative FA/FR this round: %s", exc)
+            return {"error": str(exc)}
+        return _json_safe(rep)
+
+
+def _json_safe(value: Any) -> Any:
+    """The report as plain JSON values; non-finite numbers become None."""
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return value
+    if isinstance(value, int | float | np.integer | np.floating):
+        v = float(value)
+        return v if math.isfinite(v) else None
+    return str(value)
+
+
+def _known_wire_dtype(value: Any) -> str:
+    return value if isinstance(value, str) and value in messages.WIRE_DTYPES else ""
+
+
+__all__ = ["RoundTrainer", "looks_like_problem", "personal_model", "round_generator"]

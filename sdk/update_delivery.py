@@ -1,0 +1,222 @@
+"""Delivery of a device's update: publish, wait for the server's application-level `Ack`,
+re-send on timeout (bounded), re-send a saved update after a restart, and decline a round
+the device cannot train (docs/PROTOCOL.md, "Device rules").
+
+The update to deliver is always the state's `pending` one, committed to disk before it is
+first sent; every send is counted in `PendingUpdate.attempts` and saved, and only an ack
+that answers these very bytes (`round_policy.answers_update`) settles it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from wakefl.errors import ProtocolError
+from wakefl.sdk import messages, topics
+from wakefl.sdk.device_link import DeviceLink
+from wakefl.sdk.device_state import DeviceState, DeviceStateStore, PendingUpdate
+from wakefl.sdk.round_policy import ack_verdict, answers_update, supersedes
+
+log = logging.getLogger("wakefl.device")
+
+_SUPERSEDED = "superseded"
+
+
+@dataclass
+class RoundOutcome:
+    """What the device did in one round (for progress output and the run summary)."""
+
+    round_id: int
+    sampled: bool
+    accepted: bool | None = None  # None: not sent or no acknowledgement
+    local_steps: int = 0
+    sigma_m_sq: float = 0.0
+    relative_fa: float | None = None
+    relative_fr: float | None = None
+    sends: int = 0
+    train_s: float = 0.0
+    note: str = ""
+
+    def take_pending(self, pending: PendingUpdate) -> None:
+        """The figures of the update about to be delivered."""
+        self.local_steps = int(pending.scalars.get("local_steps", 0))
+        self.sigma_m_sq = float(pending.scalars.get("sigma_sq", 0.0))
+        self.relative_fa = pending.report.get("relative_fa")
+        self.relative_fr = pending.report.get("relative_fr")
+
+
+@dataclass
+class RunSummary:
+    rounds_seen: int = 0
+    rounds_trained: int = 0
+    updates_accepted: int = 0
+    finished: bool = False
+    outcomes: list[RoundOutcome] = field(default_factory=list)
+
+    def add(self, outcome: RoundOutcome) -> None:
+        self.rounds_seen += 1
+        self.outcomes.append(outcome)
+        self.rounds_trained += int(outcome.sampled and outcome.sends > 0)
+        self.updates_accepted += int(bool(outcome.accepted))
+
+
+class UpdateDelivery:
+    """Sends the state's pending update (or a decline) over `link` and settles it."""
+
+    def __init__(self, link: DeviceLink, store: DeviceStateStore, *, device_type: str,
+                 wire_dtype: str | None, ack_timeout_s: float, max_sends: int,
+                 stop: threading.Event) -> None:
+        self.link = link
+        self.store = store
+        self.device_type = device_type
+        self.wire_dtype = wire_dtype
+        self.ack_timeout_s = ack_timeout_s
+        self.max_sends = max_sends
+        self.stop = stop
+
+    def uplink_payload(self, state: DeviceState, down: messages.Downlink | None) -> bytes:
+        pending = state.pending
+        assert pending is not None
+        tensors = dict(pending.tensors)
+        params = tensors.pop("params", None)
+        if params is None:
+            params = state.personal_params
+        sc = pending.scalars
+        wire = (self.wire_dtype or (down.hyperparameters.get("wire_dtype") if down else None)
+                or pending.wire_dtype or "fp32")
+        up = messages.Uplink(
+            fleet=state.fleet, run_id=state.run_id, device_id=state.device_id,
+            device_type=self.device_type, round_id=pending.round_id, params=params,
+            sigma_m_sq=float(sc.get("sigma_sq", sc.get("sigma_m_sq", 0.0))),
+            num_samples=int(pending.num_samples), local_steps=int(sc.get("local_steps", 0)),
+            relative_fa=pending.report.get("relative_fa"),
+            relative_fr=pending.report.get("relative_fr"),
+            scalars=messages.scalars_only(sc), tensors=tensors)
+        return messages.encode(up, wire_dtype=wire)
+
+    def deliver(self, state: DeviceState, down: messages.Downlink | None,
+                outcome: RoundOutcome) -> None:
+        """Publish the pending update and wait for the server's Ack, re-sending on timeout.
+        A newer round or the end of the run stops the wait (the round is closed)."""
+        pending = state.pending
+        assert pending is not None
+        payload = self.uplink_payload(state, down)
+        mid = messages.message_id(payload)
+        ack_timeout, deadline = self.ack_timeout_s, math.inf
+        if down is not None:
+            ack_timeout = float(down.hyperparameters.get("ack_timeout_s", ack_timeout))
+            deadline = down.deadline
+        while outcome.sends < self.max_sends and not self.stop.is_set():
+            if outcome.sends > 0 and time.time() > deadline:
+                outcome.note = "deadline passed before an acknowledgement"
+                return
+            if not self._send(state, pending, payload, outcome, ack_timeout):
+                continue
+            ack = self.wait_ack(pending.round_id, ack_timeout, mid, state.run_id)
+            if ack == _SUPERSEDED:
+                outcome.note = "round closed before the acknowledgement"
+                return
+            if isinstance(ack, messages.Ack):
+                self._settle(state, pending, ack, outcome)
+                return
+            log.info("round %d: no acknowledgement within %.0f s; re-sending",
+                     pending.round_id, ack_timeout)
+        outcome.note = outcome.note or f"no acknowledgement after {outcome.sends} send(s)"
+
+    def _send(self, state: DeviceState, pending: PendingUpdate, payload: bytes,
+              outcome: RoundOutcome, timeout: float) -> bool:
+        """One counted send; False when the broker did not take it (retried)."""
+        outcome.sends += 1
+        pending.attempts += 1
+        self.store.save(state, tensors_changed=False)
+        try:
+            self.link.publish(topics.uplink(state.fleet, state.device_id), payload, timeout)
+        except messages.MessageRejected:
+            raise
+        except ProtocolError as exc:
+            log.warning("round %d: publish failed (%s); will retry", pending.round_id, exc)
+            self.link.reconnect_wait(timeout)
+            return False
+        return True
+
+    def _settle(self, state: DeviceState, pending: PendingUpdate, ack: messages.Ack,
+                outcome: RoundOutcome) -> None:
+        accepted = ack_verdict(ack)
+        outcome.accepted = accepted
+        if not accepted:
+            outcome.note = f"refused: {ack.reason}"
+        state.pending = None
+        if accepted:
+            state.last_acked_round = max(state.last_acked_round, pending.round_id)
+        self.store.save(state, tensors_changed=False)
+
+    def wait_ack(self, round_id: int, timeout: float, answers: str,
+                 run_id: str) -> messages.Ack | str | None:
+        """The ack that answers message `answers`, "superseded" when a downlink closes the
+        round first, None on timeout."""
+        end = time.monotonic() + timeout
+        while not self.stop.is_set():
+            left = end - time.monotonic()
+            if left <= 0:
+                return None
+            item = self.link.next(timeout=left)
+            if item is None:
+                continue
+            kind, payload = item
+            if kind == "ack" and payload.round_id == round_id:
+                if answers_update(payload, round_id, answers):
+                    return payload
+                log.info("round %d: ignoring an ack (%s) that answers another message",
+                         round_id, payload.reason or "accepted")
+            elif kind == "down" and supersedes(payload, round_id, run_id):
+                self.link.put(item)  # handled by the main loop once this wait returns
+                return _SUPERSEDED
+            elif kind == "connected":
+                self.link.on_connected(payload)
+        return None
+
+    def decline(self, state: DeviceState, down: messages.Downlink, reason: str) -> None:
+        """Say on the uplink topic that this round gets no update from us (docs/PROTOCOL.md:
+        `decline`), so the server closes the round once the others answered instead of
+        waiting out the deadline. Sent once: the round is marked done here either way."""
+        state.pending = None
+        # a declined round is not tried again when its downlink is redelivered
+        state.last_trained_round = max(state.last_trained_round, down.round_id)
+        self.store.save(state, tensors_changed=False)
+        if not self.link.is_open:
+            return
+        payload = messages.encode(messages.Decline(
+            fleet=state.fleet, run_id=down.run_id, device_id=state.device_id,
+            round_id=down.round_id, reason=reason[: messages.MAX_REASON_LEN]))
+        try:
+            self.link.publish(topics.uplink(state.fleet, state.device_id), payload,
+                              timeout=self.ack_timeout_s)
+        except ProtocolError as exc:
+            log.warning("round %d: decline not delivered: %s", down.round_id, exc)
+
+    def resend_after_restart(self, state: DeviceState,
+                             announce: Callable[[str], None]) -> RoundOutcome | None:
+        """A process that died with an unacknowledged update re-sends it at once: the
+        retained downlink would trigger it too, but a broker that lost the retained
+        message (or a server between rounds) would leave it unsent until the next round.
+        The server answers stale_round for a round that closed meanwhile, and the update
+        is dropped; a newer downlink ends the wait (superseded). None: nothing to re-send."""
+        pending = state.pending
+        if pending is None or not state.run_id or state.finished:
+            return None
+        announce(f"{state.device_id}: re-sending the unacknowledged update for round "
+                 f"{pending.round_id} (sent {pending.attempts} time(s) before the restart)")
+        outcome = RoundOutcome(round_id=pending.round_id, sampled=True,
+                               note="re-sent after a restart")
+        outcome.local_steps = int(pending.scalars.get("local_steps", 0))
+        outcome.sigma_m_sq = float(pending.scalars.get("sigma_sq", 0.0))
+        self.deliver(state, None, outcome)
+        return outcome
+
+
+__all__ = ["RoundOutcome", "RunSummary", "UpdateDelivery"]
