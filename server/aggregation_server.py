@@ -52,6 +52,15 @@ from wakefl.server.state_store import StateStore, UpdateView
 
 log = logging.getLogger("wakefl.server")
 
+# Refusal acks to one device id: a burst, then a steady rate (token bucket). A device that
+# floods its topic gets no more acks than that (each refusal is still counted and logged);
+# an honest device's re-send after ack_timeout_s finds the bucket refilled.
+REFUSAL_ACK_BURST = 10
+REFUSAL_ACKS_PER_S = 2.0
+# Warning lines for refusals per device id, likewise; the rest are summarised.
+REFUSAL_LOG_BURST = 20
+REFUSAL_LOGS_PER_S = 1.0
+
 # mosquitto's running count of messages dropped because a client's queue was full
 # (max_queued_messages) or for other limits; readable by the server (acl.template).
 BROKER_DROPPED_TOPIC = "$SYS/broker/publish/messages/dropped"
@@ -112,6 +121,40 @@ class RoundReport:
     screened: dict[str, str] = field(default_factory=dict)  # device -> clipped / refused, why
 
 
+class _Throttle:
+    """A token bucket per key: `burst` events at once, then `rate` per second. Events
+    refused are tallied per key (`take_suppressed`). Keys beyond `max_keys` share one
+    bucket, so the table stays bounded whatever ids a flood uses. Thread-safe."""
+
+    SHARED = "<other devices>"
+
+    def __init__(self, burst: int, rate: float, max_keys: int = 1024) -> None:
+        self.burst, self.rate, self.max_keys = float(burst), rate, max_keys
+        self._buckets: dict[str, tuple[float, float]] = {}  # key -> (tokens, at)
+        self._suppressed: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def allow(self, key: str) -> tuple[bool, int]:
+        """(allowed, events suppressed for this key since its last allowed one)."""
+        now = time.monotonic()
+        with self._lock:
+            if key not in self._buckets and len(self._buckets) >= self.max_keys:
+                key = self.SHARED
+            tokens, at = self._buckets.get(key, (self.burst, now))
+            tokens = min(self.burst, tokens + (now - at) * self.rate)
+            if tokens < 1.0:
+                self._buckets[key] = (tokens, now)
+                self._suppressed[key] += 1
+                return False, 0
+            self._buckets[key] = (tokens - 1.0, now)
+            return True, self._suppressed.pop(key, 0)
+
+    def take_suppressed(self) -> dict[str, int]:
+        with self._lock:
+            out, self._suppressed = dict(self._suppressed), Counter()
+        return out
+
+
 class AggregationServer:
     """`run()` drives the rounds until `config.rounds` are aggregated and announces the end.
     Thread model: paho's network thread validates and records uplinks (under `_lock`); the
@@ -140,6 +183,9 @@ class AggregationServer:
         self.link: MqttLink | None = None
         self.stop_event = threading.Event()
         self.broker_dropped = 0  # mosquitto's $SYS count of dropped messages
+        self._ack_throttle = _Throttle(REFUSAL_ACK_BURST, REFUSAL_ACKS_PER_S)
+        self._log_throttle = _Throttle(REFUSAL_LOG_BURST, REFUSAL_LOGS_PER_S)
+        self.acks_withheld = 0  # refusal acks not sent to a flooding device id
         self._started_rounds = False  # the start grace period applies before the first round
 
     # ------------------------------------------------------------------ registry
@@ -152,14 +198,38 @@ class AggregationServer:
     # ------------------------------------------------------------------ receiving
     def _reject(self, reason: str, detail: str, device: str | None, round_id: int | None,
                 ack_device: str | None, answers: str = "") -> None:
+        """Count, log and (when the device can be identified) refuse one message. Runs on
+        the network thread for every hostile message, so it never waits for the disk (the
+        store commits counts in batches) and, per device id, logs and acks a flood only at
+        a bounded rate: one device cannot stall the honest updates queued behind it."""
         self.rejections[reason] += 1
         try:
             self.store.count_rejection(reason, device, round_id, detail)
         except Exception:  # noqa: BLE001 - the in-memory count and the log line still stand
-            log.exception("rejection of a message from %s not written to the state store", device)
-        log.warning("rejected message from %s (round %s): %s: %s", device, round_id, reason, detail)
+            log.exception("rejection of a message from %s not counted in the state store", device)
+        logged, unlogged = self._log_throttle.allow(device or "<no device id>")
+        if logged:
+            log.warning("rejected message from %s (round %s): %s: %s%s", device, round_id, reason,
+                        detail, f" ({unlogged} earlier refusal(s) of this device counted, not "
+                        "logged one by one)" if unlogged else "")
         if ack_device is not None and round_id is not None:
-            self._send_ack(ack_device, round_id, False, reason, answers)
+            self._send_refusal(ack_device, round_id, False, reason, answers)
+
+    def _send_refusal(self, device: str, round_id: int, accepted: bool, reason: str,
+                      answers: str) -> None:
+        """An ack that does not record anything new (a refusal, a duplicate): rate-limited
+        per device id."""
+        if self._ack_throttle.allow(device)[0]:
+            self._send_ack(device, round_id, accepted, reason, answers)
+        else:
+            self.acks_withheld += 1
+
+    def _report_throttled(self) -> None:
+        unlogged = self._log_throttle.take_suppressed()
+        unacked = self._ack_throttle.take_suppressed()
+        if unlogged or unacked:
+            log.warning("refusals counted but not logged one by one: %s; refusal acks withheld "
+                        "from flooding device ids: %s", unlogged or "none", unacked or "none")
 
     def _send_ack(self, device: str, round_id: int, accepted: bool, reason: str,
                   answers: str = "") -> None:
@@ -232,7 +302,7 @@ class AggregationServer:
             elif msg.run_id == self.run_id and self.store.has_update(rid, dev):
                 # QoS 1 redelivery or a re-send after a lost ack: on record already.
                 self._reject("duplicate", f"round {rid} already has an update from {dev}", dev, rid, None)
-                self._send_ack(dev, rid, True, "duplicate", mid)
+                self._send_refusal(dev, rid, True, "duplicate", mid)
             elif self._open is None or msg.run_id != self.run_id or rid != self._open[0]:
                 open_id = self._open[0] if self._open else None
                 self._reject("stale_round", f"update for round {rid} (run {msg.run_id}); open "
@@ -256,7 +326,7 @@ class AggregationServer:
         elif self.store.has_update(rid, dev):
             self._reject("duplicate", f"{dev} declined round {rid} after its update was recorded",
                          dev, rid, None)
-            self._send_ack(dev, rid, True, "duplicate", mid)
+            self._send_refusal(dev, rid, True, "duplicate", mid)
         else:
             self.store.record_decline(rid, dev, msg.reason)
             self._send_ack(dev, rid, True, "declined", mid)
@@ -488,6 +558,8 @@ class AggregationServer:
             rate = min(1.0, n / max(1, len(self.registry())))
             new_state = self.strategy.aggregate(state, keep, rate)
         self.store.close_round(round_id, new_state)
+        self.store.flush_rejections()  # the round's refusals on disk with the round
+        self._report_throttled()
         t_aggregated = time.monotonic()
         self.store.prune_update_files(round_id - self.cfg.keep_update_rounds + 1)
         reported = {r["device_id"]: {"sigma_m_sq": r["sigma_m_sq"], "local_steps": r["local_steps"],
@@ -558,6 +630,7 @@ class AggregationServer:
             return state
         finally:
             self.link.close()
+            self._report_throttled()
             self.store.close()
 
 

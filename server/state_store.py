@@ -10,6 +10,13 @@ An update counts as accepted once its row is committed (synchronous=FULL, after 
 was fsynced); only then is it acknowledged. A round's new ServerState file is written and
 fsynced first, then the round is marked closed in the same transaction that points at that
 file, so SIGKILL at any point leaves either the old or the new state, never a mix.
+
+Rejections are not worth an fsync each: a device flooding the server with refused messages
+would otherwise queue every honest update behind one synchronous commit per refusal.
+`count_rejection` only adds to counts in memory; a writer thread commits them in one
+transaction at most every REJECTION_FLUSH_S (also `flush_rejections()`, called at round
+close, and `close()`). In-process readers (`rejection_counts`) see the pending counts too;
+SIGKILL loses at most the last interval's counts, never an accepted update.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import sqlite3
 import threading
 import time
@@ -34,6 +42,17 @@ from wakefl.errors import ConfigError
 from wakefl.sdk.atomic_files import write_atomic
 from wakefl.sdk.messages import DEFAULT_MAX_BYTES, MAGIC, Uplink
 from wakefl.sdk.selffl.strategy import ClientResult, ServerState
+
+log = logging.getLogger("wakefl.server.store")
+
+# Pending rejections are committed at most this often, in one transaction.
+REJECTION_FLUSH_S = 0.5
+# rejection_log rows per batch; refusals beyond it are still counted exactly (table
+# `rejections`) and summarised in one log row per reason, so a flood cannot fill the disk.
+MAX_LOG_ROWS_PER_FLUSH = 1000
+# Per-device tallies (`clients.rejected`) kept per batch; a flood naming more distinct
+# device ids than this (only possible for unregistered ones) is counted by reason only.
+MAX_DEVICES_PER_FLUSH = 4096
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -181,8 +200,24 @@ class StateStore:
             self._db.executescript(_SCHEMA)
         except sqlite3.DatabaseError as exc:
             raise ConfigError(f"server state {self.root} is not usable: {exc}") from exc
+        self.transactions = 0  # write transactions committed (one fsync each)
+        # Rejections counted but not yet committed; `_pending_lock` is only ever taken
+        # after `_lock` (or alone), and never held during a write.
+        self._pending_lock = threading.Lock()
+        self._pending = _PendingRejections()
+        self._has_pending = threading.Event()
+        self._stop_flush = threading.Event()
+        self._flusher: threading.Thread | None = None
 
     def close(self) -> None:
+        self._stop_flush.set()
+        self._has_pending.set()
+        if self._flusher is not None:
+            self._flusher.join()
+        try:
+            self.flush_rejections()
+        except Exception:  # noqa: BLE001 - closing must go on; the counts are in the log
+            log.exception("pending rejection counts not written at close")
         with self._lock:
             self._db.close()
 
@@ -196,6 +231,7 @@ class StateStore:
             try:
                 yield self._db
                 self._db.execute("COMMIT")
+                self.transactions += 1
             except BaseException:
                 if self._db.in_transaction:  # a failed COMMIT (disk full) leaves it open too
                     self._db.rollback()
@@ -359,16 +395,97 @@ class StateStore:
     # ------------------------------------------------------------------ rejections
     def count_rejection(self, reason: str, device_id: str | None, round_id: int | None,
                         detail: str) -> None:
-        with self._tx() as db:
-            db.execute("INSERT INTO rejections VALUES (?, 1) ON CONFLICT(reason)"
-                       " DO UPDATE SET count=count+1", (reason,))
-            db.execute("INSERT INTO rejection_log VALUES (?, ?, ?, ?, ?)",
-                       (time.time(), reason, device_id, round_id, detail[:500]))
-            if device_id is not None:
-                db.execute("UPDATE clients SET rejected=rejected+1 WHERE device_id=?", (device_id,))
+        """Count one refused message. In memory only: the writer thread commits the batch
+        within REJECTION_FLUSH_S, so this never waits for the disk."""
+        with self._pending_lock:
+            self._pending.add(reason, device_id, round_id, detail, time.time())
+            if self._flusher is None and not self._stop_flush.is_set():
+                self._flusher = threading.Thread(target=self._flush_loop, daemon=True,
+                                                 name="wakefl-rejection-writer")
+                self._flusher.start()
+        self._has_pending.set()
+
+    def _flush_loop(self) -> None:
+        while not self._stop_flush.is_set():
+            self._has_pending.wait()
+            if self._stop_flush.wait(REJECTION_FLUSH_S):
+                return  # close() writes what is left
+            self._has_pending.clear()
+            try:
+                self.flush_rejections()
+            except Exception:  # noqa: BLE001 - kept pending, retried next interval
+                log.exception("rejection counts not written yet; retrying")
+                self._has_pending.set()
+
+    def flush_rejections(self) -> None:
+        """Commit the pending rejections in one transaction; on failure they stay pending."""
+        with self._lock:
+            with self._pending_lock:
+                batch, self._pending = self._pending, _PendingRejections()
+            if not batch.counts:
+                return
+            try:
+                with self._tx() as db:
+                    db.executemany("INSERT INTO rejections VALUES (?, ?) ON CONFLICT(reason)"
+                                   " DO UPDATE SET count=count+excluded.count", batch.counts.items())
+                    db.executemany("INSERT INTO rejection_log VALUES (?, ?, ?, ?, ?)",
+                                   batch.log_rows + batch.summary_rows())
+                    db.executemany("UPDATE clients SET rejected=rejected+? WHERE device_id=?",
+                                   [(n, d) for d, n in batch.by_device.items()])
+            except BaseException:
+                with self._pending_lock:
+                    batch.merge(self._pending)
+                    self._pending = batch
+                raise
 
     def rejection_counts(self) -> dict[str, int]:
+        """Every rejection counted so far, committed or still pending."""
         with self._lock:
             rows = self._db.execute("SELECT reason, count FROM rejections").fetchall()
-        return {r[0]: r[1] for r in rows}
+            with self._pending_lock:
+                pending = dict(self._pending.counts)
+        counts = {r[0]: r[1] for r in rows}
+        for reason, n in pending.items():
+            counts[reason] = counts.get(reason, 0) + n
+        return counts
 
+
+class _PendingRejections:
+    """Rejections counted since the last commit: exact counts per reason, bounded log rows
+    and per-device tallies (overflow summarised per reason)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.by_device: dict[str, int] = {}
+        self.log_rows: list[tuple[float, str, str | None, int | None, str]] = []
+        self.unlogged: dict[str, int] = {}
+
+    def add(self, reason: str, device_id: str | None, round_id: int | None, detail: str,
+            at: float) -> None:
+        self.counts[reason] = self.counts.get(reason, 0) + 1
+        if device_id is not None and (device_id in self.by_device
+                                      or len(self.by_device) < MAX_DEVICES_PER_FLUSH):
+            self.by_device[device_id] = self.by_device.get(device_id, 0) + 1
+        if len(self.log_rows) < MAX_LOG_ROWS_PER_FLUSH:
+            self.log_rows.append((at, reason, device_id, round_id, detail[:500]))
+        else:
+            self.unlogged[reason] = self.unlogged.get(reason, 0) + 1
+
+    def summary_rows(self) -> list[tuple[float, str, None, None, str]]:
+        now = time.time()
+        return [(now, reason, None, None, f"{n} more rejection(s) of this reason in this batch, "
+                 "counted but not logged one by one") for reason, n in self.unlogged.items()]
+
+    def merge(self, newer: _PendingRejections) -> None:
+        """Add the rejections counted after this batch (a failed write keeps both)."""
+        for reason, n in newer.counts.items():
+            self.counts[reason] = self.counts.get(reason, 0) + n
+        for dev, n in newer.by_device.items():
+            if dev in self.by_device or len(self.by_device) < MAX_DEVICES_PER_FLUSH:
+                self.by_device[dev] = self.by_device.get(dev, 0) + n
+        room = max(0, MAX_LOG_ROWS_PER_FLUSH - len(self.log_rows))
+        self.log_rows.extend(newer.log_rows[:room])
+        for row in newer.log_rows[room:]:
+            self.unlogged[row[1]] = self.unlogged.get(row[1], 0) + 1
+        for reason, n in newer.unlogged.items():
+            self.unlogged[reason] = self.unlogged.get(reason, 0) + n

@@ -617,3 +617,102 @@ def test_broker_queue_overflow_is_reported_by_the_server(tmp_path):
             dev.hold.set()
             thread.join(30)
             _close_all([dev])
+
+
+# --- a flood of refused messages must not stall the server -------------------------------
+
+
+def _count_commits(store: StateStore) -> list[str]:
+    commits: list[str] = []
+    store._db.set_trace_callback(lambda sql: commits.append(sql) if sql == "COMMIT" else None)
+    return commits
+
+
+def test_refusals_are_counted_in_memory_and_committed_in_batches(tmp_path):
+    store = StateStore(tmp_path / "s")
+    store.record_update(M.Uplink(FLEET, "r", "evil", "tv", 1, torch.zeros(4), 0.1, 5, 1), b"y")
+    commits = _count_commits(store)
+    for i in range(500):
+        store.count_rejection("malformed", "evil", 1, f"garbage {i}")
+    store.count_rejection("stale_round", None, None, "no device")
+    # every refusal is counted at once, in memory ...
+    assert store.rejection_counts() == {"malformed": 500, "stale_round": 1}
+    store.flush_rejections()
+    # ... and written in one transaction (two if the writer thread took a batch meanwhile),
+    # not one fsync'd commit per refused message
+    assert 1 <= len(commits) <= 2, len(commits)
+    store.close()
+    store = StateStore(tmp_path / "s")
+    try:
+        assert store.rejection_counts() == {"malformed": 500, "stale_round": 1}
+        assert store.clients()["evil"]["rejected"] == 500
+        assert store._db.execute("SELECT COUNT(*) FROM rejection_log").fetchone()[0] == 501
+    finally:
+        store.close()
+
+
+def test_rejections_pending_at_close_are_written_and_the_log_is_bounded(tmp_path, monkeypatch):
+    from wakefl.server import state_store
+
+    monkeypatch.setattr(state_store, "MAX_LOG_ROWS_PER_FLUSH", 10)
+    monkeypatch.setattr(state_store, "REJECTION_FLUSH_S", 60.0)  # only close() writes
+    store = StateStore(tmp_path / "s")
+    for i in range(25):
+        store.count_rejection("garbage" if i % 2 else "malformed", f"ghost{i}", None, "x")
+    store.close()
+    store = StateStore(tmp_path / "s")
+    try:
+        assert store.rejection_counts() == {"garbage": 12, "malformed": 13}
+        rows = store._db.execute("SELECT reason, device_id, detail FROM rejection_log").fetchall()
+        assert len([r for r in rows if r[1] is not None]) == 10  # one row each, up to the cap
+        summarised = sum(int(r[2].split()[0]) for r in rows if r[1] is None)
+        assert summarised == 15  # the rest in one summary row per reason
+    finally:
+        store.close()
+
+
+def test_a_flood_of_refused_messages_neither_commits_nor_acks_per_message(mqtt_broker, tmp_path):
+    """One device floods its topic with refused updates during an open round: every one is
+    counted, but the server neither commits nor acks per message (refusal acks to one
+    device id are rate-limited), and the honest update queued behind the flood is acked."""
+    from wakefl.server import aggregation_server as srv_mod
+
+    n = 400
+    reg = {"a": "speaker", "b": "tv", "evil": "speaker"}
+    a, b = SimDevice(mqtt_broker.url, "a", "speaker"), SimDevice(mqtt_broker.url, "b", "tv")
+    a.hold.clear()
+    srv = _server(mqtt_broker, tmp_path, reg, rounds=1, round_timeout=60, min_clients=2)
+    commits = _count_commits(srv.store)
+    thread = _start(srv)
+    evil = _Raw(mqtt_broker.url, "evil")
+    evil.listen_acks("evil")
+    try:
+        _wait(lambda: a._todo is not None and 1 in b.acked, 15, "round 1 open, b's update in")
+        down = a._todo
+        n_commits = len(commits)
+        t0 = time.monotonic()
+        sent = [evil.c.publish(topics.uplink(FLEET, "evil"), M.encode(M.Uplink(
+            FLEET, down.run_id, "evil", "speaker", 1, torch.zeros(D), 0.1, i, 1)), qos=1)
+            for i in range(n)]  # evil is registered but not sampled: each is refused
+        sent[-1].wait_for_publish(30)  # the whole flood is with the broker ...
+        a.hold.set()  # ... so a's update comes behind it in the server's queue
+        _wait(lambda: 1 in a.acked, 60, "a's update acked behind the flood")
+        flood_s = time.monotonic() - t0
+        _wait(lambda: srv.rejections["not_sampled"] >= n, 20, "every refusal counted")
+        thread.join(30)
+        assert not thread.is_alive()
+        time.sleep(0.3)  # the last acks in flight
+    finally:
+        evil.close()
+        _close_all([a, b])
+    flood_commits = len(commits) - n_commits
+    # a's update, the round's close and a few batches of counts: not one commit per refusal
+    assert flood_commits <= 5 + flood_s / 0.5, (flood_commits, flood_s)
+    assert len(evil.acks) <= srv_mod.REFUSAL_ACK_BURST + srv_mod.REFUSAL_ACKS_PER_S * (flood_s + 2)
+    assert srv.acks_withheld == n - len(evil.acks)
+    assert sorted(srv.reports[0].reported) == ["a", "b"]
+    store = StateStore(tmp_path / "server")
+    try:
+        assert store.rejection_counts() == {"not_sampled": n}  # every one on disk after close
+    finally:
+        store.close()
