@@ -61,32 +61,40 @@ def _decode(tag: int, channels: int, bits: int, raw: bytes, name: str) -> np.nda
         raise AudioError(f"{name}: WAV holds no audio samples")
     raw = raw[:n * frame]
     if tag == _PCM:
-        if width == 1:
-            x = (np.frombuffer(raw, np.uint8).astype(np.float32) - 128.0) / 128.0
-        elif width == 2:
-            x = np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0
-        elif width == 3:
-            b = np.frombuffer(raw, np.uint8).reshape(-1, 3).astype(np.int32)
-            v = b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16)
-            v = np.where(v >= 1 << 23, v - (1 << 24), v)
-            x = v.astype(np.float32) / float(1 << 23)
-        elif width == 4:
-            x = (np.frombuffer(raw, "<i4").astype(np.float64) / 2147483648.0).astype(np.float32)
-        else:
-            raise AudioError(f"{name}: unsupported PCM sample size {bits} bits")
+        x = _decode_pcm(raw, width, bits, name)
     elif tag == _FLOAT:
-        if width == 4:
-            x = np.frombuffer(raw, "<f4").astype(np.float32)
-        elif width == 8:
-            x = np.frombuffer(raw, "<f8").astype(np.float32)
-        else:
-            raise AudioError(f"{name}: unsupported float sample size {bits} bits")
-        if not np.isfinite(x).all():
-            raise AudioError(f"{name}: WAV holds NaN/Inf samples")
+        x = _decode_float(raw, width, bits, name)
     else:
         raise AudioError(f"{name}: unsupported WAV encoding (format tag {tag}); use PCM or "
                          f"float")
     return x.reshape(n, channels)
+
+
+def _decode_pcm(raw: bytes, width: int, bits: int, name: str) -> np.ndarray:
+    if width == 1:
+        return (np.frombuffer(raw, np.uint8).astype(np.float32) - 128.0) / 128.0
+    if width == 2:
+        return np.frombuffer(raw, "<i2").astype(np.float32) / 32768.0
+    if width == 3:
+        b = np.frombuffer(raw, np.uint8).reshape(-1, 3).astype(np.int32)
+        v = b[:, 0] | (b[:, 1] << 8) | (b[:, 2] << 16)
+        v = np.where(v >= 1 << 23, v - (1 << 24), v)
+        return v.astype(np.float32) / float(1 << 23)
+    if width == 4:
+        return (np.frombuffer(raw, "<i4").astype(np.float64) / 2147483648.0).astype(np.float32)
+    raise AudioError(f"{name}: unsupported PCM sample size {bits} bits")
+
+
+def _decode_float(raw: bytes, width: int, bits: int, name: str) -> np.ndarray:
+    if width == 4:
+        x = np.frombuffer(raw, "<f4").astype(np.float32)
+    elif width == 8:
+        x = np.frombuffer(raw, "<f8").astype(np.float32)
+    else:
+        raise AudioError(f"{name}: unsupported float sample size {bits} bits")
+    if not np.isfinite(x).all():
+        raise AudioError(f"{name}: WAV holds NaN/Inf samples")
+    return x
 
 
 def resample(x: np.ndarray, orig_rate: int, new_rate: int) -> np.ndarray:

@@ -162,6 +162,17 @@ class DeviceStateStore:
         """The last committed state. With `cleanup` (only the process that owns the folder
         may ask for it: a reader must never delete a file a writer is producing), leftovers
         of an interrupted save are removed."""
+        meta = self._read_meta()
+        tensors = self._read_tensors(meta)
+        self._generation = int(meta.get("generation", 0))
+        self._tensor_file = meta.get("tensor_file")
+        self._tensor_sha = meta.get("tensor_sha256")
+        self._aliases = dict(meta.get("tensor_aliases") or {})
+        if cleanup:
+            self._remove_leftovers()
+        return _state_from(meta, tensors)
+
+    def _read_meta(self) -> dict[str, Any]:
         path = self.state_path
         try:
             meta = json.loads(path.read_text(encoding="utf-8"))
@@ -170,9 +181,13 @@ class DeviceStateStore:
         except (OSError, ValueError) as exc:
             raise ConfigError(f"device state {path} is unreadable: {exc}") from exc
         if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
-            raise ConfigError(
-                f"device state {path}: unsupported format {meta.get('format') if isinstance(meta, dict) else meta!r}"
-            )
+            found = meta.get("format") if isinstance(meta, dict) else meta
+            raise ConfigError(f"device state {path}: unsupported format {found!r}")
+        return meta
+
+    def _read_tensors(self, meta: dict[str, Any]) -> dict[str, Tensor]:
+        """The committed tensors file (checked against its SHA-256), aliases resolved."""
+        path = self.state_path
         tensors: dict[str, Tensor] = {}
         tfile = meta.get("tensor_file")
         if tfile:
@@ -182,51 +197,11 @@ class DeviceStateStore:
             if _sha256(tpath) != meta.get("tensor_sha256"):
                 raise ConfigError(f"device state file {tpath} is corrupt (SHA-256 mismatch)")
             tensors = load_file(str(tpath))
-        aliases = meta.get("tensor_aliases") or {}
-        for name, target in aliases.items():
+        for name, target in (meta.get("tensor_aliases") or {}).items():
             if target not in tensors:
                 raise ConfigError(f"device state {path}: alias {name!r} -> missing {target!r}")
             tensors[name] = tensors[target]
-        self._generation = int(meta.get("generation", 0))
-        self._tensor_file = tfile
-        self._tensor_sha = meta.get("tensor_sha256")
-        self._aliases = dict(aliases)
-        if cleanup:
-            self._remove_leftovers()
-
-        client = ClientState(
-            tensors={k[len(_CLIENT):]: v for k, v in tensors.items() if k.startswith(_CLIENT)},
-            scalars={k: float(v) for k, v in meta.get("client_scalars", {}).items()},
-        )
-        pending = None
-        if meta.get("pending") is not None:
-            p = meta["pending"]
-            pending = PendingUpdate(
-                round_id=int(p["round_id"]),
-                num_samples=int(p["num_samples"]),
-                scalars={k: float(v) for k, v in p.get("scalars", {}).items()},
-                tensors={k[len(_PENDING):]: v for k, v in tensors.items() if k.startswith(_PENDING)},
-                report=dict(p.get("report", {})),
-                attempts=int(p.get("attempts", 0)),
-                wire_dtype=str(p.get("wire_dtype", "")),
-            )
-        return DeviceState(
-            device_id=str(meta["device_id"]),
-            device_type=str(meta["device_type"]),
-            fleet=str(meta.get("fleet", "default")),
-            client=client,
-            personal_params=tensors.get(_PERSONAL),
-            baseline_params=tensors.get(_BASELINE),
-            baseline_round=int(meta.get("baseline_round", 0)),
-            model_config=meta.get("model_config"),
-            participations=int(meta.get("participations", 0)),
-            last_round=int(meta.get("last_round", 0)),
-            last_acked_round=int(meta.get("last_acked_round", 0)),
-            last_trained_round=int(meta.get("last_trained_round", 0)),
-            run_id=str(meta.get("run_id", "")),
-            finished=bool(meta.get("finished", False)),
-            pending=pending,
-        )
+        return tensors
 
     def save(self, state: DeviceState, *, tensors_changed: bool = True) -> None:
         """Commit `state` atomically. With `tensors_changed=False` only the scalars are
@@ -249,7 +224,7 @@ class DeviceStateStore:
             # Never reuse the number of a file on disk: it may be the committed one.
             on_disk = [g for g, _ in _tensor_files(self.directory)]
             generation = max([self._generation, *on_disk]) + 1
-            tfile = f"tensors-{generation}.safetensors"
+            tfile: str | None = f"tensors-{generation}.safetensors"
             tpath = self.directory / tfile
             tmp = temp_path(tpath)
             save_file(tensors, str(tmp))
@@ -292,6 +267,42 @@ class DeviceStateStore:
                 p.unlink(missing_ok=True)
         for p in self.directory.glob(TMP_GLOB):
             p.unlink(missing_ok=True)
+
+
+def _state_from(meta: dict[str, Any], tensors: dict[str, Tensor]) -> DeviceState:
+    client = ClientState(
+        tensors={k[len(_CLIENT):]: v for k, v in tensors.items() if k.startswith(_CLIENT)},
+        scalars={k: float(v) for k, v in meta.get("client_scalars", {}).items()},
+    )
+    pending = None
+    if meta.get("pending") is not None:
+        p = meta["pending"]
+        pending = PendingUpdate(
+            round_id=int(p["round_id"]),
+            num_samples=int(p["num_samples"]),
+            scalars={k: float(v) for k, v in p.get("scalars", {}).items()},
+            tensors={k[len(_PENDING):]: v for k, v in tensors.items() if k.startswith(_PENDING)},
+            report=dict(p.get("report", {})),
+            attempts=int(p.get("attempts", 0)),
+            wire_dtype=str(p.get("wire_dtype", "")),
+        )
+    return DeviceState(
+        device_id=str(meta["device_id"]),
+        device_type=str(meta["device_type"]),
+        fleet=str(meta.get("fleet", "default")),
+        client=client,
+        personal_params=tensors.get(_PERSONAL),
+        baseline_params=tensors.get(_BASELINE),
+        baseline_round=int(meta.get("baseline_round", 0)),
+        model_config=meta.get("model_config"),
+        participations=int(meta.get("participations", 0)),
+        last_round=int(meta.get("last_round", 0)),
+        last_acked_round=int(meta.get("last_acked_round", 0)),
+        last_trained_round=int(meta.get("last_trained_round", 0)),
+        run_id=str(meta.get("run_id", "")),
+        finished=bool(meta.get("finished", False)),
+        pending=pending,
+    )
 
 
 def lock_folder(directory: Path) -> int:

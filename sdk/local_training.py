@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,6 +23,11 @@ from wakefl.errors import ConfigError, NonFiniteError
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
+
+
+def dataset_size(dataset: Dataset) -> int:
+    """len() of a map-style dataset (torch's `Dataset` type does not declare `__len__`)."""
+    return len(dataset)  # type: ignore[arg-type]
 
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
     """The parameters that make up the flat vector, in `model.parameters()` order."""
@@ -82,7 +88,7 @@ class TorchLocalProblem:
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if len(dataset) == 0:
+        if dataset_size(dataset) == 0:
             raise ConfigError("the local dataset is empty: nothing to train on")
         self.device = torch.device(device)
         self.model = model.to(self.device)
@@ -94,7 +100,7 @@ class TorchLocalProblem:
 
     @property
     def num_samples(self) -> int:
-        return len(self.dataset)
+        return dataset_size(self.dataset)
 
     def initial_params(self) -> Tensor:
         """The model's current trainable parameters as a flat vector."""
@@ -153,17 +159,11 @@ def train_supervised(
     `final_loss`, `seconds`. Raises NonFiniteError if the loss becomes NaN/Inf."""
     if epochs < 0 or batch_size < 1 or not lr > 0:
         raise ValueError("need epochs >= 0, batch_size >= 1 and lr > 0")
-    if len(dataset) == 0:
+    if dataset_size(dataset) == 0:
         raise ConfigError("the training set is empty")
     device = torch.device(device)
     model.to(device)
-    params = trainable_parameters(model)
-    if optimizer == "adam":
-        opt: torch.optim.Optimizer = torch.optim.Adam(params, lr=lr)
-    elif optimizer == "sgd":
-        opt = torch.optim.SGD(params, lr=lr)
-    else:
-        raise ValueError(f"optimizer must be 'adam' or 'sgd', got {optimizer!r}")
+    opt = _optimizer(optimizer, trainable_parameters(model), lr)
     shuffle = torch.Generator().manual_seed(seed)
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=shuffle)
     epoch_loss: list[float] = []
@@ -175,36 +175,52 @@ def train_supervised(
         with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device]):
             torch.manual_seed(seed)
             for epoch in range(epochs):
-                total, count = 0.0, 0
                 bar = tqdm(loader, desc=f"epoch {epoch + 1}/{epochs}", disable=not progress,
                            leave=False, unit="batch")
-                for inputs, targets in bar:
-                    inputs, targets = inputs.to(device), targets.to(device)
-                    opt.zero_grad(set_to_none=True)
-                    value = loss(model(inputs), targets)
-                    if not torch.isfinite(value):
-                        raise NonFiniteError(
-                            f"training loss became {value.item()} at epoch {epoch + 1}, "
-                            f"step {steps + 1}: lower the learning rate or check the data"
-                        )
-                    value.backward()
-                    opt.step()
-                    steps += 1
-                    total += value.item() * len(targets)
-                    count += len(targets)
-                    bar.set_postfix(loss=f"{total / count:.4f}")
-                epoch_loss.append(total / count)
+                mean_loss, steps = _train_epoch(model, bar, opt, loss, device, epoch, steps)
+                epoch_loss.append(mean_loss)
     finally:
         model.train(was_training)
         opt.zero_grad(set_to_none=True)
     return {
         "epochs": epochs,
         "steps": steps,
-        "samples": len(dataset),
+        "samples": dataset_size(dataset),
         "epoch_loss": epoch_loss,
         "final_loss": epoch_loss[-1] if epoch_loss else float("nan"),
         "seconds": time.perf_counter() - start,
     }
+
+
+def _optimizer(name: str, params: list[nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr)
+    raise ValueError(f"optimizer must be 'adam' or 'sgd', got {name!r}")
+
+
+def _train_epoch(model: nn.Module, bar: Any, opt: torch.optim.Optimizer, loss: LossFn,
+                 device: torch.device, epoch: int, steps: int) -> tuple[float, int]:
+    """One pass over the loader (`bar`); returns the epoch's mean loss and the step count
+    so far. Raises NonFiniteError on a NaN/Inf loss."""
+    total, count = 0.0, 0
+    for inputs, targets in bar:
+        inputs, targets = inputs.to(device), targets.to(device)
+        opt.zero_grad(set_to_none=True)
+        value = loss(model(inputs), targets)
+        if not torch.isfinite(value):
+            raise NonFiniteError(
+                f"training loss became {value.item()} at epoch {epoch + 1}, "
+                f"step {steps + 1}: lower the learning rate or check the data"
+            )
+        value.backward()
+        opt.step()
+        steps += 1
+        total += value.item() * len(targets)
+        count += len(targets)
+        bar.set_postfix(loss=f"{total / count:.4f}")
+    return total / count, steps
 
 
 def _scores(model: nn.Module, inputs: Tensor) -> Tensor:

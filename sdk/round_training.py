@@ -24,6 +24,7 @@ from torch.utils.data import Dataset
 from wakefl.errors import ConfigError, ProtocolError, WakeflError
 from wakefl.sdk import messages
 from wakefl.sdk.device_state import DeviceState, PendingUpdate
+from wakefl.sdk.local_training import dataset_size
 from wakefl.sdk.selffl.strategy import ClientInstructions, ClientState, LocalProblem, Strategy
 
 log = logging.getLogger("wakefl.device")
@@ -84,7 +85,7 @@ class RoundTrainer:
     def num_samples(self) -> int:
         if self._problem is not None:
             return int(self._problem.num_samples)
-        return len(self.train_data)  # type: ignore[arg-type]
+        return dataset_size(self.train_data)  # type: ignore[arg-type]
 
     def new_run(self) -> None:
         """A new run brings a new baseline."""
@@ -191,15 +192,14 @@ class RoundTrainer:
             base = predict_scores(self._model, self.validation, batch_size=self.eval_batch_size)
             labels = getattr(self.validation, "labels", None)
             if labels is None:
-                labels = [int(self.validation[i][1])
-                          for i in range(len(self.validation))]  # type: ignore[arg-type]
+                labels = [int(self.validation[i][1]) for i in range(dataset_size(self.validation))]
             self._baseline_scores = (st.baseline_round, base, np.asarray(labels, dtype=np.int64))
         return self._baseline_scores[1], self._baseline_scores[2]
 
     def relative_report(self, personal: Tensor, st: DeviceState) -> dict[str, Any]:
         """Local relative FA/FR of the personal model against the baseline on the
         validation set, at the baseline's operating point (target FR) and matched FR."""
-        if self.validation is None or len(self.validation) == 0:  # type: ignore[arg-type]
+        if self.validation is None or dataset_size(self.validation) == 0:
             return {}
         from wakefl.sdk.local_training import load_flat_trainable, predict_scores
         from wakefl.sdk.wake_metrics import local_relative_report

@@ -544,6 +544,25 @@ def _uncertainty_statement(
     return " ".join(parts), level
 
 
+def _paired_inputs(
+    baseline_scores: Sequence[float] | np.ndarray,
+    candidate_scores: Sequence[float] | np.ndarray,
+    labels: Sequence[int] | np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Baseline scores, candidate scores and 0/1 labels of the same clips, checked."""
+    base = _scores(baseline_scores, "baseline_scores", allow_empty=True)
+    cand = _scores(candidate_scores, "candidate_scores", allow_empty=True)
+    lab = np.asarray(labels).reshape(-1)
+    if not (base.size == cand.size == lab.size):
+        raise ValueError(
+            f"baseline_scores, candidate_scores and labels differ in length: "
+            f"{base.size}, {cand.size}, {lab.size}"
+        )
+    if not np.all(np.isin(lab, (0, 1))):
+        raise ValueError("labels must be 0 or 1")
+    return base, cand, lab
+
+
 def local_relative_report(
     baseline_scores: Sequence[float] | np.ndarray,
     candidate_scores: Sequence[float] | np.ndarray,
@@ -559,16 +578,7 @@ def local_relative_report(
     Never raises for too little data: without positives or negatives the figures are None
     and `statement` says why.
     """
-    base = _scores(baseline_scores, "baseline_scores", allow_empty=True)
-    cand = _scores(candidate_scores, "candidate_scores", allow_empty=True)
-    lab = np.asarray(labels).reshape(-1)
-    if not (base.size == cand.size == lab.size):
-        raise ValueError(
-            f"baseline_scores, candidate_scores and labels differ in length: "
-            f"{base.size}, {cand.size}, {lab.size}"
-        )
-    if not np.all(np.isin(lab, (0, 1))):
-        raise ValueError("labels must be 0 or 1")
+    base, cand, lab = _paired_inputs(baseline_scores, candidate_scores, labels)
     target_fr = _check_rate(target_fr, "target_fr")
     is_pos = lab == 1
     n_pos, n_neg = int(np.count_nonzero(is_pos)), int(np.count_nonzero(~is_pos))

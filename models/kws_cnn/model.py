@@ -13,7 +13,7 @@ from .frontend import LogMelFrontend
 
 # ("conv", channels at width 1.0) or ("pool", (freq, time) kernel). Channels grow as the
 # map shrinks, so most parameters sit where the feature map is small and cheap to run.
-LAYOUT: tuple[tuple[str, object], ...] = (
+LAYOUT: tuple[tuple[str, int | tuple[int, int]], ...] = (
     ("conv", 24),
     ("pool", (2, 3)),
     ("conv", 48),
@@ -46,7 +46,8 @@ class KwsCnn(nn.Module):
         cin = 1
         for kind, arg in LAYOUT:
             if kind == "conv":
-                cout = scaled_channels(int(arg), self.cfg.width)
+                assert isinstance(arg, int)
+                cout = scaled_channels(arg, self.cfg.width)
                 # No conv bias: GroupNorm's shift makes it redundant.
                 layers += [nn.Conv2d(cin, cout, 3, padding=1, bias=False),
                            nn.GroupNorm(GROUPS, cout), nn.ReLU(inplace=True)]

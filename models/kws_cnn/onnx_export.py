@@ -75,6 +75,8 @@ def _export_fp32(model: KwsCnn, out: Path) -> None:
                 input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
                 dynamic_shapes=({0: batch},), external_data=False, verbose=False,
             )
+            if program is None:
+                raise RuntimeError("torch.onnx.export returned no program")
             program.save(str(out), external_data=False)
     finally:
         exporter_log.setLevel(old)

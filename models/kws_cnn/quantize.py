@@ -35,7 +35,7 @@ def synthetic_calibration_windows(window_samples: int, sample_rate: int, n: int 
             x = np.sin(phase) + 0.1 * rng.standard_normal(window_samples)
         else:
             f0 = rng.uniform(90, 250)
-            x = sum(np.sin(2 * np.pi * k * f0 * t) / k for k in range(1, 12))
+            x = sum((np.sin(2 * np.pi * k * f0 * t) / k for k in range(1, 12)), np.zeros_like(t))
             x *= 0.5 * (1 + np.sin(2 * np.pi * rng.uniform(2, 6) * t))
             x += 0.05 * rng.standard_normal(window_samples)
         x = x / (np.max(np.abs(x)) + 1e-9) * level
