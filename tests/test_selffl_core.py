@@ -209,3 +209,120 @@ def test_precision_sum_refuses_a_cluster_update_of_another_size():
     updates = [("tv", torch.tensor([1.0, 2.0]), 0.1), ("tv", torch.tensor([3.0]), 0.3)]
     with pytest.raises(ConfigError, match="entries"):
         update_representatives({}, updates, sigma0_sq=0.1)
+
+
+# ---- sparse participation and little data (docs/SELF_FL.md) ------------------------------
+
+
+def test_eqn10_factor_is_bounded_and_never_extrapolates_past_the_bound():
+    from wakefl.sdk.selffl.rules import eqn10_factor
+
+    glob, pers = torch.tensor([1.0, -1.0]), torch.tensor([3.0, 0.0])
+    # w_m / S_-m = (1 / 0.1) / (10 / 3) = 3: the paper extrapolates three times the distance
+    assert eqn10_factor(0.05, 10 / 3, sigma0_sq=0.05) == pytest.approx(3.0)
+    torch.testing.assert_close(initial_point(glob, pers, 0.05, 10 / 3, sigma0_sq=0.05),
+                               glob - 3.0 * (pers - glob))
+    # bounded at 1: theta_init = 2 theta - theta_m, as far from the global as theta_m is
+    bounded = initial_point(glob, pers, 0.05, 10 / 3, sigma0_sq=0.05, max_factor=1.0)
+    torch.testing.assert_close(bounded, 2 * glob - pers)
+    assert float((bounded - glob).norm()) == pytest.approx(float((pers - glob).norm()))
+    # below the bound the paper's factor is kept
+    torch.testing.assert_close(initial_point(glob, pers, 0.05, 40.0, sigma0_sq=0.05, max_factor=1.0),
+                               glob - 0.25 * (pers - glob))
+    assert eqn10_factor(0.05, 1e-6, sigma0_sq=0.05, max_factor=0.5) == 0.5
+    assert eqn10_factor(0.0, 2.0, sigma0_sq=0.0, max_factor=1.0) == 0.0  # w_m = inf: the global
+    with pytest.raises(ConfigError):
+        eqn10_factor(0.1, 1.0, sigma0_sq=0.1, max_factor=-1.0)
+
+
+def test_eqn10_factor_from_the_realised_share_removes_exactly_that_share():
+    from wakefl.sdk.selffl.rules import eqn10_factor
+
+    # a = w_m / (w_m + S_-m) gives the paper's w_m / S_-m back (full participation)
+    w_m, s_others = 1 / (0.3 + 0.1), 7.0
+    a = w_m / (w_m + s_others)
+    assert eqn10_factor(0.1, s_others, sigma0_sq=0.3, share=a) == pytest.approx(w_m / s_others)
+    # any share: g = a x_m + (1 - a) rest  =>  theta_init = rest
+    x_m, rest = torch.tensor([2.0, 5.0], dtype=torch.float64), torch.tensor([-1.0, 0.5], dtype=torch.float64)
+    for a in (0.0, 0.05, 0.3, 0.5):
+        g = a * x_m + (1 - a) * rest
+        torch.testing.assert_close(initial_point(g, x_m, 0.1, 1.0, sigma0_sq=0.1, share=a), rest)
+    # a share above one half is clipped by the bound; a share of 1 leaves nothing to recover
+    assert eqn10_factor(0.1, 1.0, sigma0_sq=0.1, share=0.75, max_factor=1.0) == 1.0
+    assert eqn10_factor(0.1, 1.0, sigma0_sq=0.1, share=1.0) == 0.0
+    assert eqn10_factor(0.1, 1.0, sigma0_sq=0.1, share=1.0, max_factor=1.0) == 1.0
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ConfigError):
+            eqn10_factor(0.1, 1.0, sigma0_sq=0.1, share=bad)
+    with pytest.raises(NonFiniteError):
+        eqn10_factor(0.1, 1.0, sigma0_sq=0.1, share=float("nan"))
+
+
+def test_step_rate_for_the_mean_minibatch_loss_lands_at_eqn6_for_any_batch_size():
+    from wakefl.sdk.selffl import GaussianLocalProblem
+    from wakefl.sdk.selffl.rules import step_rate
+
+    lr, b, sig, s_others = 0.002, 8, 0.05, 3.0
+    assert step_rate(lr, b, sig, "mean") == pytest.approx(lr / sig)
+    assert step_rate(lr, b, sig, "sum") == pytest.approx(lr / (b * sig))
+    assert step_rate(lr, b, 0.0) == math.inf
+    mean_steps = local_steps(lr, b, sig, s_others, 10_000, 5)
+    sum_steps = local_steps(lr, b, sig, s_others, 10_000, 5, loss="sum")
+    assert mean_steps == local_steps(lr, 1, sig, s_others, 10_000, 5, loss="sum")
+    assert sum_steps == pytest.approx(b * mean_steps, rel=0.02)  # the paper's rule: ~B times
+    # The minibatch gradient (theta - batch mean) / sig has expectation (theta - z) / sig, so
+    # the mean of many runs follows the exact recursion: the mean-loss count hits Eqn 6.
+    g = torch.Generator().manual_seed(0)
+    samples = torch.randn(64, 1, generator=g, dtype=torch.float64)
+    z, theta_init = float(samples.mean()), -2.0
+    prob = GaussianLocalProblem(samples.mean(0), sig, 64, samples=samples, batch_size=b)
+    eqn6 = (z / sig + s_others * theta_init) / (1 / sig + s_others)
+    runs = []
+    for seed in range(300):
+        gen = torch.Generator().manual_seed(seed)
+        x = torch.tensor([theta_init], dtype=torch.float64)
+        for _ in range(mean_steps):
+            x = x - lr * prob.gradient(x, gen)
+        runs.append(float(x))
+    exact_end = z + (1 - lr / sig) ** mean_steps * (theta_init - z)
+    assert abs(exact_end - eqn6) < 0.01  # up to the integer rounding of l
+    assert abs(sum(runs) / len(runs) - eqn6) < 0.03  # ~9 standard errors of the mean
+    # the paper's B-scaled count trains ~B times too long: it ends near z, not at Eqn 6
+    end_sum = z + (1 - lr / sig) ** sum_steps * (theta_init - z)
+    assert abs(end_sum - z) < 0.1 * abs(eqn6 - z)
+
+
+def test_data_step_cap_follows_the_local_data_size():
+    from wakefl.sdk.selffl.rules import data_step_cap
+
+    assert data_step_cap(40, 32, 2.0) == 4  # 2 minibatches an epoch, 2 epochs
+    assert data_step_cap(10, 32, 2.0) == 2  # all 10 clips in one batch: one step an epoch
+    assert data_step_cap(960, 32, 2.0) == 60
+    assert data_step_cap(3, 1, 0.1) == 1  # at least one step
+    assert data_step_cap(40, 32, None) is None
+    with pytest.raises(ConfigError):
+        data_step_cap(40, 32, 0.0)
+
+
+def test_sampled_count_is_floor_of_c_m_at_least_one():
+    from wakefl.sdk.selffl import sampled_count
+
+    assert sampled_count(0.25, 20) == 5
+    assert sampled_count(0.1, 20) == 2
+    assert sampled_count(0.35, 8) == 2  # floor, where round() would give 3
+    assert sampled_count(0.29, 100) == 29  # 0.29 * 100 = 28.999999999999996
+    assert sampled_count(0.01, 5) == 1  # at least one
+    assert sampled_count(1.0, 7) == 7
+    for bad in ((0.0, 5), (1.5, 5), (0.5, 0), (0.5, 2.5)):
+        with pytest.raises(ConfigError):
+            sampled_count(*bad)
+
+
+def test_weight_shares_sum_to_one_with_the_infinite_precision_limit():
+    from wakefl.sdk.selffl.aggregation import weight_shares
+
+    shares = weight_shares([0.1, 0.3, 0.6], 0.2)
+    w = [1 / 0.3, 1 / 0.5, 1 / 0.8]
+    assert shares == pytest.approx([x / sum(w) for x in w])
+    assert weight_shares([0.0, 0.1, 0.0], 0.0) == [0.5, 0.0, 0.5]
+    assert weight_shares([], 0.1) == []

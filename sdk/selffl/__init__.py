@@ -13,7 +13,16 @@ from wakefl.sdk.selffl.checks import HyperparameterError
 from wakefl.sdk.selffl.gaussian_problem import GaussianLocalProblem
 from wakefl.sdk.selffl.local_sgd import sgd_steps
 from wakefl.sdk.selffl.registry import available_strategies, make_strategy
-from wakefl.sdk.selffl.rules import initial_point, local_steps, precision, trace_variance
+from wakefl.sdk.selffl.rules import (
+    data_step_cap,
+    eqn10_factor,
+    initial_point,
+    local_steps,
+    precision,
+    sampled_count,
+    step_rate,
+    trace_variance,
+)
 from wakefl.sdk.selffl.running_variance import RunningVariance
 from wakefl.sdk.selffl.selffl_strategy import SelfFL
 from wakefl.sdk.selffl.simulation import RoundRecord, SimulationResult, run_simulation
@@ -45,13 +54,17 @@ __all__ = [
     "aggregate_clusters",
     "aggregate_stream",
     "available_strategies",
+    "data_step_cap",
+    "eqn10_factor",
     "initial_point",
     "local_steps",
     "make_strategy",
     "precision",
     "run_simulation",
+    "sampled_count",
     "sgd_steps",
     "smooth",
+    "step_rate",
     "trace_variance",
     "update_representatives",
 ]

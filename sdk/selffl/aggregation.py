@@ -107,6 +107,23 @@ def aggregate(params: Sequence[Tensor] | Tensor, sigma_sq: Sequence[float], sigm
     return aggregate_stream(zip(rows, sig, strict=True), sigma0_sq)
 
 
+def weight_shares(sigma_sq: Sequence[float], sigma0_sq: float) -> list[float]:
+    """Each member's share of Eqn 11's weighted mean, w_m / sum_k w_k (summing to 1), with
+    the same infinite-precision limit as `PrecisionSum`: if any member has sigma0^2 +
+    sigma_m^2 = 0, those share equally and the others get 0. NaN: `NonFiniteError`."""
+    weights = [precision(sigma0_sq, s) for s in sigma_sq]
+    if not weights:
+        return []
+    certain = [math.isinf(w) for w in weights]
+    if any(certain):
+        n = sum(certain)
+        return [1.0 / n if c else 0.0 for c in certain]
+    total = math.fsum(weights)
+    if total <= 0.0:
+        raise ConfigError("all aggregation weights are zero")
+    return [w / total for w in weights]
+
+
 def smooth(previous: Tensor, aggregated: Tensor, activity_rate: float) -> Tensor:
     """Section 4.1: theta^t = (1 - C) theta^(t-1) + C theta_hat, C in (0, 1]."""
     c = require_activity_rate(activity_rate)

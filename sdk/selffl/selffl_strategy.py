@@ -10,15 +10,22 @@ Client state (persisted on the device between the rounds it takes part in):
     scalars["rv_count"], scalars["rv_value"]  the RunningVariance's scalars
 Server state:
     scalars["sigma0_sq"]  inter-client variance sent to clients (Eqn 14)
-    clients[cid]          {"sigma_sq": last reported sigma_m^2, "has_variance": 0/1}
-                          (scalars only: needed for S_-m)
+    clients[cid]          {"sigma_sq": last reported sigma_m^2, "has_variance": 0/1,
+                          "share": the weight of the client's last upload in the current
+                          global model (for Eqn 10), and in cluster mode "cluster" (a code,
+                          see scalars["cluster_code:<group>"]) and "rep_share" (its weight
+                          in its cluster's representative)} (scalars only: O(M) numbers)
     tensors["rep:<group>"], scalars["rep_sigma_sq:<group>"], scalars["cluster_sigma0_sq"]
                           cluster representatives when `cluster_by_group` is set.
 
 Decisions the paper leaves open (see also `rules.local_steps` / `rules.initial_point`):
-* t_m < 2 (no variance yet, intra_variance="running"): warm-up, start from the global
-  model and run `warmup_steps` steps; the client reports has_variance=0 and the server
-  weights it with the mean sigma_m^2 of the clients that do have one (0 if none).
+* No variance yet (intra_variance="running"): warm-up, start from the global model and
+  run `warmup_steps` steps. With `early_variance` (the default) the first round folds the
+  iterate halfway through its training into the running variance before the round's
+  model, so the client reports a variance from its first round and uses Eqns 10 and 16
+  from its second; without it the first two rounds are warm-up rounds, reported with
+  has_variance=0, and the server weights them with the mean sigma_m^2 of the clients that
+  do have one (0 if none).
 * A round with fewer than 2 updates keeps the previous sigma0^2 (one model says nothing
   about the spread between clients).
 * Non-finite numbers anywhere raise `NonFiniteError` before any state is replaced: the
@@ -40,9 +47,11 @@ from wakefl.sdk.selffl.aggregation import (
     aggregate_stream,
     smooth,
     update_representatives,
+    weight_shares,
 )
 from wakefl.sdk.selffl.checks import (
     HyperparameterError,
+    require_activity_rate,
     require_choice,
     require_count,
     require_finite,
@@ -51,7 +60,13 @@ from wakefl.sdk.selffl.checks import (
     require_positive,
 )
 from wakefl.sdk.selffl.local_sgd import sgd_steps
-from wakefl.sdk.selffl.rules import initial_point, local_steps, precision
+from wakefl.sdk.selffl.rules import (
+    LOSS_SCALINGS,
+    data_step_cap,
+    initial_point,
+    local_steps,
+    precision,
+)
 from wakefl.sdk.selffl.running_variance import RunningVariance
 from wakefl.sdk.selffl.strategy import (
     ClientInstructions,
@@ -64,6 +79,7 @@ from wakefl.sdk.selffl.strategy import (
 
 _REP = "rep:"
 _REP_SIG = "rep_sigma_sq:"
+_CLUSTER_CODE = "cluster_code:"
 
 
 @dataclass(frozen=True)
@@ -93,6 +109,22 @@ class SelfFL(Strategy):
       "problem" (sigma_m^2 = `problem.sigma_sq`, known intra-client variance, e.g. the
       scalar Gaussian model where it is the variance of the sample mean).
     * sigma0_sq: None to estimate sigma0^2 each round (Eqn 14) or a fixed known value.
+
+    Sparse participation and little data (docs/SELF_FL.md; each a deliberate deviation
+    with a switch back to the paper's rule for ablations):
+    * eqn10: "share" (Eqn 10's factor from the client's realised share of the global model,
+      sent by the server as `own_share`; the paper's w_m / S_-m when the server sends none)
+      or "paper" (always w_m / S_-m).
+    * eqn10_max_factor: bound on Eqn 10's factor (1.0: the initial point is never further
+      from the global model than the client's own model; None: unbounded, the paper).
+    * step_rate_loss: "mean" (Eqn 16's rate eta / sigma_m^2, exact for the mean minibatch
+      loss of wakefl's oracles) or "sum" (the paper's printed eta / (B sigma_m^2)).
+    * early_variance: fold the mid-round iterate of a client's first round into its
+      running variance, so sigma_m^2 exists from its second round (False: from its third).
+    * max_local_epochs: with intra_variance="running", cap every local step count (warm-up
+      and Eqn 16, not Algorithm 2's converge steps) at this many passes over the client's
+      samples in minibatches of B (`rules.data_step_cap`); None: only l_max caps. A known
+      sigma_m^2 ("problem") already carries the data size, so it is not capped.
     """
 
     def __init__(
@@ -106,6 +138,11 @@ class SelfFL(Strategy):
         intra_variance: str = "running",
         sigma0_sq: float | None = None,
         converge_steps: int = 200,
+        eqn10: str = "share",
+        eqn10_max_factor: float | None = 1.0,
+        step_rate_loss: str = "mean",
+        early_variance: bool = True,
+        max_local_epochs: float | None = 2.0,
     ) -> None:
         if algorithm not in (1, 2):
             raise HyperparameterError(f"Self-FL algorithm must be 1 or 2, got {algorithm}")
@@ -120,6 +157,13 @@ class SelfFL(Strategy):
             require_non_negative(require_finite_scalar(sigma0_sq, "sigma0^2"), "sigma0^2")
         self.fixed_sigma0_sq = sigma0_sq
         self.converge_steps = require_count(converge_steps, "converge_steps")
+        self.eqn10 = require_choice(eqn10, ("share", "paper"), "eqn10")
+        self.eqn10_max_factor = (None if eqn10_max_factor is None else require_non_negative(
+            require_finite_scalar(eqn10_max_factor, "eqn10_max_factor"), "eqn10_max_factor"))
+        self.step_rate_loss = require_choice(step_rate_loss, LOSS_SCALINGS, "step_rate_loss")
+        self.early_variance = bool(early_variance)
+        self.max_local_epochs = (None if max_local_epochs is None else require_positive(
+            require_finite_scalar(max_local_epochs, "max_local_epochs"), "max_local_epochs"))
         self.name = "selffl" if algorithm == 1 else "selffl-alg2"
 
     # ---- server side -------------------------------------------------------------------
@@ -146,14 +190,16 @@ class SelfFL(Strategy):
         return total
 
     def configure_client(self, server: ServerState, client_id: str, round_id: int) -> ClientInstructions:
+        scalars = {
+            "sigma0_sq": float(server.scalars.get("sigma0_sq", 0.0)),
+            "others_precision": self.others_precision(server, client_id),
+        }
+        share = server.clients.get(client_id, {}).get("share")
+        if share is not None:
+            scalars["own_share"] = float(share)
         return ClientInstructions(
-            client_id=client_id,
-            round_id=round_id,
-            global_params=server.global_params,
-            scalars={
-                "sigma0_sq": float(server.scalars.get("sigma0_sq", 0.0)),
-                "others_precision": self.others_precision(server, client_id),
-            },
+            client_id=client_id, round_id=round_id, global_params=server.global_params,
+            scalars=scalars,
         )
 
     def aggregate(
@@ -182,6 +228,11 @@ class SelfFL(Strategy):
 
         new_scalars = dict(server.scalars)
         new_tensors = dict(server.tensors)
+        clients = {cid: dict(v) for cid, v in server.clients.items()}
+        for u in reported:
+            info = clients.setdefault(u.client_id, {})
+            if u.has_variance or not info.get("has_variance", 0.0):
+                info.update(sigma_sq=u.sigma_sq, has_variance=1.0 if u.has_variance else 0.0)
         # Pass 2: Eqn 11 (and the cluster representatives).
         if self.cluster_by_group:
             reps = {
@@ -199,17 +250,19 @@ class SelfFL(Strategy):
                 new_tensors[_REP + g] = rep.params
                 new_scalars[_REP_SIG + g] = rep.sigma_sq
             new_scalars["cluster_sigma0_sq"] = cluster_s0
+            self._cluster_shares(new_scalars, clients, reported, sigmas, sigma0_sq, reps, cluster_s0)
         else:
             theta_hat = aggregate_stream(
                 ((r.params, s) for r, s in zip(results, sigmas, strict=True)), sigma0_sq
             )
             new_global = smooth(server.global_params, theta_hat, activity_rate)
+            rate = require_activity_rate(activity_rate)
+            for info in clients.values():
+                if "share" in info:
+                    info["share"] *= 1.0 - rate
+            for u, a in zip(reported, weight_shares(sigmas, sigma0_sq), strict=True):
+                clients[u.client_id]["share"] = min(1.0, rate * a)
         new_scalars["sigma0_sq"] = sigma0_sq
-        clients = {cid: dict(v) for cid, v in server.clients.items()}
-        for u in reported:
-            prev = clients.get(u.client_id, {})
-            if u.has_variance or not prev.get("has_variance", 0.0):
-                clients[u.client_id] = {"sigma_sq": u.sigma_sq, "has_variance": 1.0 if u.has_variance else 0.0}
         return ServerState(
             round_id=server.round_id + 1,
             global_params=new_global,
@@ -217,6 +270,39 @@ class SelfFL(Strategy):
             scalars=new_scalars,
             clients=clients,
         )
+
+    @staticmethod
+    def _cluster_shares(
+        scalars: dict[str, float], clients: dict[str, dict[str, float]],
+        reported: list[ReportedUncertainty], sigmas: list[float], sigma0_sq: float,
+        reps: dict[str, Representative], cluster_s0: float,
+    ) -> None:
+        """Each known client's weight in the cluster-level global model (in place): its
+        weight in its cluster's representative (Eqn 11 within the cluster; 0 once the
+        representative was replaced in a round it did not take part in) times the
+        representative's weight in the global model (Eqn 11 over representatives)."""
+        codes = {k[len(_CLUSTER_CODE):]: v for k, v in scalars.items() if k.startswith(_CLUSTER_CODE)}
+        members: dict[str, list[int]] = {}
+        for i, u in enumerate(reported):
+            members.setdefault(u.group, []).append(i)
+        for group in members:
+            if group not in codes:
+                codes[group] = float(len(codes) + 1)
+                scalars[_CLUSTER_CODE + group] = codes[group]
+        active = {codes[g] for g in members}
+        for info in clients.values():
+            if info.get("cluster") in active:
+                info["rep_share"] = 0.0
+        for group, idx in members.items():
+            for i, a in zip(idx, weight_shares([sigmas[i] for i in idx], sigma0_sq), strict=True):
+                clients[reported[i].client_id].update(cluster=codes[group], rep_share=a)
+        order = sorted(reps)
+        by_code = {codes[g]: a for g, a in zip(
+            order, weight_shares([reps[g].sigma_sq for g in order], cluster_s0), strict=True)
+            if g in codes}
+        for info in clients.values():
+            if "cluster" in info:
+                info["share"] = min(1.0, info.get("rep_share", 0.0) * by_code.get(info["cluster"], 0.0))
 
     # ---- client side -------------------------------------------------------------------
     def client_update(
@@ -251,21 +337,50 @@ class SelfFL(Strategy):
         if sigma_m_sq is None or anchor is None:
             theta_init = g.clone()
         else:
-            theta_init = initial_point(g, anchor, sigma_m_sq, s_others, sigma0_sq=s0)
-        steps = local_steps(self.lr, self.batch_size, sigma_m_sq, s_others, self.l_max, self.warmup_steps)
-        personal = sgd_steps(theta_init, problem, generator, self.lr, steps)
+            share = instructions.scalars.get("own_share") if self.eqn10 == "share" else None
+            theta_init = initial_point(g, anchor, sigma_m_sq, s_others, sigma0_sq=s0, share=share,
+                                       max_factor=self.eqn10_max_factor)
+        # A known sigma_m^2 (intra_variance="problem") already carries the data size
+        # (sigma_m^2 = s^2 / n_m); the running variance of the client's models does not.
+        epochs = self.max_local_epochs if self.intra_variance == "running" else None
+        cap = data_step_cap(int(problem.num_samples), self.batch_size, epochs)
+        l_cap = self.l_max if cap is None else min(self.l_max, cap)
+        steps = local_steps(self.lr, self.batch_size, sigma_m_sq, s_others, l_cap, self.warmup_steps,
+                            loss=self.step_rate_loss)
+        # With early_variance, a client's first round also keeps the iterate halfway through
+        # the training that produces the model its variance is kept over.
+        early = self.early_variance and self.intra_variance == "running" and rv.count == 0
+        midway: Tensor | None = None
+        if early and self.algorithm == 1:
+            midway = sgd_steps(theta_init, problem, generator, self.lr, steps // 2)
+            personal = sgd_steps(midway, problem, generator, self.lr, steps - steps // 2)
+        else:
+            personal = sgd_steps(theta_init, problem, generator, self.lr, steps)
         tensors: dict[str, Tensor] = {"personal": personal}
         sent = personal
         if self.algorithm == 2:
-            sent = sgd_steps(personal, problem, generator, self.lr, self.converge_steps)
+            if early:
+                half = self.converge_steps // 2
+                midway = sgd_steps(personal, problem, generator, self.lr, half)
+                sent = sgd_steps(midway, problem, generator, self.lr, self.converge_steps - half)
+            else:
+                sent = sgd_steps(personal, problem, generator, self.lr, self.converge_steps)
             tensors["converged"] = sent
             result_tensors = {"personal": personal}
         else:
             result_tensors = {}
+        if midway is not None:
+            rv.update(midway)
         rv.update(sent)  # raises NonFiniteError before any state is replaced
         rv_state = rv.state_dict()
         tensors["rv_mean"] = rv_state["mean"]  # type: ignore[assignment]
-        reported = sigma_m_sq if sigma_m_sq is not None else 0.0
+        # A first round with early_variance reports the variance it just formed: the server
+        # needs one for Eqn 11 and S_-m, and this is the best the client has.
+        if sigma_m_sq is None and midway is not None:
+            sigma_m_sq_report: float | None = rv.value
+        else:
+            sigma_m_sq_report = sigma_m_sq
+        reported = sigma_m_sq_report if sigma_m_sq_report is not None else 0.0
         new_state = ClientState(
             tensors=tensors,
             scalars={
@@ -281,7 +396,7 @@ class SelfFL(Strategy):
             num_samples=int(problem.num_samples),
             scalars={
                 "sigma_sq": reported,
-                "has_variance": 0.0 if sigma_m_sq is None else 1.0,
+                "has_variance": 0.0 if sigma_m_sq_report is None else 1.0,
                 "local_steps": float(steps),
                 "others_precision": s_others,
             },

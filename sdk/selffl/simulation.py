@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from wakefl.errors import ConfigError
-from wakefl.sdk.selffl.checks import require_activity_rate
+from wakefl.sdk.selffl.rules import sampled_count
 from wakefl.sdk.selffl.strategy import (
     ClientResult,
     ClientState,
@@ -40,12 +40,6 @@ class SimulationResult:
     participation: dict[str, int]  # rounds each client took part in
 
 
-def num_sampled(num_clients: int, activity_rate: float) -> int:
-    """Clients per round: round(C * M), at least 1."""
-    activity_rate = require_activity_rate(activity_rate)
-    return max(1, min(num_clients, round(activity_rate * num_clients)))
-
-
 def client_generator(seed: int, round_id: int, index: int) -> torch.Generator:
     """Per (round, client) random stream, independent of the order clients run in."""
     g = torch.Generator()
@@ -63,7 +57,8 @@ def run_simulation(
     groups: Mapping[str, str] | None = None,
     on_round: Callable[[int, ServerState, RoundRecord], None] | None = None,
 ) -> SimulationResult:
-    """Run `rounds` rounds; each samples round(C * M) clients uniformly without replacement.
+    """Run `rounds` rounds; each samples `sampled_count(C, M)` = floor(C * M) (at least 1)
+    clients uniformly without replacement.
 
     A client's state changes only in the rounds it is sampled, so its counter t_m counts
     only those. `groups` (client -> cluster key) fills `ClientResult.group`. The activity
@@ -76,7 +71,7 @@ def run_simulation(
     if not ids:
         raise ConfigError("a simulation needs at least one client")
     index = {cid: i for i, cid in enumerate(ids)}
-    k = num_sampled(len(ids), activity_rate)
+    k = sampled_count(activity_rate, len(ids))
     sampler = torch.Generator()
     sampler.manual_seed(int(seed))
     server = strategy.init_server(initial_params)
