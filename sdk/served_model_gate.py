@@ -1,0 +1,342 @@
+"""The served-model gate ("do no harm"): which model a device serves after a round.
+
+After each round a device holds the model it serves now and new candidates (the new
+personalized model, the global model). It scores all of them on its local validation
+clips and switches only to a candidate that is, on those clips, at least as good as the
+served model and not worse beyond the noise of the comparison; otherwise it keeps serving
+the model it has. docs/SELF_FL.md ("The served-model gate") states the rule; pure numpy,
+no I/O.
+
+Conventions are wake_metrics' (module docstring there): a clip is accepted when
+``score >= threshold``; the reference's threshold is the largest whose FR is <= the
+target FR, the candidate's is matched to the FR the reference has there; ratios over a
+zero rate follow `safe_ratio` (0/0 = 1, x/0 unbounded).
+
+The rule, for each candidate C against the served model S (and against the baseline B,
+the model the device shipped with, when its scores are given):
+
+1. Point figures on all clips: relative FA = FA(C) / FA(S) at matched FR, relative FR
+   = FR(C) / FR(S) at those thresholds.
+2. A paired bootstrap over units (speakers; each clip its own unit when none are given):
+   every replicate draws units with replacement, refits S's threshold to the target FR on
+   the drawn clips, rematches C, and computes both ratios (unbounded counts as +inf).
+   Percentile intervals at `level` (the bounds are the order statistics just outside the
+   nominal quantiles, as in wake_metrics).
+3. C is *worse beyond the noise* than a reference when the lower bound of its relative
+   FA interval is > 1 or the lower bound of its relative FR interval is > 1 (an
+   unbounded lower bound counts as > 1).
+4. C is *admissible* when it is not worse beyond the noise than S nor than B, and its
+   point figures against S are no worse: relative FA <= 1 and relative FR <= 1. (Not
+   worse beyond the noise alone would let a model that looks worse on the device's own
+   clips in; checking B as well stops a chain of such switches from drifting away from
+   the shipped model.)
+5. The device serves the admissible candidate with the lowest point relative FA against S
+   (ties: the first in the order given, e.g. personalized before global); with none, it
+   keeps serving S.
+
+Without local validation clips, without wake-word clips or without other clips nothing
+can be compared: S is kept and the reason says why. NaN or Inf scores raise
+`NonFiniteError`; a comparison whose every replicate drew no wake-word or no other clip
+has no interval and is not admissible.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from wakefl.errors import NonFiniteError
+from wakefl.sdk.wake_metrics import (
+    baseline_threshold,
+    fa_at,
+    fr_at,
+    matched_threshold,
+    percentile_interval,
+    relative_fa_fr,
+    safe_ratio,
+)
+
+ArrayLike = Sequence[float] | np.ndarray
+KEEP_REASON_NO_CLIPS = "no local validation clips: nothing to compare on, the served model is kept"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One candidate against one reference model on the device's validation clips.
+
+    Ratios are None where unbounded (the reference makes no such error, the candidate
+    does); an interval bound of None is unbounded too (+inf: ratios are never negative).
+    `replicates` counts the bootstrap replicates that could be evaluated."""
+
+    candidate: str
+    reference: str
+    relative_fa: float | None
+    relative_fa_ci: tuple[float | None, float | None]
+    relative_fr: float | None
+    relative_fr_ci: tuple[float | None, float | None]
+    reference_fa: float
+    candidate_fa: float
+    reference_fr: float
+    candidate_fr: float
+    reference_fa_count: int
+    candidate_fa_count: int
+    replicates: int
+    worse_beyond_noise: bool
+    no_worse_point: bool  # point relative FA <= 1 and relative FR <= 1
+
+    def as_dict(self) -> dict:
+        """JSON values: an unbounded figure is "unbounded"; an interval without any
+        evaluable replicate is [null, null]."""
+        fa_ci = _interval(self.relative_fa_ci) if self.replicates else [None, None]
+        fr_ci = _interval(self.relative_fr_ci) if self.replicates else [None, None]
+        return {
+            "candidate": self.candidate, "reference": self.reference,
+            "relative_fa": _num(self.relative_fa), "relative_fa_ci": fa_ci,
+            "relative_fr": _num(self.relative_fr), "relative_fr_ci": fr_ci,
+            "reference_fa": _num(self.reference_fa), "candidate_fa": _num(self.candidate_fa),
+            "reference_fr": _num(self.reference_fr), "candidate_fr": _num(self.candidate_fr),
+            "reference_fa_count": self.reference_fa_count,
+            "candidate_fa_count": self.candidate_fa_count,
+            "replicates": self.replicates, "worse_beyond_noise": self.worse_beyond_noise,
+            "no_worse_point": self.no_worse_point,
+        }
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    """Which model to serve, and the evidence. `serve` is `served_name` (keep) or the
+    name of the chosen candidate; `comparisons` holds every candidate's comparisons, in
+    the order given, each against the served model and then (if given) the baseline."""
+
+    serve: str
+    served_name: str
+    switched: bool
+    reason: str
+    target_fr: float
+    level: float
+    n_boot: int
+    seed: int
+    n_positive: int
+    n_negative: int
+    n_units: int
+    comparisons: tuple[Comparison, ...] = ()
+    admissible: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict:
+        """A small JSON-serialisable dict (no NaN or Inf: unbounded figures are
+        "unbounded") for the device's summary and report."""
+        return {
+            "serve": self.serve, "served_before": self.served_name, "switched": self.switched,
+            "reason": self.reason, "target_fr": self.target_fr, "level": self.level,
+            "n_boot": self.n_boot, "seed": self.seed, "n_positive": self.n_positive,
+            "n_negative": self.n_negative, "n_units": self.n_units,
+            "admissible": list(self.admissible),
+            "comparisons": [c.as_dict() for c in self.comparisons],
+        }
+
+    def uplink_scalars(self, prefix: str = "gate_") -> dict[str, float]:
+        """Flat finite scalars for an uplink's scalar map: `gate_switched` (0/1),
+        `gate_choice` (0: kept the served model, k: the k-th candidate given), and per
+        candidate against the served model `gate_<name>_relative_fa`, `_fa_lower`,
+        `_fa_upper`, `_relative_fr` and `_admissible`. A figure that is unbounded or was not
+        measured is left out."""
+        out: dict[str, float] = {f"{prefix}switched": 1.0 if self.switched else 0.0}
+        names: list[str] = []
+        for c in self.comparisons:
+            if c.candidate not in names:
+                names.append(c.candidate)
+        out[f"{prefix}choice"] = float(names.index(self.serve) + 1) if self.serve in names else 0.0
+        for c in self.comparisons:
+            if c.reference != self.served_name:
+                continue
+            key = f"{prefix}{c.candidate}_"
+            for name, value in (("relative_fa", c.relative_fa), ("fa_lower", c.relative_fa_ci[0]),
+                                ("fa_upper", c.relative_fa_ci[1]), ("relative_fr", c.relative_fr)):
+                if value is not None and math.isfinite(value):
+                    out[key + name] = float(value)
+            out[key + "admissible"] = 1.0 if c.candidate in self.admissible else 0.0
+        return out
+
+
+def decide_served_model(
+    labels: Sequence[int] | np.ndarray,
+    served_scores: ArrayLike,
+    candidates: Mapping[str, ArrayLike],
+    *,
+    units: Sequence[str] | np.ndarray | None = None,
+    baseline_scores: ArrayLike | None = None,
+    served_name: str = "served",
+    target_fr: float = 0.05,
+    n_boot: int = 500,
+    seed: int = 0,
+    level: float = 0.95,
+) -> GateDecision:
+    """Decide which model a device serves (the rule is in the module docstring).
+
+    `labels` (1 = wake word, 0 = other) and every score array cover the same local
+    validation clips in the same order: `served_scores` of the model served now,
+    `candidates` name -> scores (in order of preference on ties, e.g. {"personalized": ...,
+    "global": ...}), `baseline_scores` of the shipped model (optional; skipped when equal
+    to the served model's). `units` gives each clip's bootstrap unit (its speaker); None
+    makes each clip its own unit. Deterministic for a `seed`.
+    """
+    if not isinstance(n_boot, int) or isinstance(n_boot, bool) or n_boot < 1:
+        raise ValueError(f"n_boot must be an integer >= 1, got {n_boot!r}")
+    if not (isinstance(level, int | float) and 0.0 < level < 1.0):
+        raise ValueError(f"level must be in (0, 1), got {level!r}")
+    if not (isinstance(target_fr, int | float) and math.isfinite(target_fr) and 0.0 <= target_fr < 1.0):
+        raise ValueError(f"target_fr must be a number in [0, 1), got {target_fr!r}")
+    lab = np.asarray(labels).reshape(-1)
+    served = _scores(served_scores, served_name, lab.size)
+    cands = {}
+    for name, scores in candidates.items():
+        if name == served_name or name in cands:
+            raise ValueError(f"candidate name {name!r} is not unique")
+        cands[str(name)] = _scores(scores, name, lab.size)
+    base = None if baseline_scores is None else _scores(baseline_scores, "baseline", lab.size)
+    if lab.size and not np.all(np.isin(lab, (0, 1))):
+        raise ValueError("labels must be 0 or 1")
+    grp = (np.arange(lab.size).astype(str) if units is None
+           else np.asarray(units, dtype=str).reshape(-1))
+    if grp.size != lab.size:
+        raise ValueError(f"{grp.size} units for {lab.size} clips")
+    pos, neg = lab == 1, lab == 0
+    common = {"served_name": served_name, "target_fr": float(target_fr), "level": float(level),
+              "n_boot": n_boot, "seed": int(seed), "n_positive": int(pos.sum()),
+              "n_negative": int(neg.sum()), "n_units": int(np.unique(grp).size)}
+    if lab.size == 0:
+        return GateDecision(serve=served_name, switched=False, reason=KEEP_REASON_NO_CLIPS, **common)
+    if not pos.any() or not neg.any():
+        missing = "wake-word" if not pos.any() else "other (non-wake-word)"
+        return GateDecision(serve=served_name, switched=False,
+                            reason=f"no {missing} clips in the local validation set: the served "
+                                   "model is kept", **common)
+    if not cands:
+        return GateDecision(serve=served_name, switched=False,
+                            reason="no candidate model: the served model is kept", **common)
+
+    references = {served_name: served}
+    if base is not None and not np.array_equal(base, served):
+        references["baseline"] = base
+    pairs = [(c, r) for c in cands for r in references]
+    draws = list(_unit_draws(np.random.default_rng(seed), grp, pos, neg, n_boot))
+    comparisons = []
+    for cname, rname in pairs:
+        comparisons.append(_compare(cname, cands[cname], rname, references[rname], pos, neg,
+                                    float(target_fr), draws, float(level)))
+    admissible = []
+    for cname in cands:
+        mine = [c for c in comparisons if c.candidate == cname]
+        vs_served = next(c for c in mine if c.reference == served_name)
+        if all(c.replicates > 0 and not c.worse_beyond_noise for c in mine) and vs_served.no_worse_point:
+            admissible.append(cname)
+    if not admissible:
+        reasons = []
+        for c in comparisons:
+            if c.replicates == 0:
+                reasons.append(f"{c.candidate} vs {c.reference}: no bootstrap replicate could be evaluated")
+            elif c.worse_beyond_noise:
+                reasons.append(f"{c.candidate} is worse than {c.reference} beyond the noise "
+                               f"(relative FA {_fmt(c.relative_fa)}, interval {_fmt_ci(c.relative_fa_ci)}; "
+                               f"relative FR {_fmt(c.relative_fr)}, interval {_fmt_ci(c.relative_fr_ci)})")
+            elif c.reference == served_name and not c.no_worse_point:
+                reasons.append(f"{c.candidate} is not as good as {c.reference} on the local clips "
+                               f"(relative FA {_fmt(c.relative_fa)}, relative FR {_fmt(c.relative_fr)})")
+        return GateDecision(serve=served_name, switched=False,
+                            reason="the served model is kept: " + "; ".join(reasons),
+                            comparisons=tuple(comparisons), admissible=(), **common)
+    point = {c.candidate: c.relative_fa for c in comparisons if c.reference == served_name}
+    best = min(admissible, key=lambda n: (point[n], admissible.index(n)))  # type: ignore[arg-type]
+    c = next(x for x in comparisons if x.candidate == best and x.reference == served_name)
+    return GateDecision(
+        serve=best, switched=True,
+        reason=(f"{best} is served: relative FA {_fmt(c.relative_fa)} (interval "
+                f"{_fmt_ci(c.relative_fa_ci)}) and relative FR {_fmt(c.relative_fr)} against "
+                f"{served_name}, not worse beyond the noise"
+                + (" nor against the baseline" if "baseline" in references else "")),
+        comparisons=tuple(comparisons), admissible=tuple(admissible), **common)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _scores(x: ArrayLike, name: str, size: int) -> np.ndarray:
+    arr = np.asarray(x, dtype=np.float64).reshape(-1)
+    if arr.size != size:
+        raise ValueError(f"{name}: {arr.size} scores for {size} labels")
+    if not np.all(np.isfinite(arr)):
+        raise NonFiniteError(f"{name}: {int(np.count_nonzero(~np.isfinite(arr)))} non-finite score(s)")
+    return arr
+
+
+def _unit_draws(rng: np.random.Generator, units: np.ndarray, pos: np.ndarray, neg: np.ndarray,
+                n_boot: int):
+    """(positive indices, negative indices) of each replicate: units drawn with
+    replacement, all clips of a drawn unit along; replicates without a positive or a
+    negative are skipped. One set of draws serves every comparison (paired)."""
+    keys, inverse = np.unique(units, return_inverse=True)
+    members = [np.flatnonzero(inverse == k) for k in range(keys.size)]
+    for _ in range(n_boot):
+        drawn = np.concatenate([members[i] for i in rng.integers(0, keys.size, keys.size)])
+        ip, ineg = drawn[pos[drawn]], drawn[neg[drawn]]
+        if ip.size and ineg.size:
+            yield ip, ineg
+
+
+def _ratios(ref: np.ndarray, cand: np.ndarray, ip: np.ndarray, ineg: np.ndarray,
+            target_fr: float) -> tuple[float, float]:
+    tr = baseline_threshold(ref[ip], target_fr)
+    fr_r = fr_at(ref[ip], tr)
+    tc = matched_threshold(cand[ip], fr_r)
+    fa, _ = safe_ratio(fa_at(cand[ineg], tc), fa_at(ref[ineg], tr), "FA")
+    fr, _ = safe_ratio(fr_at(cand[ip], tc), fr_r, "FR")
+    return (math.inf if fa is None else fa), (math.inf if fr is None else fr)
+
+
+def _compare(cname: str, cand: np.ndarray, rname: str, ref: np.ndarray, pos: np.ndarray,
+             neg: np.ndarray, target_fr: float, draws: list, level: float) -> Comparison:
+    res = relative_fa_fr(ref[pos], ref[neg], cand[pos], cand[neg], target_fr)
+    fa_values, fr_values = [], []
+    for ip, ineg in draws:
+        fa, fr = _ratios(ref, cand, ip, ineg, target_fr)
+        fa_values.append(fa)
+        fr_values.append(fr)
+    fa_ci = percentile_interval(fa_values, level)
+    fr_ci = percentile_interval(fr_values, level)
+    worse = bool(draws) and (_above_one(fa_ci[0]) or _above_one(fr_ci[0]))
+    no_worse = (res.relative_fa is not None and res.relative_fa <= 1.0
+                and res.relative_fr is not None and res.relative_fr <= 1.0)
+    return Comparison(
+        candidate=cname, reference=rname, relative_fa=res.relative_fa, relative_fa_ci=fa_ci,
+        relative_fr=res.relative_fr, relative_fr_ci=fr_ci, reference_fa=res.baseline_fa,
+        candidate_fa=res.candidate_fa, reference_fr=res.baseline_fr, candidate_fr=res.candidate_fr,
+        reference_fa_count=int(np.count_nonzero(ref[neg] >= res.baseline_threshold)),
+        candidate_fa_count=int(np.count_nonzero(cand[neg] >= res.candidate_threshold)),
+        replicates=len(draws), worse_beyond_noise=worse, no_worse_point=no_worse,
+    )
+
+
+def _above_one(lower: float | None) -> bool:
+    # A lower bound of None is +inf (every ratio >= 0), so it lies above 1.
+    return lower is None or lower > 1.0
+
+
+def _num(x: float | None) -> float | str | None:
+    if x is None:
+        return "unbounded"
+    return round(float(x), 6)
+
+
+def _interval(ci: tuple[float | None, float | None]) -> list:
+    return [_num(ci[0]), _num(ci[1])]
+
+
+def _fmt(x: float | None) -> str:
+    return "unbounded" if x is None else f"{x:.2f}"
+
+
+def _fmt_ci(ci: tuple[float | None, float | None]) -> str:
+    return f"[{_fmt(ci[0])}, {_fmt(ci[1])}]"

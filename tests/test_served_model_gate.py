@@ -1,0 +1,189 @@
+"""The served-model gate: a device switches only to a model that is at least as good on its
+validation clips and not worse beyond the noise (sdk/served_model_gate.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from wakefl.errors import NonFiniteError
+from wakefl.sdk.served_model_gate import KEEP_REASON_NO_CLIPS, decide_served_model
+
+
+def _clips(rng: np.random.Generator, n_units: int = 12, pos_per_unit: int = 3, neg_per_unit: int = 8):
+    """A device's validation clips: per unit (speaker) some wake words and other clips,
+    with a latent per-clip feature that every model's score is built from."""
+    labels, units = [], []
+    for u in range(n_units):
+        labels += [1] * pos_per_unit + [0] * neg_per_unit
+        units += [f"spk{u}"] * (pos_per_unit + neg_per_unit)
+    labels = np.array(labels)
+    feature = rng.normal(size=labels.size) + 1.6 * labels  # separates classes, imperfectly
+    return labels, np.array(units), feature
+
+
+def _model(feature: np.ndarray, labels: np.ndarray, rng: np.random.Generator, skill: float,
+           noise: float = 0.5) -> np.ndarray:
+    """A model's scores: the shared feature, plus `skill` times the label (a better
+    model separates more), plus its own noise; squashed into (0, 1)."""
+    z = feature + skill * labels + noise * rng.normal(size=feature.size)
+    return 1.0 / (1.0 + np.exp(-z))
+
+
+def _label_flipped_scores(labels: np.ndarray, feature: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Scores of a logistic model trained (by gradient descent) on the clips' features with
+    the labels flipped: the sabotage the issue names."""
+    x = np.stack([feature, rng.normal(size=feature.size), np.ones(feature.size)], axis=1)
+    y = 1 - labels
+    w = np.zeros(3)
+    for _ in range(300):
+        p = 1.0 / (1.0 + np.exp(-x @ w))
+        w -= 0.5 * x.T @ (p - y) / y.size
+    return 1.0 / (1.0 + np.exp(-x @ w))
+
+
+def test_a_sabotaged_personalized_model_is_never_served():
+    for seed in range(25):
+        rng = np.random.default_rng(seed)
+        labels, units, feature = _clips(rng)
+        served = _model(feature, labels, rng, skill=0.0)
+        flipped = _label_flipped_scores(labels, feature, rng)
+        anti = 1.0 - served  # anti-correlated with the served model
+        glob = _model(feature, labels, rng, skill=-0.8)  # a global model that is worse too
+        for bad in (flipped, anti):
+            d = decide_served_model(labels, served, {"personalized": bad, "global": glob},
+                                    units=units, n_boot=200, seed=seed)
+            assert d.serve != "personalized", d.reason
+            cmp_ = next(c for c in d.comparisons if c.candidate == "personalized")
+            assert cmp_.worse_beyond_noise
+            assert not d.switched or d.serve == "global"
+
+
+def test_a_clearly_better_model_is_served():
+    rng = np.random.default_rng(3)
+    labels, units, feature = _clips(rng, n_units=15)
+    served = _model(feature, labels, rng, skill=0.0)
+    better = _model(feature, labels, rng, skill=2.5, noise=0.2)
+    d = decide_served_model(labels, served, {"personalized": better}, units=units, n_boot=300)
+    assert d.switched and d.serve == "personalized" and d.admissible == ("personalized",)
+    c = d.comparisons[0]
+    assert c.relative_fa < 1.0 and c.relative_fa_ci[1] is not None
+    assert "personalized is served" in d.reason
+
+
+def test_the_better_of_two_candidates_is_served_and_ties_go_to_the_first():
+    rng = np.random.default_rng(5)
+    labels, units, feature = _clips(rng, n_units=15)
+    served = _model(feature, labels, rng, skill=0.0)
+    good = _model(feature, labels, rng, skill=1.5, noise=0.2)
+    best = _model(feature, labels, rng, skill=3.0, noise=0.2)
+    d = decide_served_model(labels, served, {"personalized": good, "global": best}, units=units)
+    assert d.serve == "global" and set(d.admissible) == {"personalized", "global"}
+    twin = decide_served_model(labels, served, {"personalized": best, "global": best.copy()},
+                               units=units)
+    assert twin.serve == "personalized"
+
+
+def test_a_noisy_equal_model_follows_the_documented_rule_and_is_deterministic():
+    switched = 0
+    for seed in range(12):
+        rng = np.random.default_rng(100 + seed)
+        labels, units, feature = _clips(rng)
+        served = _model(feature, labels, rng, skill=0.5)
+        equal = _model(feature, labels, rng, skill=0.5)  # same skill, its own noise
+        d = decide_served_model(labels, served, {"personalized": equal}, units=units,
+                                n_boot=200, seed=seed)
+        again = decide_served_model(labels, served, {"personalized": equal}, units=units,
+                                    n_boot=200, seed=seed)
+        assert d == again
+        c = d.comparisons[0]
+        # The rule: switch iff not worse beyond the noise and no worse in the point figures.
+        assert d.switched == (not c.worse_beyond_noise and c.no_worse_point)
+        assert c.no_worse_point == (c.relative_fa is not None and c.relative_fa <= 1
+                                    and c.relative_fr is not None and c.relative_fr <= 1)
+        switched += d.switched
+    assert 0 < switched < 12  # equal models go either way on the device's own clips
+
+
+def test_the_baseline_guard_stops_drift_away_from_the_shipped_model():
+    rng = np.random.default_rng(7)
+    labels, units, feature = _clips(rng, n_units=15)
+    baseline = _model(feature, labels, rng, skill=2.5, noise=0.2)
+    served = _model(feature, labels, rng, skill=-0.3)  # an earlier switch that drifted
+    cand = _model(feature, labels, rng, skill=0.2)  # better than served, worse than baseline
+    free = decide_served_model(labels, served, {"personalized": cand}, units=units, seed=1)
+    guarded = decide_served_model(labels, served, {"personalized": cand}, units=units, seed=1,
+                                  baseline_scores=baseline)
+    vs_base = next(c for c in guarded.comparisons if c.reference == "baseline")
+    assert vs_base.worse_beyond_noise
+    assert not guarded.switched
+    assert free.comparisons[0] == guarded.comparisons[0]  # the same draws against the served
+    # the baseline equal to the served model adds no comparison
+    same = decide_served_model(labels, served, {"personalized": cand}, units=units,
+                               baseline_scores=served.copy())
+    assert {c.reference for c in same.comparisons} == {"served"}
+
+
+def test_edge_cases_keep_the_served_model_with_a_reason():
+    d = decide_served_model([], [], {"personalized": []})
+    assert d.serve == "served" and not d.switched and d.reason == KEEP_REASON_NO_CLIPS
+    d = decide_served_model([0, 0, 0], [0.1, 0.2, 0.3], {"personalized": [0.0, 0.0, 0.0]})
+    assert not d.switched and "no wake-word clips" in d.reason
+    d = decide_served_model([1, 1], [0.9, 0.8], {"personalized": [0.1, 0.2]})
+    assert not d.switched and "no other" in d.reason
+    d = decide_served_model([1, 0], [0.9, 0.1], {})
+    assert not d.switched and "no candidate" in d.reason
+    # all-equal scores: the served model accepts everything at its threshold
+    labels = np.array([1, 1, 0, 0, 0, 1, 0, 0])
+    flat = np.full(8, 0.5)
+    d = decide_served_model(labels, flat, {"personalized": flat.copy()}, n_boot=50)
+    assert d.comparisons[0].relative_fa == 1.0 and d.switched  # equal, not worse: allowed
+    good = np.where(labels == 1, 0.9, 0.1)
+    d = decide_served_model(labels, flat, {"personalized": good}, n_boot=50)
+    assert d.switched and d.comparisons[0].relative_fa == 0.0
+    d = decide_served_model(labels, good, {"personalized": flat}, n_boot=50)
+    assert not d.switched and d.comparisons[0].relative_fa is None  # unbounded: 0 FA -> some
+    assert d.comparisons[0].worse_beyond_noise
+
+
+def test_bad_input_is_refused():
+    labels = [1, 0, 1, 0]
+    with pytest.raises(NonFiniteError):
+        decide_served_model(labels, [0.1, math.nan, 0.3, 0.4], {"personalized": [0.1] * 4})
+    with pytest.raises(NonFiniteError):
+        decide_served_model(labels, [0.1] * 4, {"personalized": [0.1, 0.2, math.inf, 0.1]})
+    with pytest.raises(NonFiniteError):
+        decide_served_model(labels, [0.1] * 4, {"p": [0.1] * 4}, baseline_scores=[math.nan] * 4)
+    with pytest.raises(ValueError, match="scores for"):
+        decide_served_model(labels, [0.1] * 3, {"p": [0.1] * 4})
+    with pytest.raises(ValueError, match="labels"):
+        decide_served_model([1, 0, 2, 0], [0.1] * 4, {"p": [0.1] * 4})
+    with pytest.raises(ValueError, match="units"):
+        decide_served_model(labels, [0.1] * 4, {"p": [0.1] * 4}, units=["a"])
+    with pytest.raises(ValueError, match="unique"):
+        decide_served_model(labels, [0.1] * 4, {"served": [0.1] * 4})
+    with pytest.raises(ValueError):
+        decide_served_model(labels, [0.1] * 4, {"p": [0.1] * 4}, n_boot=0)
+
+
+def test_the_decision_serialises_for_the_uplink_and_the_summary():
+    rng = np.random.default_rng(11)
+    labels, units, feature = _clips(rng)
+    served = _model(feature, labels, rng, skill=0.0)
+    d = decide_served_model(labels, served, {"personalized": 1.0 - served,
+                                             "global": _model(feature, labels, rng, skill=2.0)},
+                            units=units, baseline_scores=_model(feature, labels, rng, skill=0.3),
+                            n_boot=100)
+    doc = d.as_dict()
+    text = json.dumps(doc, allow_nan=False)
+    assert len(text) < 4000
+    assert doc["serve"] == d.serve and doc["served_before"] == "served"
+    assert len(doc["comparisons"]) == 4
+    scalars = d.uplink_scalars()
+    assert all(isinstance(v, float) and math.isfinite(v) for v in scalars.values())
+    assert scalars["gate_switched"] == float(d.switched)
+    assert scalars["gate_choice"] == (0.0 if not d.switched else 1.0 + ["personalized", "global"].index(d.serve))
+    assert scalars["gate_personalized_admissible"] == 0.0
