@@ -208,10 +208,8 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _finite_float(value: Any, name: str, *, allow_none: bool = False, low: float = -MAX_SCALAR_ABS,
-                  high: float = MAX_SCALAR_ABS) -> float | None:
-    if value is None and allow_none:
-        return None
+def _finite_float(value: Any, name: str, *, low: float = -MAX_SCALAR_ABS,
+                  high: float = MAX_SCALAR_ABS) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise MessageRejected("malformed", f"{name} must be a number, got {type(value).__name__}")
     if isinstance(value, int) and not low <= value <= high:
@@ -222,6 +220,11 @@ def _finite_float(value: Any, name: str, *, allow_none: bool = False, low: float
     if not low <= value <= high:
         raise MessageRejected("out_of_range", f"{name} is {value:g}, outside [{low:g}, {high:g}]")
     return float(value)
+
+
+def _optional_float(value: Any, name: str, *, low: float = -MAX_SCALAR_ABS,
+                    high: float = MAX_SCALAR_ABS) -> float | None:
+    return None if value is None else _finite_float(value, name, low=low, high=high)
 
 
 def _int(value: Any, name: str, minimum: int = 0, maximum: int = MAX_ROUND_ID) -> int:
@@ -324,6 +327,24 @@ def _json(text: bytes | str, what: str) -> Any:
         raise MessageRejected("malformed", f"{what} is not acceptable JSON: {str(exc)[:200]}") from None
 
 
+def _check_tensor_entry(name: str, entry: Any, data_len: int) -> str:
+    """One tensor's header entry: dtype F32/F16, a shape of non-negative ints, offsets
+    inside the data that match the shape. Returns the dtype."""
+    if not isinstance(entry, dict):
+        raise MessageRejected("malformed", f"tensor entry {name!r} is not an object")
+    dt, shape, offs = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dt not in _ST_DTYPES:
+        raise MessageRejected("dtype", f"tensor {name!r} has dtype {dt!r}; only F32/F16 are accepted")
+    if (not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape)
+            or not isinstance(offs, list) or len(offs) != 2
+            or not all(isinstance(o, int) for o in offs)):
+        raise MessageRejected("malformed", f"tensor {name!r} has a bad shape or offsets")
+    numel = math.prod(shape)
+    if not 0 <= offs[0] <= offs[1] <= data_len or offs[1] - offs[0] != numel * _ST_DTYPES[dt][1]:
+        raise MessageRejected("malformed", f"tensor {name!r} offsets do not match its shape")
+    return dt
+
+
 def _parse_body(body: bytes) -> tuple[dict[str, Any], dict[str, Tensor], str]:
     """Validate the safetensors header by hand, then let safetensors read the tensors."""
     if len(body) < 8:
@@ -338,21 +359,7 @@ def _parse_body(body: bytes) -> tuple[dict[str, Any], dict[str, Tensor], str]:
     if not isinstance(st_meta, dict) or not isinstance(st_meta.get("wakefl"), str):
         raise MessageRejected("malformed", "no wakefl metadata in the safetensors header")
     data_len = len(body) - 8 - hlen
-    dtypes = set()
-    for name, entry in header.items():
-        if not isinstance(entry, dict):
-            raise MessageRejected("malformed", f"tensor entry {name!r} is not an object")
-        dt, shape, offs = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-        if dt not in _ST_DTYPES:
-            raise MessageRejected("dtype", f"tensor {name!r} has dtype {dt!r}; only F32/F16 are accepted")
-        if (not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape)
-                or not isinstance(offs, list) or len(offs) != 2
-                or not all(isinstance(o, int) for o in offs)):
-            raise MessageRejected("malformed", f"tensor {name!r} has a bad shape or offsets")
-        numel = math.prod(shape)
-        if not 0 <= offs[0] <= offs[1] <= data_len or offs[1] - offs[0] != numel * _ST_DTYPES[dt][1]:
-            raise MessageRejected("malformed", f"tensor {name!r} offsets do not match its shape")
-        dtypes.add(dt)
+    dtypes = {_check_tensor_entry(name, entry, data_len) for name, entry in header.items()}
     if len(dtypes) > 1:
         raise MessageRejected("dtype", f"mixed tensor dtypes {sorted(dtypes)}")
     meta = _json(st_meta["wakefl"], "wakefl metadata")
@@ -445,81 +452,104 @@ def _decode_fields(meta: dict[str, Any], tensors: dict[str, Tensor],
     kind = meta.get("kind")
     try:
         if kind == "down":
-            instr = meta["instructions"]
-            if not isinstance(instr, dict):
-                raise MessageRejected("malformed", "instructions must be an object")
-            instructions = {_check_id(d, "device id"): _scalar_map(s, f"instructions.{d}")
-                            for d, s in instr.items()}
-            if not isinstance(meta["model_config"], dict) or not isinstance(meta["hyperparameters"], dict):
-                raise MessageRejected("malformed", "model_config and hyperparameters must be objects")
-            if not isinstance(meta["final"], bool):
-                raise MessageRejected("malformed", "final must be a boolean")
-            extras = _extras(tensors, "global_params")
-            if expected_numel is not None:
-                for k, v in extras.items():
-                    if v.numel() != expected_numel:
-                        raise MessageRejected("shape", f"extra tensor {k!r} has {v.numel()} entries")
-            return Downlink(
-                fleet=_check_id(meta["fleet"], "fleet"), run_id=_check_id(meta["run_id"], "run_id"),
-                round_id=_int(meta["round_id"], "round_id"),
-                global_params=_main_tensor(tensors, "global_params", expected_numel),
-                model_config=meta["model_config"],
-                sigma0_sq=_finite_float(meta["sigma0_sq"], "sigma0_sq", low=0.0),
-                instructions=instructions, hyperparameters=meta["hyperparameters"],
-                deadline=_finite_float(meta["deadline"], "deadline", low=0.0, high=MAX_DEADLINE),
-                final=meta["final"], strategy=_text(meta.get("strategy", "selffl"), "strategy", MAX_ID_LEN),
-                tensors=extras, version=meta["v"],
-            )
+            return _decode_downlink(meta, tensors, expected_numel)
         if kind == "up":
-            extras = _extras(tensors, "params")
-            if expected_numel is not None:
-                for k, v in extras.items():
-                    if v.dim() != 1 or v.numel() != expected_numel:
-                        raise MessageRejected("shape", f"extra tensor {k!r} has shape {list(v.shape)}")
-            return Uplink(
-                fleet=_check_id(meta["fleet"], "fleet"), run_id=_check_id(meta["run_id"], "run_id"),
-                device_id=_check_id(meta["device_id"], "device_id"),
-                device_type=_check_id(meta["device_type"], "device_type"),
-                round_id=_int(meta["round_id"], "round_id", 1),
-                params=_main_tensor(tensors, "params", expected_numel),
-                sigma_m_sq=_finite_float(meta["sigma_m_sq"], "sigma_m_sq", low=0.0),
-                num_samples=_int(meta["num_samples"], "num_samples", 0, MAX_NUM_SAMPLES),
-                local_steps=_int(meta["local_steps"], "local_steps", 0, MAX_LOCAL_STEPS),
-                relative_fa=_finite_float(meta.get("relative_fa"), "relative_fa", allow_none=True,
-                                          low=0.0, high=MAX_RELATIVE),
-                relative_fr=_finite_float(meta.get("relative_fr"), "relative_fr", allow_none=True,
-                                          low=0.0, high=MAX_RELATIVE),
-                scalars=_scalar_map(meta.get("scalars", {}), "scalars"),
-                tensors=extras, version=meta["v"],
-            )
-        if tensors:
-            raise MessageRejected("malformed", f"a {kind} message carries no tensors")
-        if kind == "ack":
-            if not isinstance(meta["accepted"], bool):
-                raise MessageRejected("malformed", "ack field accepted must be a boolean")
-            return Ack(fleet=_check_id(meta["fleet"], "fleet"),
-                       device_id=_check_id(meta["device_id"], "device_id"),
-                       round_id=_int(meta["round_id"], "round_id"), accepted=meta["accepted"],
-                       reason=_text(meta.get("reason", ""), "reason"),
-                       answers=_text(meta.get("answers", ""), "answers", MESSAGE_ID_LEN),
-                       version=meta["v"])
-        if kind == "hello":
-            if not isinstance(meta.get("online", True), bool):
-                raise MessageRejected("malformed", "hello field online must be a boolean")
-            return Hello(fleet=_check_id(meta["fleet"], "fleet"),
-                         device_id=_check_id(meta["device_id"], "device_id"),
-                         device_type=_check_id(meta["device_type"], "device_type"),
-                         num_samples=_int(meta.get("num_samples", 0), "num_samples", 0, MAX_NUM_SAMPLES),
-                         online=meta.get("online", True), version=meta["v"])
-        if kind == "decline":
-            return Decline(fleet=_check_id(meta["fleet"], "fleet"),
-                           run_id=_check_id(meta["run_id"], "run_id"),
-                           device_id=_check_id(meta["device_id"], "device_id"),
-                           round_id=_int(meta["round_id"], "round_id", 1),
-                           reason=_text(meta.get("reason", ""), "reason"), version=meta["v"])
+            return _decode_uplink(meta, tensors, expected_numel)
+        if isinstance(kind, str) and kind in _TENSORLESS:
+            if tensors:
+                raise MessageRejected("malformed", f"a {kind} message carries no tensors")
+            return _TENSORLESS[kind](meta)
     except KeyError as exc:
         raise MessageRejected("malformed", f"{kind} message lacks field {exc}") from exc
+    if tensors:
+        raise MessageRejected("malformed", f"a {_short(kind)} message carries no tensors")
     raise MessageRejected("malformed", f"unknown message kind {_short(kind)}")
+
+
+def _decode_downlink(meta: dict[str, Any], tensors: dict[str, Tensor],
+                     expected_numel: int | None) -> Downlink:
+    instr = meta["instructions"]
+    if not isinstance(instr, dict):
+        raise MessageRejected("malformed", "instructions must be an object")
+    instructions = {_check_id(d, "device id"): _scalar_map(s, f"instructions.{d}")
+                    for d, s in instr.items()}
+    if not isinstance(meta["model_config"], dict) or not isinstance(meta["hyperparameters"], dict):
+        raise MessageRejected("malformed", "model_config and hyperparameters must be objects")
+    if not isinstance(meta["final"], bool):
+        raise MessageRejected("malformed", "final must be a boolean")
+    extras = _extras(tensors, "global_params")
+    if expected_numel is not None:
+        for k, v in extras.items():
+            if v.numel() != expected_numel:
+                raise MessageRejected("shape", f"extra tensor {k!r} has {v.numel()} entries")
+    return Downlink(
+        fleet=_check_id(meta["fleet"], "fleet"), run_id=_check_id(meta["run_id"], "run_id"),
+        round_id=_int(meta["round_id"], "round_id"),
+        global_params=_main_tensor(tensors, "global_params", expected_numel),
+        model_config=meta["model_config"],
+        sigma0_sq=_finite_float(meta["sigma0_sq"], "sigma0_sq", low=0.0),
+        instructions=instructions, hyperparameters=meta["hyperparameters"],
+        deadline=_finite_float(meta["deadline"], "deadline", low=0.0, high=MAX_DEADLINE),
+        final=meta["final"], strategy=_text(meta.get("strategy", "selffl"), "strategy", MAX_ID_LEN),
+        tensors=extras, version=meta["v"],
+    )
+
+
+def _decode_uplink(meta: dict[str, Any], tensors: dict[str, Tensor],
+                   expected_numel: int | None) -> Uplink:
+    extras = _extras(tensors, "params")
+    if expected_numel is not None:
+        for k, v in extras.items():
+            if v.dim() != 1 or v.numel() != expected_numel:
+                raise MessageRejected("shape", f"extra tensor {k!r} has shape {list(v.shape)}")
+    return Uplink(
+        fleet=_check_id(meta["fleet"], "fleet"), run_id=_check_id(meta["run_id"], "run_id"),
+        device_id=_check_id(meta["device_id"], "device_id"),
+        device_type=_check_id(meta["device_type"], "device_type"),
+        round_id=_int(meta["round_id"], "round_id", 1),
+        params=_main_tensor(tensors, "params", expected_numel),
+        sigma_m_sq=_finite_float(meta["sigma_m_sq"], "sigma_m_sq", low=0.0),
+        num_samples=_int(meta["num_samples"], "num_samples", 0, MAX_NUM_SAMPLES),
+        local_steps=_int(meta["local_steps"], "local_steps", 0, MAX_LOCAL_STEPS),
+        relative_fa=_optional_float(meta.get("relative_fa"), "relative_fa", low=0.0,
+                                    high=MAX_RELATIVE),
+        relative_fr=_optional_float(meta.get("relative_fr"), "relative_fr", low=0.0,
+                                    high=MAX_RELATIVE),
+        scalars=_scalar_map(meta.get("scalars", {}), "scalars"),
+        tensors=extras, version=meta["v"],
+    )
+
+
+def _decode_ack(meta: dict[str, Any]) -> Ack:
+    if not isinstance(meta["accepted"], bool):
+        raise MessageRejected("malformed", "ack field accepted must be a boolean")
+    return Ack(fleet=_check_id(meta["fleet"], "fleet"),
+               device_id=_check_id(meta["device_id"], "device_id"),
+               round_id=_int(meta["round_id"], "round_id"), accepted=meta["accepted"],
+               reason=_text(meta.get("reason", ""), "reason"),
+               answers=_text(meta.get("answers", ""), "answers", MESSAGE_ID_LEN),
+               version=meta["v"])
+
+
+def _decode_hello(meta: dict[str, Any]) -> Hello:
+    if not isinstance(meta.get("online", True), bool):
+        raise MessageRejected("malformed", "hello field online must be a boolean")
+    return Hello(fleet=_check_id(meta["fleet"], "fleet"),
+                 device_id=_check_id(meta["device_id"], "device_id"),
+                 device_type=_check_id(meta["device_type"], "device_type"),
+                 num_samples=_int(meta.get("num_samples", 0), "num_samples", 0, MAX_NUM_SAMPLES),
+                 online=meta.get("online", True), version=meta["v"])
+
+
+def _decode_decline(meta: dict[str, Any]) -> Decline:
+    return Decline(fleet=_check_id(meta["fleet"], "fleet"),
+                   run_id=_check_id(meta["run_id"], "run_id"),
+                   device_id=_check_id(meta["device_id"], "device_id"),
+                   round_id=_int(meta["round_id"], "round_id", 1),
+                   reason=_text(meta.get("reason", ""), "reason"), version=meta["v"])
+
+
+_TENSORLESS = {"ack": _decode_ack, "hello": _decode_hello, "decline": _decode_decline}
 
 
 def decode_as(data: bytes, cls: type, **kw: Any) -> Any:

@@ -20,6 +20,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 _STRATEGY_ARGS = {"lr": 0.01, "batch_size": 2, "l_max": 1, "warmup_steps": 1}
 
@@ -110,18 +111,7 @@ def main(argv: list[str] | None = None) -> int:
                             args=(broker.url, str(work / "device"), args.width, q))
         t0 = time.perf_counter()
         child.start()
-        rows: list[tuple[int, float, float]] = []
-        accepted = None
-        print(f"{'round':>5} {'RSS MB':>8} {'peak RSS MB':>12}")
-        while True:
-            kind, value = q.get(timeout=600)
-            if kind == "done":
-                accepted = value
-                break
-            rows.append(value)
-            rid, rss, peak = value
-            if rid <= 3 or rid % 5 == 0:
-                print(f"{rid:>5} {rss:>8.1f} {peak:>12.1f}", flush=True)
+        rows, accepted = _watch_device(q)
         child.join(60)
         wall = time.perf_counter() - t0
     finally:
@@ -129,6 +119,25 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(broker.state_dir, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
 
+    return _verdict(rows, wall, accepted)
+
+
+def _watch_device(q: Any) -> tuple[list[tuple[int, float, float]], Any]:
+    """The device process's (round, RSS, peak RSS) rows, printed as they come, until it
+    reports how many updates were accepted."""
+    rows: list[tuple[int, float, float]] = []
+    print(f"{'round':>5} {'RSS MB':>8} {'peak RSS MB':>12}")
+    while True:
+        kind, value = q.get(timeout=600)
+        if kind == "done":
+            return rows, value
+        rows.append(value)
+        rid, rss, peak = value
+        if rid <= 3 or rid % 5 == 0:
+            print(f"{rid:>5} {rss:>8.1f} {peak:>12.1f}", flush=True)
+
+
+def _verdict(rows: list[tuple[int, float, float]], wall: float, accepted: Any) -> int:
     if len(rows) < 10:
         print(f"only {len(rows)} rounds completed", file=sys.stderr)
         return 1

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -77,6 +78,65 @@ def stream_cost(scorer, audio: np.ndarray, hop_s: float, chunk_s: float = 0.01) 
     return {"audio_s": dur, "real_time_factor": wall / dur, "cpu_share_of_one_core": cpu / dur}
 
 
+def _print_summary(res: dict, width: float, hop: float) -> None:
+    print(f"width {width}, {res['trainable_params']} trainable params, hop {hop} s")
+    for k, v in res["size_bytes"].items():
+        print(f"  size {k:12s} {v / 1e6:8.2f} MB")
+    for k, v in res["latency_batch1_1thread"].items():
+        print(f"  latency {k:12s} median {v['median_ms']:7.2f} ms  p95 {v['p95_ms']:7.2f} ms")
+    for k, v in res["streaming"].items():
+        print(f"  streaming {k:10s} RTF {v['real_time_factor']:.4f}  CPU "
+              f"{100 * v['cpu_share_of_one_core']:.2f}% of one core ({v['audio_s']:.0f} s audio)")
+    a = res["int8_vs_fp32"]
+    print(f"  int8 vs fp32: decisions differ on {100 * a['decision_differs_share']:.2f}% of "
+          f"{a['windows']} windows at threshold {a['threshold']:.3f}; "
+          f"max |dp| {a['max_abs_prob_diff']:.4f}")
+
+
+def _measure(model: Any, args: argparse.Namespace, tmp: Path, res: dict) -> None:
+    """Sizes, latencies, streaming cost and int8 agreement of `model`, into `res`."""
+    import torch
+
+    from wakefl.edge_runtime import OnnxScorer
+    from wakefl.models.kws_cnn import export_onnx, save_model
+
+    cfg = model.cfg
+    audio = bench_audio(args.stream_s, cfg.sample_rate, tmp)
+    hop = int(args.hop * cfg.sample_rate)
+    windows = np.stack([audio[i:i + cfg.window_samples]
+                        for i in range(0, audio.size - cfg.window_samples + 1, hop)])
+    print(f"[bench] exporting width {cfg.width} ({res['trainable_params']} params)",
+          file=sys.stderr)
+    st = save_model(model, tmp / "model.safetensors")
+    fp32 = export_onnx(model, tmp / "model.onnx")
+    int8 = export_onnx(model, tmp / "model_int8.onnx", int8=True,
+                       calibration_windows=windows[:: max(1, len(windows) // 32)][:32])
+    res["size_bytes"] = {"safetensors": st.stat().st_size, "onnx_fp32": fp32.stat().st_size,
+                         "onnx_int8": int8.stat().st_size}
+    s32, s8 = OnnxScorer(fp32, threads=1), OnnxScorer(int8, threads=1)
+
+    def torch_fn(w: np.ndarray) -> None:
+        with torch.inference_mode():
+            model.predict_proba(torch.from_numpy(w))
+
+    res["latency_batch1_1thread"] = {
+        "torch_eager": latency_ms(torch_fn, windows, args.iterations, "torch"),
+        "onnx_fp32": latency_ms(s32.score, windows, args.iterations, "onnx fp32"),
+        "onnx_int8": latency_ms(s8.score, windows, args.iterations, "onnx int8"),
+    }
+    print("[bench] streaming", file=sys.stderr)
+    res["streaming"] = {"onnx_fp32": stream_cost(s32, audio, args.hop),
+                        "onnx_int8": stream_cost(s8, audio, args.hop)}
+    p32 = np.concatenate([s32.score(windows[i:i + 64]) for i in range(0, len(windows), 64)])
+    p8 = np.concatenate([s8.score(windows[i:i + 64]) for i in range(0, len(windows), 64)])
+    # An untrained model has no operating point; its median posterior splits the
+    # windows in half, the hardest threshold for agreement.
+    thr = 0.5 if args.weights is not None else float(np.median(p32))
+    res["int8_vs_fp32"] = {"windows": len(p32), "threshold": thr,
+                           "decision_differs_share": float(np.mean((p32 >= thr) != (p8 >= thr))),
+                           "max_abs_prob_diff": float(np.abs(p32 - p8).max())}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     src = ap.add_mutually_exclusive_group()
@@ -90,8 +150,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from wakefl.edge_runtime import OnnxScorer
-    from wakefl.models.kws_cnn import KwsCnn, ModelConfig, export_onnx, load_model, save_model
+    from wakefl.models.kws_cnn import KwsCnn, ModelConfig, load_model
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -102,56 +161,11 @@ def main(argv: list[str] | None = None) -> int:
                  "trained_weights": args.weights is not None, "hop_s": args.hop,
                  "cpu": os.cpu_count()}
     with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        audio = bench_audio(args.stream_s, cfg.sample_rate, tmp)
-        hop = int(args.hop * cfg.sample_rate)
-        windows = np.stack([audio[i:i + cfg.window_samples]
-                            for i in range(0, audio.size - cfg.window_samples + 1, hop)])
-        print(f"[bench] exporting width {cfg.width} ({res['trainable_params']} params)",
-              file=sys.stderr)
-        st = save_model(model, tmp / "model.safetensors")
-        fp32 = export_onnx(model, tmp / "model.onnx")
-        int8 = export_onnx(model, tmp / "model_int8.onnx", int8=True,
-                           calibration_windows=windows[:: max(1, len(windows) // 32)][:32])
-        res["size_bytes"] = {"safetensors": st.stat().st_size, "onnx_fp32": fp32.stat().st_size,
-                             "onnx_int8": int8.stat().st_size}
-        s32, s8 = OnnxScorer(fp32, threads=1), OnnxScorer(int8, threads=1)
-
-        def torch_fn(w: np.ndarray) -> None:
-            with torch.inference_mode():
-                model.predict_proba(torch.from_numpy(w))
-
-        res["latency_batch1_1thread"] = {
-            "torch_eager": latency_ms(torch_fn, windows, args.iterations, "torch"),
-            "onnx_fp32": latency_ms(s32.score, windows, args.iterations, "onnx fp32"),
-            "onnx_int8": latency_ms(s8.score, windows, args.iterations, "onnx int8"),
-        }
-        print("[bench] streaming", file=sys.stderr)
-        res["streaming"] = {"onnx_fp32": stream_cost(s32, audio, args.hop),
-                            "onnx_int8": stream_cost(s8, audio, args.hop)}
-        p32 = np.concatenate([s32.score(windows[i:i + 64]) for i in range(0, len(windows), 64)])
-        p8 = np.concatenate([s8.score(windows[i:i + 64]) for i in range(0, len(windows), 64)])
-        # An untrained model has no operating point; its median posterior splits the
-        # windows in half, the hardest threshold for agreement.
-        thr = 0.5 if args.weights is not None else float(np.median(p32))
-        res["int8_vs_fp32"] = {"windows": len(p32), "threshold": thr,
-                               "decision_differs_share": float(np.mean((p32 >= thr) != (p8 >= thr))),
-                               "max_abs_prob_diff": float(np.abs(p32 - p8).max())}
+        _measure(model, args, Path(tmp), res)
     if args.json:
         print(json.dumps(res, indent=2))
     else:
-        print(f"width {cfg.width}, {res['trainable_params']} trainable params, hop {args.hop} s")
-        for k, v in res["size_bytes"].items():
-            print(f"  size {k:12s} {v / 1e6:8.2f} MB")
-        for k, v in res["latency_batch1_1thread"].items():
-            print(f"  latency {k:12s} median {v['median_ms']:7.2f} ms  p95 {v['p95_ms']:7.2f} ms")
-        for k, v in res["streaming"].items():
-            print(f"  streaming {k:10s} RTF {v['real_time_factor']:.4f}  CPU "
-                  f"{100 * v['cpu_share_of_one_core']:.2f}% of one core ({v['audio_s']:.0f} s audio)")
-        a = res["int8_vs_fp32"]
-        print(f"  int8 vs fp32: decisions differ on {100 * a['decision_differs_share']:.2f}% of "
-              f"{a['windows']} windows at threshold {a['threshold']:.3f}; "
-              f"max |dp| {a['max_abs_prob_diff']:.4f}")
+        _print_summary(res, cfg.width, args.hop)
     return 0
 
 

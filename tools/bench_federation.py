@@ -164,16 +164,8 @@ def bench_rounds(n_devices: int, rounds: int, params: torch.Tensor, model_cfg: d
             store = StateStore(Path(tmp) / "server")
             run_id = store.run_id()  # the server reuses it: the devices pre-encode for this run
             store.close()
-            ready, results = ctx.Semaphore(0), ctx.Queue()
-            for d, t in reg.items():
-                proc = ctx.Process(target=_device_process, daemon=True,
-                                   args=(broker.url, fleet, d, t, run_id, rounds, params, wire_dtype,
-                                         ready, results))
-                proc.start()
-                procs.append(proc)
-            for _ in tqdm(procs, desc=f"{n_devices} devices pre-encoding", leave=False):
-                if not ready.acquire(timeout=600):
-                    raise RuntimeError("a device process did not come up")
+            results = _spawn_devices(ctx, procs, broker.url, fleet, reg, run_id, rounds,
+                                     params, wire_dtype)
             cfg = ServerConfig(broker_url=broker.url, state_dir=Path(tmp) / "server",
                                initial_params=params, model_config=model_cfg, fleet=fleet,
                                rounds=rounds, devices=reg, round_timeout=300, wire_dtype=wire_dtype)
@@ -195,6 +187,32 @@ def bench_rounds(n_devices: int, rounds: int, params: torch.Tensor, model_cfg: d
                 if proc.is_alive():
                     proc.kill()
             broker.stop()
+    return _print_rounds(n_devices, server.reports, compute, cpu, wall, rounds, warmup,
+                         up_bytes, rate)
+
+
+def _spawn_devices(ctx: Any, procs: list, broker_url: str, fleet: str, reg: dict[str, str],
+                   run_id: str, rounds: int, params: torch.Tensor, wire_dtype: str) -> Any:
+    """Start one process per device (appended to `procs`) and wait until every one has
+    pre-encoded its updates; returns the queue their results come back on."""
+    ready, results = ctx.Semaphore(0), ctx.Queue()
+    for d, t in reg.items():
+        proc = ctx.Process(target=_device_process, daemon=True,
+                           args=(broker_url, fleet, d, t, run_id, rounds, params, wire_dtype,
+                                 ready, results))
+        proc.start()
+        procs.append(proc)
+    for _ in tqdm(procs, desc=f"{len(reg)} devices pre-encoding", leave=False):
+        if not ready.acquire(timeout=600):
+            raise RuntimeError("a device process did not come up")
+    return results
+
+
+def _print_rounds(n_devices: int, reports: list, compute: dict[str, dict[int, float]],
+                  cpu: dict[str, float], wall: float, rounds: int, warmup: int, up_bytes: int,
+                  rate: float) -> list[float]:
+    """Print each round's wall time against the slowest device's compute, where the CPU
+    went, and the median overhead; returns the overheads after the warm-up rounds."""
     # Each round moves n uplinks and n copies of the downlink (about the same size) through
     # the broker: at the single-stream rate measured above, that alone takes `floor`.
     floor = 2 * n_devices * up_bytes / rate
@@ -202,7 +220,7 @@ def bench_rounds(n_devices: int, rounds: int, params: torch.Tensor, model_cfg: d
           f"subscriber ({up_bytes / 1e6:.1f} MB messages), so a round's {2 * n_devices} model "
           f"transfers take at least {floor:.2f} s (transport floor)")
     overheads = []
-    for rep in server.reports:
+    for rep in reports:
         slowest = max(c.get(rep.round_id, 0.0) for c in compute.values())
         overheads.append(rep.wall_s - slowest)
         print(f"  {n_devices:3d} devices, round {rep.round_id}: round wall time {rep.wall_s:.2f} s, "

@@ -129,16 +129,7 @@ def run_federation(st: DemoSettings, manifest: Path, baseline: Path, run_dir: Pa
         url = broker.url
         _say(f"embedded mosquitto broker on {url}")
     devices = {f"dev{t}": t for t in device_types}
-    server_args = [
-        "server", "--broker", url, "--state", str(run_dir / "server"),
-        "--rounds", str(st.rounds), "--init-model", str(baseline),
-        "--devices", ",".join(f"{d}:{t}" for d, t in devices.items()),
-        "--group-by", "device_type", "--round-timeout", str(st.round_timeout),
-        "--start-timeout", "180", "--seed", str(st.seed),
-    ]
-    for k, v in (("lr", st.lr), ("batch_size", st.batch_size), ("l_max", st.l_max),
-                 ("warmup_steps", st.warmup_steps)):
-        server_args += ["--strategy-arg", f"{k}={v}"]
+    server_args = _server_args(st, url, run_dir, baseline, devices)
     procs: list[_Proc] = []
     personal: dict[str, Path] = {}
     try:
@@ -153,18 +144,7 @@ def run_federation(st: DemoSettings, manifest: Path, baseline: Path, run_dir: Pa
                 "--target-fr", str(st.target_fr), "--export", str(personal[t]),
                 "--idle-timeout", str(st.round_timeout + 120),
             ], logs))
-        deadline = time.monotonic() + st.max_run_s
-        rc = server.wait(deadline - time.monotonic())
-        if rc is None:
-            raise WakeflError(f"the server did not finish within {st.max_run_s:.0f} s; "
-                              f"logs in {logs}")
-        if rc != 0:
-            raise WakeflError(f"the server exited with status {rc}; see {logs / 'server.log'}")
-        for p in procs[1:]:
-            rc = p.wait(max(60.0, deadline - time.monotonic()))
-            if rc != 0:
-                raise WakeflError(f"device {p.name} exited with status {rc}; "
-                                  f"see {p.log_path}")
+        _wait_for_run(st, procs, logs)
     finally:
         for p in procs:
             p.kill()
@@ -175,6 +155,39 @@ def run_federation(st: DemoSettings, manifest: Path, baseline: Path, run_dir: Pa
     if missing:
         raise WakeflError(f"no personalized model was exported for device type(s) {missing}")
     return personal
+
+
+def _server_args(st: DemoSettings, url: str, run_dir: Path, baseline: Path,
+                 devices: dict[str, str]) -> list[str]:
+    args = [
+        "server", "--broker", url, "--state", str(run_dir / "server"),
+        "--rounds", str(st.rounds), "--init-model", str(baseline),
+        "--devices", ",".join(f"{d}:{t}" for d, t in devices.items()),
+        "--group-by", "device_type", "--round-timeout", str(st.round_timeout),
+        "--start-timeout", "180", "--seed", str(st.seed),
+    ]
+    for k, v in (("lr", st.lr), ("batch_size", st.batch_size), ("l_max", st.l_max),
+                 ("warmup_steps", st.warmup_steps)):
+        args += ["--strategy-arg", f"{k}={v}"]
+    return args
+
+
+def _wait_for_run(st: DemoSettings, procs: list[_Proc], logs: Path) -> None:
+    """Wait for the server (`procs[0]`), then for the devices; a failure or the time
+    limit is a WakeflError naming the log to read."""
+    server = procs[0]
+    deadline = time.monotonic() + st.max_run_s
+    rc = server.wait(deadline - time.monotonic())
+    if rc is None:
+        raise WakeflError(f"the server did not finish within {st.max_run_s:.0f} s; "
+                          f"logs in {logs}")
+    if rc != 0:
+        raise WakeflError(f"the server exited with status {rc}; see {logs / 'server.log'}")
+    for p in procs[1:]:
+        rc = p.wait(max(60.0, deadline - time.monotonic()))
+        if rc != 0:
+            raise WakeflError(f"device {p.name} exited with status {rc}; "
+                              f"see {p.log_path}")
 
 
 def export_global(run_dir: Path, baseline: Path) -> Path:

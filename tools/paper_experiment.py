@@ -33,7 +33,7 @@ import math
 import platform
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -552,6 +552,18 @@ def _step_rows(setting: str, method: str, run: MethodRun, groups: dict[str, str]
     return rows
 
 
+@dataclass
+class _StudyTables:
+    """What the study's phases collect for the report."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    step_counts: list[dict[str, Any]] = field(default_factory=list)
+    tuning: dict[str, Any] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    det: dict[str, dict[str, Any]] = field(default_factory=dict)
+    selected: dict[str, MethodRun] = field(default_factory=dict)
+
+
 def run_paper_study(
     out_dir: str | Path,
     profile: str = "tiny",
@@ -576,89 +588,115 @@ def run_paper_study(
     from wakefl.tools.paper_report import write_report
 
     prof = resolve_profile(profile, width=width, rounds=rounds)
+    _check_study_methods(methods, sampling_rates)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    manifest_path = _study_manifest(out, manifest, prof, seed, progress, log)
+    study = PaperStudy(manifest_path, prof, seed, Path(cache_dir) if cache_dir else None,
+                       progress, log, baseline)
+    tables = _StudyTables()
+    _full_participation(study, prof, methods, tables, log)
+    comparisons = compare_with_best_other(study, tables.selected, tables.rows, prof.n_boot)
+    tables.selected.clear()
+    selffl_lr = (tables.tuning.get("selffl") or {}).get("selected_lr") or prof.lr_grid[0]
+    _client_sampling(study, prof, sampling_rates, selffl_lr, tables, log)
+    config = _study_config(study, prof, seed, methods, sampling_rates, manifest_path, tables,
+                           selffl_lr, command)
+    result = {"config": config, "rows": tables.rows, "step_counts": tables.step_counts,
+              "comparisons": comparisons}
+    config["seconds_total"] = round(time.perf_counter() - t0, 1)
+    write_report(result, out, tables.det)
+    return result
+
+
+def _check_study_methods(methods: Sequence[str], sampling_rates: Sequence[float]) -> None:
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ConfigError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
     if "selffl" not in methods and sampling_rates:
         raise ConfigError("the sampling settings run Self-FL: include 'selffl' in the methods")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(1)
-    t0 = time.perf_counter()
 
-    if manifest is None:
-        from wakefl.tools.corpus_build import build_corpus
 
-        existing = out / "corpus" / "manifest.csv"
-        if existing.is_file() and _corpus_matches(out / "corpus", prof.corpus_profile, seed):
-            log(f"[study] reusing corpus {existing}")
-            manifest_path = existing
-        else:
-            log(f"[study] building the {prof.corpus_profile} corpus into {out / 'corpus'}")
-            manifest_path = build_corpus(out / "corpus", seed=seed, profile=prof.corpus_profile,
-                                         progress=progress)
-    else:
+def _study_manifest(out: Path, manifest: str | Path | None, prof: StudyProfile, seed: int,
+                    progress: bool, log: Callable[[str], None]) -> Path:
+    """The corpus the study runs on: `manifest`, or the profile's corpus built (or reused)
+    under `out/corpus`."""
+    if manifest is not None:
         manifest_path = Path(manifest)
         if not manifest_path.is_file():
             raise ConfigError(f"manifest not found: {manifest_path}")
+        return manifest_path
+    from wakefl.tools.corpus_build import build_corpus
 
-    study = PaperStudy(manifest_path, prof, seed, Path(cache_dir) if cache_dir else None,
-                       progress, log, baseline)
-    rows: list[dict[str, Any]] = []
-    step_counts: list[dict[str, Any]] = []
-    tuning: dict[str, Any] = {}
-    timings: dict[str, float] = {}
-    det: dict[str, dict[str, Any]] = {}
-    selected: dict[str, MethodRun] = {}
+    existing = out / "corpus" / "manifest.csv"
+    if existing.is_file() and _corpus_matches(out / "corpus", prof.corpus_profile, seed):
+        log(f"[study] reusing corpus {existing}")
+        return existing
+    log(f"[study] building the {prof.corpus_profile} corpus into {out / 'corpus'}")
+    return build_corpus(out / "corpus", seed=seed, profile=prof.corpus_profile,
+                        progress=progress)
 
-    # ---- full participation (Table 2): tune on validation speakers, report on test ----
+
+def _tune_method(study: PaperStudy, prof: StudyProfile, method: str, problems: Any,
+                 groups: dict[str, str], log: Callable[[str], None],
+                 ) -> tuple[MethodRun | None, dict[str, float | None], dict[str, str]]:
+    """Every learning rate of the grid in the full-participation setting; the run with the
+    best validation score (None when every grid point diverged), the scores, the failures."""
+    best: tuple[float, MethodRun] | None = None
+    scores: dict[str, float | None] = {}
+    failures: dict[str, str] = {}
+    for lr in prof.lr_grid:
+        log(f"[study] {SETTING_FULL}: {METHOD_LABELS[method]} lr={lr:g}")
+        try:
+            run = study.run_method(method, lr, problems, groups, prof.rounds, 1.0)
+        except NonFiniteError as exc:
+            # A diverging grid point is a result, not a crash of the whole study.
+            failures[f"{lr:g}"] = str(exc)
+            scores[f"{lr:g}"] = None
+            log(f"[study]   diverged: {exc}")
+            continue
+        if len(prof.lr_grid) > 1:
+            val = study.evaluate(run, "val", (ALL_STATES,), n_boot=1)
+            score = selection_score([r["relative_fa"] for r in val])
+        else:
+            score = float("nan")  # a one-point grid needs no selection
+        scores[f"{lr:g}"] = _round(score) if math.isfinite(score) else None
+        if best is None or score < best[0]:
+            best = (score, run)
+    return (None if best is None else best[1]), scores, failures
+
+
+def _full_participation(study: PaperStudy, prof: StudyProfile, methods: Sequence[str],
+                        tables: _StudyTables, log: Callable[[str], None]) -> None:
+    """Table 2: every method tuned on the validation speakers, reported on the test ones."""
     problems, groups = study.problems(None)
     for method in methods:
-        best: tuple[float, MethodRun] | None = None
-        scores: dict[str, float | None] = {}
-        failures: dict[str, str] = {}
-        for lr in prof.lr_grid:
-            log(f"[study] {SETTING_FULL}: {METHOD_LABELS[method]} lr={lr:g}")
-            try:
-                run = study.run_method(method, lr, problems, groups, prof.rounds, 1.0)
-            except NonFiniteError as exc:
-                # A diverging grid point is a result, not a crash of the whole study.
-                failures[f"{lr:g}"] = str(exc)
-                scores[f"{lr:g}"] = None
-                log(f"[study]   diverged: {exc}")
-                continue
-            if len(prof.lr_grid) > 1:
-                val = study.evaluate(run, "val", (ALL_STATES,), n_boot=1)
-                score = selection_score([r["relative_fa"] for r in val])
-            else:
-                score = float("nan")  # a one-point grid needs no selection
-            scores[f"{lr:g}"] = _round(score) if math.isfinite(score) else None
-            if best is None or score < best[0]:
-                best = (score, run)
-        hp = method_hyperparams(method, prof.lr_grid[0] if best is None else best[1].lr, prof)
-        tuning[method] = {"selected_lr": None if best is None else best[1].lr,
-                          "validation_score": scores, "diverged": failures,
-                          "hyperparams": _describe(hp)}
-        if best is None:
-            rows += [{"setting": SETTING_FULL, "method": method, **rec}
-                     for rec in study.diverged_rows(method, (ALL_STATES, *STATES), failures)]
+        run, scores, failures = _tune_method(study, prof, method, problems, groups, log)
+        hp = method_hyperparams(method, prof.lr_grid[0] if run is None else run.lr, prof)
+        tables.tuning[method] = {"selected_lr": None if run is None else run.lr,
+                                 "validation_score": scores, "diverged": failures,
+                                 "hyperparams": _describe(hp)}
+        if run is None:
+            tables.rows += [{"setting": SETTING_FULL, "method": method, **rec}
+                            for rec in study.diverged_rows(method, (ALL_STATES, *STATES), failures)]
             continue
-        run = best[1]
-        selected[method] = run
-        timings[f"{SETTING_FULL}/{method}"] = round(run.seconds, 1)
+        tables.selected[method] = run
+        tables.timings[f"{SETTING_FULL}/{method}"] = round(run.seconds, 1)
         for rec in study.evaluate(run, "test", (ALL_STATES, *STATES), prof.n_boot):
-            rows.append({"setting": SETTING_FULL, "method": method, **rec})
-        study.collect_det(det, SETTING_FULL, run)
+            tables.rows.append({"setting": SETTING_FULL, "method": method, **rec})
+        study.collect_det(tables.det, SETTING_FULL, run)
         if method.startswith("selffl"):
-            step_counts += _step_rows(SETTING_FULL, method, run, groups)
+            tables.step_counts += _step_rows(SETTING_FULL, method, run, groups)
 
-    comparisons = compare_with_best_other(study, selected, rows, prof.n_boot)
-    selected.clear()
 
-    # ---- client sampling (Tables 5 and 6): client- vs cluster-level Self-FL ----
-    selffl_lr = (tuning.get("selffl") or {}).get("selected_lr") or prof.lr_grid[0]
-    if sampling_rates:
-        problems, groups = study.problems(prof.clients_per_type)
+def _client_sampling(study: PaperStudy, prof: StudyProfile, sampling_rates: Sequence[float],
+                     selffl_lr: float, tables: _StudyTables, log: Callable[[str], None]) -> None:
+    """Tables 5 and 6: client- vs cluster-level Self-FL at each activity rate."""
+    if not sampling_rates:
+        return
+    problems, groups = study.problems(prof.clients_per_type)
     for rate in sampling_rates:
         setting = f"sampling-{rate:g}"
         for level, cluster in (("selffl-client", False), ("selffl-cluster", True)):
@@ -666,13 +704,20 @@ def run_paper_study(
                 f"{len(problems)} clients, {prof.sampling_rounds} rounds")
             run = study.run_method("selffl", selffl_lr, problems, groups, prof.sampling_rounds,
                                    rate, cluster=cluster)
-            timings[f"{setting}/{level}"] = round(run.seconds, 1)
+            tables.timings[f"{setting}/{level}"] = round(run.seconds, 1)
             for rec in study.evaluate(run, "test", (ALL_STATES, *STATES), prof.n_boot):
-                rows.append({"setting": setting, "method": level, **rec})
-            step_counts += _step_rows(setting, level, run, groups)
+                tables.rows.append({"setting": setting, "method": level, **rec})
+            tables.step_counts += _step_rows(setting, level, run, groups)
+
+
+def _study_config(study: PaperStudy, prof: StudyProfile, seed: int, methods: Sequence[str],
+                  sampling_rates: Sequence[float], manifest_path: Path, tables: _StudyTables,
+                  selffl_lr: float, command: str) -> dict[str, Any]:
+    """The `config` block of results.json: what ran, on what, how it was tuned and scored."""
+    import torch
 
     train_sizes = {dt: len(study.train[dt]) for dt in study.device_types}
-    config = {
+    return {
         "profile": asdict(prof),
         "seed": seed,
         "methods": list(methods),
@@ -691,7 +736,7 @@ def run_paper_study(
             "grid": {"lr": list(prof.lr_grid)},
             "selection": ("mean relative FA (global and personalized models, every device "
                           "type) on the validation speakers; the same grid for every method"),
-            "per_method": tuning,
+            "per_method": tables.tuning,
             "sampling_lr": selffl_lr,
         },
         "evaluation": {
@@ -702,16 +747,11 @@ def run_paper_study(
             "personalized_sampling": ("the 4 personalized models of a device type score every "
                                       "test clip of it; pooled at one matched-FR threshold"),
         },
-        "timings_s": timings,
+        "timings_s": tables.timings,
         "command": command,
         "commit": source_revision(),
         "platform": {"python": platform.python_version(), "torch": torch.__version__},
     }
-    result = {"config": config, "rows": rows, "step_counts": step_counts,
-              "comparisons": comparisons}
-    config["seconds_total"] = round(time.perf_counter() - t0, 1)
-    write_report(result, out, det)
-    return result
 
 
 def _corpus_matches(folder: Path, profile: str, seed: int) -> bool:

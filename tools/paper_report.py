@@ -255,21 +255,28 @@ def _steps_summary(result: dict[str, Any], method: str) -> dict[str, list[int]]:
 def why_findings(result: dict[str, Any]) -> list[str]:
     """Statements, computed from the numbers, on what limits this run and why its shape
     may differ from the paper's."""
-    cfg = result["config"]
-    prof = cfg["profile"]
-    idx = _index(result["rows"])
-    dts = cfg["device_types"]
-    s = "full-participation"
-    out: list[str] = []
-    cells = [r for r in result["rows"] if r["setting"] == s and r["state"] == ALL
-             and r["relative_fa"] is not None]
-    sides = [ci_side(r["relative_fa_ci"]) for r in cells]
+    prof = result["config"]["profile"]
+    out = _why_resolution(result) + _why_steps(result) + _why_imbalance(result)
+    out += _why_sampling(result)
     out.append(
+        f"Scale: {prof['rounds']} rounds of a width-{prof['width']:g} model on synthetic "
+        "speech through simulated devices, against the paper's internal far-field recordings "
+        "and many more rounds; the paper's Self-FL gains are a few percent of FA (Table 2a: "
+        "0.91-1.01), well inside the intervals a corpus of this size gives.")
+    return out
+
+
+def _why_resolution(result: dict[str, Any]) -> list[str]:
+    """How many cells the intervals resolve, against the warm start and the best other."""
+    cells = [r for r in result["rows"] if r["setting"] == "full-participation"
+             and r["state"] == ALL and r["relative_fa"] is not None]
+    sides = [ci_side(r["relative_fa_ci"]) for r in cells]
+    out = [
         f"Resolution: of {len(cells)} full-participation cells (every method, both models, all "
         f"states pooled), the 95% CI lies wholly below 1 in {sides.count('below')} and wholly "
         f"above 1 in {sides.count('above')}; the rest cannot be told apart from the warm start. "
         "The baseline's false-accept counts per device type are in the table above: the "
-        "interval of a ratio of two such counts is what bounds every conclusion here.")
+        "interval of a ratio of two such counts is what bounds every conclusion here."]
     comps = result.get("comparisons", [])
     if comps:
         cs = [ci_side(c["ratio_to_best_other_ci"]) for c in comps]
@@ -278,12 +285,20 @@ def why_findings(result: dict[str, Any]) -> list[str]:
             f"it): Self-FL's FA is lower beyond the CI in {cs.count('below')} of {len(comps)} "
             f"comparisons, higher in {cs.count('above')}, not resolved in "
             f"{cs.count('includes 1')}.")
+    return out
+
+
+def _why_steps(result: dict[str, Any]) -> list[str]:
+    """The step counts Eqn 16 gave, and what fewer steps than the baselines' mean."""
+    cfg = result["config"]
+    prof = cfg["profile"]
     k = prof["local_steps"]
+    out = []
     for method in ("selffl", "selffl-alg2"):
-        st = _steps_summary(result, method)
-        if not st:
+        steps = _steps_summary(result, method)
+        if not steps:
             continue
-        per = "; ".join(f"{dt} {np.mean(v):.1f} ({min(v)}-{max(v)})" for dt, v in sorted(st.items()))
+        per = "; ".join(f"{dt} {np.mean(v):.1f} ({min(v)}-{max(v)})" for dt, v in sorted(steps.items()))
         label = cfg["method_labels"].get(method, method)
         extra = (f"; the model it sends trains {prof['converge_steps']} more steps towards "
                  "local convergence" if method == "selffl-alg2" else "")
@@ -292,50 +307,69 @@ def why_findings(result: dict[str, Any]) -> list[str]:
             f"(mean, range; cap l_max = {prof['l_max']}), against the fixed {k} of the "
             f"baselines{extra}.")
     st1 = _steps_summary(result, "selffl")
-    if st1:
-        mean1 = float(np.mean([x for v in st1.values() for x in v]))
-        if mean1 < k:
-            sig = [r for r in result.get("step_counts", []) if r["setting"] == s
-                   and r["method"] == "selffl" and r.get("sigma_sq")]
-            med = float(np.median([r["sigma_sq"] for r in sig])) if sig else float("nan")
-            lr = (cfg["tuning"]["per_method"].get("selffl") or {}).get("selected_lr")
-            rate = "" if not (sig and lr) else (
-                f" With the selected eta = {lr:g} and B = {prof['batch_size']}, the median "
-                f"sigma_m^2 = {med:.3g} (trace variance over the client's past personal "
-                f"models) makes eta/(B sigma_m^2) = {lr / (prof['batch_size'] * med):.3g} per "
-                "step, so a few steps already cover the distance Eqn 16 asks for.")
-            out.append(
-                f"Self-FL (Alg. 1) therefore trains {mean1:.1f} steps per round on average "
-                "after the warm-up rounds, "
-                f"fewer than the baselines' {k}: its models stay closer to the warm start, "
-                f"which limits how far their FA can move either way.{rate}")
-    sizes = cfg.get("train_clips_per_device_type", {})
-    if sizes:
-        total = sum(sizes.values())
-        top = max(sizes, key=lambda d: sizes[d])
-        ran = [m for m in ("selffl", "selffl-alg2") if m in cfg["methods"]]
-        worse = {m: [dt for dt in dts if (s, m, "global", dt, ALL) in idx
-                     and ci_side(idx[(s, m, "global", dt, ALL)]["relative_fa_ci"]) == "above"]
-                 for m in ran}
-        above = {m: [dt for dt in dts if (s, m, "global", dt, ALL) in idx
-                     and (idx[(s, m, "global", dt, ALL)]["relative_fa"] or np.inf) > 1.0]
-                 for m in ran}
-        short = {"selffl": "Alg. 1", "selffl-alg2": "Alg. 2"}
-        fw = (idx.get((s, "fedavg-w", "global", top, ALL)) or {}).get("relative_fa")
-        fe = (idx.get((s, "fedavg-e", "global", top, ALL)) or {}).get("relative_fa")
-        weighting = "" if fw is None or fe is None else (
-            f" On {top}, sample-size-weighted FedAvg-w reaches {fw:.2f} and equally weighted "
-            f"FedAvg-e {fe:.2f}: " + ("keeping " + top + "'s share of the training signal helps "
-                                      "it" if fw < fe else "giving the smaller device types an "
-                                      "equal say does not cost " + top + " here") + ".")
+    if not st1:
+        return out
+    mean1 = float(np.mean([x for v in st1.values() for x in v]))
+    if mean1 < k:
+        sig = [r for r in result.get("step_counts", []) if r["setting"] == "full-participation"
+               and r["method"] == "selffl" and r.get("sigma_sq")]
+        med = float(np.median([r["sigma_sq"] for r in sig])) if sig else float("nan")
+        lr = (cfg["tuning"]["per_method"].get("selffl") or {}).get("selected_lr")
+        rate = "" if not (sig and lr) else (
+            f" With the selected eta = {lr:g} and B = {prof['batch_size']}, the median "
+            f"sigma_m^2 = {med:.3g} (trace variance over the client's past personal "
+            f"models) makes eta/(B sigma_m^2) = {lr / (prof['batch_size'] * med):.3g} per "
+            "step, so a few steps already cover the distance Eqn 16 asks for.")
         out.append(
-            f"Data imbalance: device type {top} holds {100 * sizes[top] / total:.0f} % of the "
-            "pooled training clips the warm start was trained on; Self-FL's precision weights "
-            "give every device type a similar say in the global model, as equal weighting does."
-            f"{weighting}" + "".join(
-                f" Self-FL ({short[m]}) global model: above 1 on "
-                f"{', '.join(above[m]) or 'no device type'}, beyond the CI on "
-                f"{', '.join(worse[m]) or 'none'}." for m in ran))
+            f"Self-FL (Alg. 1) therefore trains {mean1:.1f} steps per round on average "
+            "after the warm-up rounds, "
+            f"fewer than the baselines' {k}: its models stay closer to the warm start, "
+            f"which limits how far their FA can move either way.{rate}")
+    return out
+
+
+def _why_imbalance(result: dict[str, Any]) -> list[str]:
+    """The largest device type's share of the data, and how the weightings treat it."""
+    cfg = result["config"]
+    sizes = cfg.get("train_clips_per_device_type", {})
+    if not sizes:
+        return []
+    idx = _index(result["rows"])
+    dts = cfg["device_types"]
+    s = "full-participation"
+    total = sum(sizes.values())
+    top = max(sizes, key=lambda d: sizes[d])
+    ran = [m for m in ("selffl", "selffl-alg2") if m in cfg["methods"]]
+    worse = {m: [dt for dt in dts if (s, m, "global", dt, ALL) in idx
+                 and ci_side(idx[(s, m, "global", dt, ALL)]["relative_fa_ci"]) == "above"]
+             for m in ran}
+    above = {m: [dt for dt in dts if (s, m, "global", dt, ALL) in idx
+                 and (idx[(s, m, "global", dt, ALL)]["relative_fa"] or np.inf) > 1.0]
+             for m in ran}
+    short = {"selffl": "Alg. 1", "selffl-alg2": "Alg. 2"}
+    fw = (idx.get((s, "fedavg-w", "global", top, ALL)) or {}).get("relative_fa")
+    fe = (idx.get((s, "fedavg-e", "global", top, ALL)) or {}).get("relative_fa")
+    weighting = "" if fw is None or fe is None else (
+        f" On {top}, sample-size-weighted FedAvg-w reaches {fw:.2f} and equally weighted "
+        f"FedAvg-e {fe:.2f}: " + ("keeping " + top + "'s share of the training signal helps "
+                                  "it" if fw < fe else "giving the smaller device types an "
+                                  "equal say does not cost " + top + " here") + ".")
+    return [
+        f"Data imbalance: device type {top} holds {100 * sizes[top] / total:.0f} % of the "
+        "pooled training clips the warm start was trained on; Self-FL's precision weights "
+        "give every device type a similar say in the global model, as equal weighting does."
+        f"{weighting}" + "".join(
+            f" Self-FL ({short[m]}) global model: above 1 on "
+            f"{', '.join(above[m]) or 'no device type'}, beyond the CI on "
+            f"{', '.join(worse[m]) or 'none'}." for m in ran)]
+
+
+def _why_sampling(result: dict[str, Any]) -> list[str]:
+    """What client sampling did to the personalized models at each activity rate."""
+    cfg = result["config"]
+    prof = cfg["profile"]
+    sizes = cfg.get("train_clips_per_device_type", {})
+    out = []
     for rate in cfg.get("activity_rates", []):
         setting = f"sampling-{rate:g}"
         pers = [r for r in result["rows"] if r["setting"] == setting and r["state"] == ALL
@@ -348,7 +382,7 @@ def why_findings(result: dict[str, Any]) -> list[str]:
         for r in result.get("step_counts", []):
             if r["setting"] == setting and r["method"] == "selffl-client":
                 takes[r["client"]] = takes.get(r["client"], 0) + 1
-        n_clients = 4 * len(dts)
+        n_clients = 4 * len(cfg["device_types"])
         counts = [takes.get(c, 0) for c in sorted(takes)] + [0] * (n_clients - len(takes))
         smallest = min(sizes.values()) if sizes else 0
         out.append(
@@ -360,32 +394,50 @@ def why_findings(result: dict[str, Any]) -> list[str]:
             "client with fewer than 2 rounds has no variance yet and personalizes with the "
             "warm-up rule (the fixed warm-up steps from the global model), at the learning rate "
             "selected with full participation, where each client had 4 times the data.")
-    out.append(
-        f"Scale: {prof['rounds']} rounds of a width-{prof['width']:g} model on synthetic "
-        "speech through simulated devices, against the paper's internal far-field recordings "
-        "and many more rounds; the paper's Self-FL gains are a few percent of FA (Table 2a: "
-        "0.91-1.01), well inside the intervals a corpus of this size gives.")
     return out
 
 
 def render_markdown(result: dict[str, Any], figures: dict[str, Any] | None = None) -> str:
     cfg = result["config"]
+    md = _md_preamble(result)
+    md += _md_tables(result)
+    md += ["## Comparison with the paper's shape", ""]
+    md += [f"- {line}" for line in shape_findings(result)] + [""]
+    md += ["## Why the shape differs from the paper's", ""]
+    md += [f"- {line}" for line in why_findings(result)] + [""]
+    if figures:
+        md += ["## Figures", ""]
+        for name, path in figures.items():
+            md.append(f"- {name}: `{Path(path).name}`")
+        md.append("")
+    md += ["## Timings (s)", "", f"Total: {cfg.get('seconds_total', 0):.0f} s.", "",
+           "| run | seconds |", "|---|---|"]
+    md += [f"| {k} | {v} |" for k, v in cfg["timings_s"].items()]
+    return "\n".join(md) + "\n"
+
+
+def _md_heading(cfg: dict[str, Any]) -> str:
     prof = cfg["profile"]
-    reduced = prof["name"] != "full"
     heading = (
         f"# Self-FL wake-word study, profile `{prof['name']}`: width {prof['width']:g} "
         f"({cfg['model_params']:,} parameters), {prof['rounds']} rounds with full participation, "
         f"{prof['sampling_rounds']} with client sampling"
     )
-    if reduced:
+    if prof["name"] != "full":
         heading += (" — reduced width and rounds (paper-scale settings are the `full` profile: "
                     "width 1, 30/60 rounds, 20 fixed local steps, Self-FL l_max 40)")
     grid = cfg.get("tuning", {}).get("grid", {}).get("lr")
     if grid:
         heading += (f"; every method tuned over the same learning rates "
                     f"{{{', '.join(f'{g:g}' for g in grid)}}}")
+    return heading
+
+
+def _md_preamble(result: dict[str, Any]) -> list[str]:
+    """Heading, provenance, the metric and how to read a cell."""
+    cfg = result["config"]
     ev = cfg["evaluation"]
-    md = [heading, ""]
+    md = [_md_heading(cfg), ""]
     if cfg.get("command"):
         md += [f"Produced by: `{cfg['command']}` at commit `{cfg.get('commit', 'unknown')}`", ""]
     md += [
@@ -405,21 +457,28 @@ def render_markdown(result: dict[str, Any], figures: dict[str, Any] | None = Non
         "see the comparison with the best other method below).",
         "",
     ]
-    if reduced:
+    if cfg["profile"]["name"] != "full":
         md += ["The corpus, model and round counts are far smaller than the paper's: "
                "differences within the confidence intervals are noise.", ""]
     if any(r.get("baseline_fa_count") is not None for r in result["rows"]):
         md += ["## What the test cells hold (full participation, all states)", "",
                power_table(result), ""]
+    return md
+
+
+def _md_tables(result: dict[str, Any]) -> list[str]:
+    """Tables 2a/2b, the device states, Tables 5/6, tuning and the comparisons."""
+    cfg = result["config"]
+    ev = cfg["evaluation"]
     full = "full-participation"
-    md += ["## Table 2a: updated global model, full participation (5 clients, all active)", "",
-           method_table(result, full, "global"), "",
-           "Matched relative FR of the same cells (close to 1 means the match held):", "",
-           method_table(result, full, "global", field="relative_fr"), "",
-           "## Table 2b: personalized models, full participation", "",
-           method_table(result, full, "personalized"), "",
-           "Matched relative FR:", "",
-           method_table(result, full, "personalized", field="relative_fr"), ""]
+    md = ["## Table 2a: updated global model, full participation (5 clients, all active)", "",
+          method_table(result, full, "global"), "",
+          "Matched relative FR of the same cells (close to 1 means the match held):", "",
+          method_table(result, full, "global", field="relative_fr"), "",
+          "## Table 2b: personalized models, full participation", "",
+          method_table(result, full, "personalized"), "",
+          "Matched relative FR:", "",
+          method_table(result, full, "personalized", field="relative_fr"), ""]
     for state in cfg["states"]:
         md += [f"### Device state `{state}`: global model", "",
                method_table(result, full, "global", state=state), ""]
@@ -444,19 +503,7 @@ def render_markdown(result: dict[str, Any], figures: dict[str, Any] | None = Non
                f"over the same resampling units ({ev['n_boot']} replicates); the best other "
                "method is picked on the test set, which favours it.", "",
                comparison_table(result), ""]
-    md += ["## Comparison with the paper's shape", ""]
-    md += [f"- {line}" for line in shape_findings(result)] + [""]
-    md += ["## Why the shape differs from the paper's", ""]
-    md += [f"- {line}" for line in why_findings(result)] + [""]
-    if figures:
-        md += ["## Figures", ""]
-        for name, path in figures.items():
-            md.append(f"- {name}: `{Path(path).name}`")
-        md.append("")
-    md += ["## Timings (s)", "", f"Total: {cfg.get('seconds_total', 0):.0f} s.", "",
-           "| run | seconds |", "|---|---|"]
-    md += [f"| {k} | {v} |" for k, v in cfg["timings_s"].items()]
-    return "\n".join(md) + "\n"
+    return md
 
 
 # ---- plots ------------------------------------------------------------------------------

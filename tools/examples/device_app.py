@@ -47,6 +47,27 @@ def start_demo_fleet(workdir: Path, width: float, rounds: int, device_id: str, d
     return broker, server, thread
 
 
+def serve_detections(onnx_path: Path, manifest: Path, device_type: str) -> None:
+    """Serve detections: stream a recording chunk by chunk (here: clips of the test split
+    played back to back, as a microphone would deliver them)."""
+    scorer = OnnxScorer(onnx_path, threads=1)
+    detector = StreamingDetector(scorer, hop_s=0.1, threshold=0.5)
+    rows = [r for r in read_manifest(manifest)
+            if r.device_type == device_type and r.split == "test" and r.kind == "clip"][:8]
+    audio = np.concatenate([load_audio(r.resolve(manifest), scorer.sample_rate) for r in rows])
+    truth = [i * 1.5 for i, r in enumerate(rows) if r.label == 1]
+    chunk = scorer.sample_rate // 10  # 100 ms of audio at a time
+    detections = []
+    for start in range(0, audio.size, chunk):
+        detections += detector.push(audio[start:start + chunk])
+    print(f"streamed {audio.size / scorer.sample_rate:.1f} s of audio; wake word spoken in "
+          f"the clips starting at {truth} s")
+    for d in detections:
+        print(f"  detection at {d.time_s:.1f} s (score {d.score:.2f})")
+    if not detections:
+        print("  no detection (a small model after few rounds)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", required=True, help="corpus manifest.csv")
@@ -88,25 +109,8 @@ def main() -> None:
             onnx_path = device.export_onnx(work / "personal.onnx")
             print(f"personal model exported: {onnx_path} ({onnx_path.stat().st_size / 1e6:.2f} MB)")
 
-        # 4. Serve detections: stream a recording chunk by chunk (here: clips of the test
-        #    split played back to back, as a microphone would deliver them).
-        scorer = OnnxScorer(onnx_path, threads=1)
-        detector = StreamingDetector(scorer, hop_s=0.1, threshold=0.5)
-        manifest = Path(args.data)
-        rows = [r for r in read_manifest(manifest)
-                if r.device_type == args.type and r.split == "test" and r.kind == "clip"][:8]
-        audio = np.concatenate([load_audio(r.resolve(manifest), scorer.sample_rate) for r in rows])
-        truth = [i * 1.5 for i, r in enumerate(rows) if r.label == 1]
-        chunk = scorer.sample_rate // 10  # 100 ms of audio at a time
-        detections = []
-        for start in range(0, audio.size, chunk):
-            detections += detector.push(audio[start:start + chunk])
-        print(f"streamed {audio.size / scorer.sample_rate:.1f} s of audio; wake word spoken in "
-              f"the clips starting at {truth} s")
-        for d in detections:
-            print(f"  detection at {d.time_s:.1f} s (score {d.score:.2f})")
-        if not detections:
-            print("  no detection (a small model after few rounds)")
+        # 4. Serve detections from the personal model.
+        serve_detections(onnx_path, Path(args.data), args.type)
     finally:
         if thread is not None:
             thread.join(timeout=30)
