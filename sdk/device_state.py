@@ -224,14 +224,15 @@ class DeviceStateStore:
             # Never reuse the number of a file on disk: it may be the committed one.
             on_disk = [g for g, _ in _tensor_files(self.directory)]
             generation = max([self._generation, *on_disk]) + 1
-            tfile: str | None = f"tensors-{generation}.safetensors"
-            tpath = self.directory / tfile
+            new_file = f"tensors-{generation}.safetensors"
+            tpath = self.directory / new_file
             tmp = temp_path(tpath)
             save_file(tensors, str(tmp))
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
             os.replace(tmp, tpath)
-            tsha = _sha256(tpath)
+            tfile: str | None = new_file
+            tsha: str | None = _sha256(tpath)
         else:
             generation, tfile, tsha = self._generation, self._tensor_file, self._tensor_sha
             aliases = self._aliases

@@ -19,7 +19,7 @@ import hashlib
 import json
 import math
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -549,7 +549,9 @@ def _decode_decline(meta: dict[str, Any]) -> Decline:
                    reason=_text(meta.get("reason", ""), "reason"), version=meta["v"])
 
 
-_TENSORLESS = {"ack": _decode_ack, "hello": _decode_hello, "decline": _decode_decline}
+_TENSORLESS: dict[str, Callable[[dict[str, Any]], Message]] = {
+    "ack": _decode_ack, "hello": _decode_hello, "decline": _decode_decline,
+}
 
 
 def decode_as(data: bytes, cls: type, **kw: Any) -> Any:

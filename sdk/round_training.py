@@ -14,7 +14,7 @@ import json
 import logging
 import math
 import zlib
-from typing import Any
+from typing import Any, TypeGuard, cast
 
 import numpy as np
 import torch
@@ -36,7 +36,7 @@ _NON_STRATEGY_KEYS = frozenset({
 })
 
 
-def looks_like_problem(obj: Any) -> bool:
+def looks_like_problem(obj: Any) -> TypeGuard[LocalProblem]:
     return isinstance(obj, LocalProblem) and not isinstance(obj, Dataset)
 
 
@@ -144,7 +144,8 @@ class RoundTrainer:
             return self._problem
         from wakefl.sdk.local_training import TorchLocalProblem
 
-        self._problem = TorchLocalProblem(self._model, self.train_data, batch_size=batch)
+        self._problem = TorchLocalProblem(self._model, cast(Dataset, self.train_data),
+                                          batch_size=batch)
         return self._problem
 
     # ------------------------------------------------------------------ the round

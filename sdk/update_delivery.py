@@ -86,6 +86,7 @@ class UpdateDelivery:
         params = tensors.pop("params", None)
         if params is None:
             params = state.personal_params
+        assert params is not None, "a pending update always carries its parameters"
         sc = pending.scalars
         wire = (self.wire_dtype or (down.hyperparameters.get("wire_dtype") if down else None)
                 or pending.wire_dtype or "fp32")
