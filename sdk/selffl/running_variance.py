@@ -100,7 +100,7 @@ class RunningVariance:
 
     def load_state_dict(self, state: dict[str, object]) -> None:
         """Restore from `state_dict()` output; refuses inconsistent or non-finite state."""
-        count = int(state.get("count", 0))  # type: ignore[arg-type]
+        count = int(state.get("count", 0))  # type: ignore[call-overload]
         value = float(state.get("value", 0.0))  # type: ignore[arg-type]
         mean = state.get("mean")
         if count < 0 or value < 0.0:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -60,6 +61,7 @@ from wakefl.sdk.selffl.checks import (
     require_positive,
 )
 from wakefl.sdk.selffl.local_sgd import sgd_steps
+from wakefl.sdk.selffl.records import MAX_RECORD_ABS, MAX_STEPS, RecordSchema, ScalarSpec
 from wakefl.sdk.selffl.rules import (
     LOSS_SCALINGS,
     data_step_cap,
@@ -80,6 +82,20 @@ from wakefl.sdk.selffl.strategy import (
 _REP = "rep:"
 _REP_SIG = "rep_sigma_sq:"
 _CLUSTER_CODE = "cluster_code:"
+
+
+def _load_variance(state: ClientState) -> RunningVariance:
+    """The client's RunningVariance as its state keeps it (empty before its first round)."""
+    rv = RunningVariance()
+    if "rv_mean" in state.tensors:
+        rv.load_state_dict(
+            {
+                "count": int(state.scalars.get("rv_count", 0)),
+                "value": state.scalars.get("rv_value", 0.0),
+                "mean": state.tensors["rv_mean"],
+            }
+        )
+    return rv
 
 
 @dataclass(frozen=True)
@@ -126,6 +142,22 @@ class SelfFL(Strategy):
       samples in minibatches of B (`rules.data_step_cap`); None: only l_max caps. A known
       sigma_m^2 ("problem") already carries the data size, so it is not capped.
     """
+
+    # The records on the wire (records.py, docs/PROTOCOL.md): sigma0^2, S_-m and the
+    # client's share of the global model down; sigma_m^2 (with whether the client has one
+    # yet), the step count and the S_-m it used up.
+    downlink_schema: ClassVar[RecordSchema] = {
+        "sigma0_sq": ScalarSpec(0.0, MAX_RECORD_ABS),
+        "others_precision": ScalarSpec(0.0, MAX_RECORD_ABS),
+        "own_share": ScalarSpec(0.0, 1.0, required=False),
+    }
+    uplink_schema: ClassVar[RecordSchema] = {
+        "sigma_sq": ScalarSpec(0.0, MAX_RECORD_ABS),
+        "has_variance": ScalarSpec(0.0, 1.0, integer=True),
+        "local_steps": ScalarSpec(0, MAX_STEPS, integer=True),
+        "others_precision": ScalarSpec(0.0, MAX_RECORD_ABS, required=False),
+    }
+    screened_variance: ClassVar[str | None] = "sigma_sq"
 
     def __init__(
         self,
@@ -235,22 +267,8 @@ class SelfFL(Strategy):
                 info.update(sigma_sq=u.sigma_sq, has_variance=1.0 if u.has_variance else 0.0)
         # Pass 2: Eqn 11 (and the cluster representatives).
         if self.cluster_by_group:
-            reps = {
-                k[len(_REP):]: Representative(v, server.scalars[_REP_SIG + k[len(_REP):]])
-                for k, v in server.tensors.items()
-                if k.startswith(_REP)
-            }
-            reps = update_representatives(
-                reps,
-                ((u.group, r.params, s) for u, r, s in zip(reported, results, sigmas, strict=True)),
-                sigma0_sq,
-            )
-            new_global, cluster_s0 = aggregate_clusters(reps)
-            for g, rep in reps.items():
-                new_tensors[_REP + g] = rep.params
-                new_scalars[_REP_SIG + g] = rep.sigma_sq
-            new_scalars["cluster_sigma0_sq"] = cluster_s0
-            self._cluster_shares(new_scalars, clients, reported, sigmas, sigma0_sq, reps, cluster_s0)
+            new_global = self._aggregate_clusters(server, results, reported, sigmas, sigma0_sq,
+                                                  new_tensors, new_scalars, clients)
         else:
             theta_hat = aggregate_stream(
                 ((r.params, s) for r, s in zip(results, sigmas, strict=True)), sigma0_sq
@@ -270,6 +288,34 @@ class SelfFL(Strategy):
             scalars=new_scalars,
             clients=clients,
         )
+
+    def _aggregate_clusters(
+        self, server: ServerState, results: Iterable[ClientResult],
+        reported: list[ReportedUncertainty], sigmas: list[float], sigma0_sq: float,
+        new_tensors: dict[str, Tensor], new_scalars: dict[str, float],
+        clients: dict[str, dict[str, float]],
+    ) -> Tensor:
+        """Cluster-level Eqn 11 (Appendix G.4): the round's results update their group's
+        representative, the representatives are aggregated; the new representatives and
+        the clients' shares go into `new_tensors`, `new_scalars` and `clients` (in place).
+        Returns the new global model."""
+        reps = {
+            k[len(_REP):]: Representative(v, server.scalars[_REP_SIG + k[len(_REP):]])
+            for k, v in server.tensors.items()
+            if k.startswith(_REP)
+        }
+        reps = update_representatives(
+            reps,
+            ((u.group, r.params, s) for u, r, s in zip(reported, results, sigmas, strict=True)),
+            sigma0_sq,
+        )
+        new_global, cluster_s0 = aggregate_clusters(reps)
+        for g, rep in reps.items():
+            new_tensors[_REP + g] = rep.params
+            new_scalars[_REP_SIG + g] = rep.sigma_sq
+        new_scalars["cluster_sigma0_sq"] = cluster_s0
+        self._cluster_shares(new_scalars, clients, reported, sigmas, sigma0_sq, reps, cluster_s0)
+        return new_global
 
     @staticmethod
     def _cluster_shares(
@@ -304,6 +350,13 @@ class SelfFL(Strategy):
             if "cluster" in info:
                 info["share"] = min(1.0, info.get("rep_share", 0.0) * by_code.get(info["cluster"], 0.0))
 
+    def describe_result(self, record: dict[str, float]) -> str:
+        return (f"{int(record.get('local_steps', 0))} local steps, "
+                f"sigma_m^2={record.get('sigma_sq', 0.0):.4g}")
+
+    def describe_server(self, server: ServerState) -> str:
+        return f"sigma0^2={server.scalars.get('sigma0_sq', 0.0):.4g}"
+
     # ---- client side -------------------------------------------------------------------
     def client_update(
         self,
@@ -318,57 +371,20 @@ class SelfFL(Strategy):
         s_others = require_finite_scalar(
             instructions.scalars.get("others_precision", 0.0), "S_-m", allow_inf=True
         )
-        rv = RunningVariance()
-        if "rv_mean" in state.tensors:
-            rv.load_state_dict(
-                {
-                    "count": int(state.scalars.get("rv_count", 0)),
-                    "value": state.scalars.get("rv_value", 0.0),
-                    "mean": state.tensors["rv_mean"],
-                }
-            )
+        rv = _load_variance(state)
         t_m = int(state.scalars.get("t_m", 0))
-        sigma_m_sq: float | None
-        if self.intra_variance == "problem":
-            sigma_m_sq = require_finite_scalar(problem.sigma_sq, "problem sigma_m^2")  # type: ignore[attr-defined]
-        else:
-            sigma_m_sq = rv.value if rv.count >= 2 else None
-        anchor = state.tensors.get("converged" if self.algorithm == 2 else "personal")
-        if sigma_m_sq is None or anchor is None:
-            theta_init = g.clone()
-        else:
-            share = instructions.scalars.get("own_share") if self.eqn10 == "share" else None
-            theta_init = initial_point(g, anchor, sigma_m_sq, s_others, sigma0_sq=s0, share=share,
-                                       max_factor=self.eqn10_max_factor)
-        # A known sigma_m^2 (intra_variance="problem") already carries the data size
-        # (sigma_m^2 = s^2 / n_m); the running variance of the client's models does not.
-        epochs = self.max_local_epochs if self.intra_variance == "running" else None
-        cap = data_step_cap(int(problem.num_samples), self.batch_size, epochs)
-        l_cap = self.l_max if cap is None else min(self.l_max, cap)
-        steps = local_steps(self.lr, self.batch_size, sigma_m_sq, s_others, l_cap, self.warmup_steps,
-                            loss=self.step_rate_loss)
+        sigma_m_sq = self._intra_variance(problem, rv)
+        theta_init = self._initial_point(instructions, state, sigma_m_sq, s0, s_others)
+        steps = self._step_count(problem, sigma_m_sq, s_others)
         # With early_variance, a client's first round also keeps the iterate halfway through
         # the training that produces the model its variance is kept over.
         early = self.early_variance and self.intra_variance == "running" and rv.count == 0
-        midway: Tensor | None = None
-        if early and self.algorithm == 1:
-            midway = sgd_steps(theta_init, problem, generator, self.lr, steps // 2)
-            personal = sgd_steps(midway, problem, generator, self.lr, steps - steps // 2)
-        else:
-            personal = sgd_steps(theta_init, problem, generator, self.lr, steps)
+        personal, sent, midway = self._local_training(theta_init, problem, generator, steps, early)
         tensors: dict[str, Tensor] = {"personal": personal}
-        sent = personal
+        result_tensors: dict[str, Tensor] = {}
         if self.algorithm == 2:
-            if early:
-                half = self.converge_steps // 2
-                midway = sgd_steps(personal, problem, generator, self.lr, half)
-                sent = sgd_steps(midway, problem, generator, self.lr, self.converge_steps - half)
-            else:
-                sent = sgd_steps(personal, problem, generator, self.lr, self.converge_steps)
             tensors["converged"] = sent
             result_tensors = {"personal": personal}
-        else:
-            result_tensors = {}
         if midway is not None:
             rv.update(midway)
         rv.update(sent)  # raises NonFiniteError before any state is replaced
@@ -380,14 +396,9 @@ class SelfFL(Strategy):
             sigma_m_sq_report: float | None = rv.value
         else:
             sigma_m_sq_report = sigma_m_sq
-        reported = sigma_m_sq_report if sigma_m_sq_report is not None else 0.0
         new_state = ClientState(
             tensors=tensors,
-            scalars={
-                "t_m": float(t_m + 1),
-                "rv_count": float(rv.count),
-                "rv_value": rv.value,
-            },
+            scalars={"t_m": float(t_m + 1), "rv_count": float(rv.count), "rv_value": rv.value},
         )
         result = ClientResult(
             client_id=instructions.client_id,
@@ -395,7 +406,7 @@ class SelfFL(Strategy):
             params=sent,
             num_samples=int(problem.num_samples),
             scalars={
-                "sigma_sq": reported,
+                "sigma_sq": sigma_m_sq_report if sigma_m_sq_report is not None else 0.0,
                 "has_variance": 0.0 if sigma_m_sq_report is None else 1.0,
                 "local_steps": float(steps),
                 "others_precision": s_others,
@@ -403,6 +414,56 @@ class SelfFL(Strategy):
             tensors=result_tensors,
         )
         return result, new_state
+
+    def _intra_variance(self, problem: LocalProblem, rv: RunningVariance) -> float | None:
+        """sigma_m^2: the problem's known one, or the running variance once it has two
+        models (None before: warm-up)."""
+        if self.intra_variance == "problem":
+            return require_finite_scalar(problem.sigma_sq, "problem sigma_m^2")  # type: ignore[attr-defined]
+        return rv.value if rv.count >= 2 else None
+
+    def _initial_point(self, instructions: ClientInstructions, state: ClientState,
+                       sigma_m_sq: float | None, s0: float, s_others: float) -> Tensor:
+        """Eqn 10's starting point (the global model during warm-up)."""
+        g = instructions.global_params
+        anchor = state.tensors.get("converged" if self.algorithm == 2 else "personal")
+        if sigma_m_sq is None or anchor is None:
+            return g.clone()
+        share = instructions.scalars.get("own_share") if self.eqn10 == "share" else None
+        return initial_point(g, anchor, sigma_m_sq, s_others, sigma0_sq=s0, share=share,
+                             max_factor=self.eqn10_max_factor)
+
+    def _step_count(self, problem: LocalProblem, sigma_m_sq: float | None,
+                    s_others: float) -> int:
+        """Eqn 16's local step count, capped at l_max and at the data's epochs."""
+        # A known sigma_m^2 (intra_variance="problem") already carries the data size
+        # (sigma_m^2 = s^2 / n_m); the running variance of the client's models does not.
+        epochs = self.max_local_epochs if self.intra_variance == "running" else None
+        cap = data_step_cap(int(problem.num_samples), self.batch_size, epochs)
+        l_cap = self.l_max if cap is None else min(self.l_max, cap)
+        return local_steps(self.lr, self.batch_size, sigma_m_sq, s_others, l_cap,
+                           self.warmup_steps, loss=self.step_rate_loss)
+
+    def _local_training(self, theta_init: Tensor, problem: LocalProblem,
+                        generator: torch.Generator, steps: int,
+                        early: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+        """The personal model, the model sent (Algorithm 2: trained on towards local
+        convergence) and, with `early`, the iterate halfway through (else None)."""
+        midway: Tensor | None = None
+        if early and self.algorithm == 1:
+            midway = sgd_steps(theta_init, problem, generator, self.lr, steps // 2)
+            personal = sgd_steps(midway, problem, generator, self.lr, steps - steps // 2)
+        else:
+            personal = sgd_steps(theta_init, problem, generator, self.lr, steps)
+        if self.algorithm != 2:
+            return personal, personal, midway
+        if early:
+            half = self.converge_steps // 2
+            midway = sgd_steps(personal, problem, generator, self.lr, half)
+            sent = sgd_steps(midway, problem, generator, self.lr, self.converge_steps - half)
+        else:
+            sent = sgd_steps(personal, problem, generator, self.lr, self.converge_steps)
+        return personal, sent, midway
 
     def personalized_params(
         self, server: ServerState, state: ClientState, problem: LocalProblem,

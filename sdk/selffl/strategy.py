@@ -16,10 +16,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
+
+from wakefl.sdk.selffl.records import MAX_STEPS, RecordSchema, ScalarSpec
 
 
 @runtime_checkable
@@ -79,9 +81,23 @@ class ServerState:
 
 
 class Strategy(ABC):
-    """A federated (personalization) algorithm. Implementations are pure: no I/O."""
+    """A federated (personalization) algorithm. Implementations are pure: no I/O.
+
+    The strategy owns its records (records.py; docs/PROTOCOL.md, protocol v3): what the
+    scalars of its `ClientInstructions` (`downlink_schema`) and of its `ClientResult`
+    (`uplink_schema`) may hold, name -> `ScalarSpec`. The wire checks them against these
+    schemas; the transport, the device state and the server store never name them. A
+    strategy that sends or returns other scalars declares them.
+    """
 
     name: str = "strategy"
+    downlink_schema: ClassVar[RecordSchema] = {}
+    uplink_schema: ClassVar[RecordSchema] = {
+        "local_steps": ScalarSpec(0, MAX_STEPS, integer=True, required=False),
+    }
+    # The uplink record entry that robust aggregation floors as a variance
+    # (update_screening's rule 1); None: the strategy reports none.
+    screened_variance: ClassVar[str | None] = None
 
     @abstractmethod
     def init_server(self, initial_params: Tensor) -> ServerState:
@@ -125,3 +141,25 @@ class Strategy(ABC):
     def global_params(self, server: ServerState) -> Tensor:
         """The updated global model for evaluation."""
         return server.global_params
+
+    def activity_share(self, aggregated: int, registry_size: int) -> float:
+        """The activity rate C that `aggregate` is given for a round in which `aggregated`
+        updates of a registry of `registry_size` clients are aggregated: by default the
+        realised share, C = |A| / M (at most 1)."""
+        return min(1.0, aggregated / max(1, registry_size))
+
+    def skip_round(self, server: ServerState) -> ServerState:
+        """The state after a round that aggregated no update (every sampled client
+        declined, stayed silent or was screened out): by default the same state, one round
+        on."""
+        return ServerState(round_id=server.round_id + 1, global_params=server.global_params,
+                           tensors=server.tensors, scalars=server.scalars,
+                           clients=server.clients)
+
+    def describe_result(self, record: dict[str, float]) -> str:
+        """One client's uplink record for a progress line."""
+        return ", ".join(f"{k}={v:.4g}" for k, v in sorted(record.items()))
+
+    def describe_server(self, server: ServerState) -> str:
+        """The server state's figures worth a progress line ("" for none)."""
+        return ""

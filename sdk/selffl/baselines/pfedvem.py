@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +31,7 @@ from ..checks import (
     require_positive,
 )
 from ..local_sgd import oracle_gradient
+from ..records import MAX_RECORD_ABS, RecordSchema, ScalarSpec
 from ..strategy import ClientInstructions, ClientResult, ClientState, LocalProblem, ServerState
 from .averaging import WeightedMean, fedavg_weight
 from .fedavg import FedAvg, _origin, copy_state, stored_personal
@@ -100,6 +102,11 @@ class PFedVEM(FedAvg):
 
     method = "pfedvem"
 
+    uplink_schema: ClassVar[RecordSchema] = {
+        **FedAvg.uplink_schema,
+        "tau": ScalarSpec(0.0, MAX_RECORD_ABS),  # the client's confidence in its model
+    }
+
     def __init__(
         self,
         head: slice | None = None,
@@ -147,19 +154,8 @@ class PFedVEM(FedAvg):
 
         params = global_params.detach().clone()
         for _ in range(self.local_steps):
-            sigma = F.softplus(pi)
-            grad = torch.zeros_like(params)
-            grad_sigma = torch.zeros_like(mu)
-            for _ in range(self.mc_samples):
-                eps = torch.randn(mu.shape, generator=generator, dtype=torch.float32,
-                                  device=generator.device).to(mu.device, mu.dtype)
-                sample = params.clone()
-                sample[head] = mu + sigma * eps
-                g = oracle_gradient(problem, sample, generator)
-                grad += g
-                grad_sigma += g[head] * eps
-            grad /= self.mc_samples
-            grad_sigma /= self.mc_samples
+            grad, grad_sigma = self._mc_gradients(params, mu, F.softplus(pi), head, problem,
+                                                  generator)
             # KL(N(mu, sigma^2) || N(w, rho^2)) = sum log(rho/sigma) + (sigma^2 + (mu-w)^2)
             # / (2 rho^2) - 1/2. Its step is taken implicitly (proximal): an explicit step
             # is stable only while lr * kl_w / rho^2 < 2, and rho^2 = 1/tau becomes small
@@ -195,6 +191,22 @@ class PFedVEM(FedAvg):
         new_state.tensors["pi"] = pi
         new_state.scalars = dict(new_state.scalars, rho_sq=1.0 / tau)
         return result, new_state
+
+    def _mc_gradients(self, params: Tensor, mu: Tensor, sigma: Tensor, head: slice,
+                      problem: LocalProblem, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        """Monte Carlo estimates (`mc_samples` draws of the head from N(mu, sigma^2)) of the
+        loss gradient in the parameters and in the head's sigma (reparameterised)."""
+        grad = torch.zeros_like(params)
+        grad_sigma = torch.zeros_like(mu)
+        for _ in range(self.mc_samples):
+            eps = torch.randn(mu.shape, generator=generator, dtype=torch.float32,
+                              device=generator.device).to(mu.device, mu.dtype)
+            sample = params.clone()
+            sample[head] = mu + sigma * eps
+            g = oracle_gradient(problem, sample, generator)
+            grad += g
+            grad_sigma += g[head] * eps
+        return grad / self.mc_samples, grad_sigma / self.mc_samples
 
     # --- server side -------------------------------------------------------------------
     def aggregate(
