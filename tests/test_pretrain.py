@@ -84,7 +84,7 @@ def test_batches_depend_only_on_seed_and_step(corpus: Path) -> None:
     x3, _ = make_batch(data, 8, SETTINGS)
     assert np.array_equal(x1, x2) and np.array_equal(y1, y2)
     assert not np.array_equal(x1, x3)
-    assert y1.sum() == SETTINGS.batch_size // 2  # class balance
+    assert y1.sum() == round(SETTINGS.batch_size * SETTINGS.positive_share)  # class balance
 
 
 def test_schedule_warms_up_then_decays() -> None:

@@ -42,9 +42,10 @@ OTHER_SPEECH = (
 
 # Extra hard negatives and everyday speech for the pretraining corpus: the more ways a
 # detector hears "almost the phrase" and ordinary talk in training, the fewer false accepts
-# per hour it makes on long recordings.
+# per hour it makes on long recordings. None contains the phrase itself: cut to the window,
+# such a negative could hold a whole positive.
 PRETRAIN_CONFUSABLES = (
-    "okay nova", "supernova", "hey novak", "hey nova scotia", "hey lover", "hey noble",
+    "okay nova", "supernova", "hey mova", "hey noelle", "hey lover", "hey noble",
     "hey no", "a nova", "the nova", "hey nobody", "hey nonna", "hey rover", "hay over",
     "hey, nope", "renova", "bossa nova music", "hey, know what", "anova", "hey mover",
     "play nova", "hey noel", "nova is a star", "casanova", "hey you",

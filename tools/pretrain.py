@@ -1,6 +1,6 @@
 """`wakefl model pretrain`: train the wake-word model offline on the pretraining corpus.
 
-Every batch is drawn fresh: half wake-phrase clips, half negatives (clips of confusable
+Every batch is drawn fresh: a third wake-phrase clips, the rest negatives (clips of confusable
 phrases, other speech and background, and random 1.5 s cuts of the training streams), each
 augmented on the fly (tools/wave_augment.py) and with SpecAugment-style masks on the log-mel
 input. The learning rate warms up linearly, then follows a cosine to 5%.
@@ -49,7 +49,10 @@ class PretrainSettings:
     lr: float = 2e-3
     weight_decay: float = 1e-4
     warmup_steps: int = 300
-    stream_crop_share: float = 0.35  # of the negatives in a batch
+    # A third of each batch is the phrase: false accepts per hour are set by the rare
+    # negatives that score high, so negatives get the larger share.
+    positive_share: float = 1 / 3
+    stream_crop_share: float = 0.4  # of the negatives in a batch
     spec_masks: bool = True
     eval_every_steps: int = 500
     checkpoint_minutes: float = 5.0
@@ -135,7 +138,7 @@ def make_batch(data: PretrainData, step: int, s: PretrainSettings) -> tuple[np.n
     from wakefl.tools.wave_augment import augment_window
 
     rng = np.random.default_rng([s.seed, 77, step])
-    n_pos = s.batch_size // 2
+    n_pos = max(1, int(round(s.batch_size * s.positive_share)))
     n_neg = s.batch_size - n_pos
     n_cut = int(round(n_neg * s.stream_crop_share)) if data.train_streams else 0
     out = np.empty((s.batch_size, data.window), np.float32)

@@ -31,7 +31,7 @@ class AugmentSettings:
     rt60_s: tuple[float, float] = (0.15, 0.9)
     drr_db: tuple[float, float] = (-3.0, 12.0)
     background_prob: float = 0.5
-    snr_db: tuple[float, float] = (-3.0, 25.0)
+    snr_db: tuple[float, float] = (3.0, 30.0)
     gain_db: tuple[float, float] = (-24.0, 10.0)
     silence_neg_prob: float = 0.02  # near-silent windows: a quiet room must not fire
 
