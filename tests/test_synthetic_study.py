@@ -58,3 +58,17 @@ def test_cli_paper_synthetic_json(tmp_path, capsys):
             assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "study.json").exists()
     assert main(["paper", "synthetic", "--methods", "nope", "--out", str(tmp_path)]) == 2
+
+
+def test_selffl_overrides_run_an_ablation_row_with_the_papers_rules():
+    paper = {"eqn10": "paper", "eqn10_max_factor": None}
+    kw = dict(reps=1, seed=1, rounds=8, rates=(0.5,), methods=["selffl"], num_clients=6,
+              progress=False)
+    ablated = run_study(selffl_overrides=paper, **kw)
+    default = run_study(**kw)
+    assert ablated["config"]["selffl_overrides"] == paper
+    assert default["config"]["selffl_overrides"] == {}
+    for doc in (ablated, default):
+        assert all(r["local_mae"] is not None and r["local_mae"] < 1.0 for r in doc["results"])
+    # with sampling the two Eqn 10 rules give different personalized models
+    assert [r["local_mae"] for r in ablated["results"]] != [r["local_mae"] for r in default["results"]]

@@ -84,11 +84,15 @@ def make_fleet(case: str, generator: torch.Generator, num_clients: int = NUM_CLI
     )
 
 
-def build(name: str, factory: Callable[..., Strategy], step: float) -> Strategy:
-    """The method with every step-size hyperparameter set to `step`."""
+def build(name: str, factory: Callable[..., Strategy], step: float,
+          selffl_overrides: dict[str, object] | None = None) -> Strategy:
+    """The method with every step-size hyperparameter set to `step`; `selffl_overrides`
+    (an ablation row, e.g. {"eqn10": "paper"}) replace Self-FL's hyperparameters."""
     params = inspect.signature(factory).parameters
     hp: dict[str, object] = {k: step for k in STEP_PARAMS.get(name, ("lr",)) if k in params}
     hp.update(FIXED_PARAMS.get(name, {}))
+    if selffl_overrides and name.startswith("selffl"):
+        hp.update(selffl_overrides)
     return factory(**hp)
 
 
@@ -119,8 +123,10 @@ def run_study(
     methods: list[str] | None = None,
     num_clients: int = NUM_CLIENTS,
     progress: bool = True,
+    selffl_overrides: dict[str, object] | None = None,
 ) -> dict[str, object]:
-    """Run the study; returns a JSON-serialisable document."""
+    """Run the study; returns a JSON-serialisable document. `selffl_overrides` replace
+    Self-FL's hyperparameters (an ablation of its deviations from the paper)."""
     from tqdm import tqdm
 
     factories = strategy_factories()
@@ -142,7 +148,8 @@ def run_study(
             best = None
             for f in STEP_FACTORS:
                 step = f * tune_fleet.min_sigma_sq
-                _, loc = errors(build(name, factories[name], step), tune_fleet, 1.0, rounds, seed)
+                _, loc = errors(build(name, factories[name], step, selffl_overrides), tune_fleet, 1.0,
+                                rounds, seed)
                 if best is None or loc < best[0]:
                     best = (loc, f)
                 bar.update()
@@ -151,7 +158,7 @@ def run_study(
             for rate in rates:
                 g_errs, l_errs = [], []
                 for r, fleet in enumerate(fleets):
-                    strat = build(name, factories[name], factor * fleet.min_sigma_sq)
+                    strat = build(name, factories[name], factor * fleet.min_sigma_sq, selffl_overrides)
                     g, loc = errors(strat, fleet, rate, rounds, seed + r)
                     g_errs.append(g)
                     l_errs.append(loc)
@@ -176,6 +183,7 @@ def run_study(
             "num_clients": num_clients, "theta0": THETA0, "sample_var": SAMPLE_VAR,
             "cases": {k: {"sigma0_sq": v[0], "n_min": v[1], "n_max": v[2]} for k, v in CASES.items()},
             "activity_rates": list(rates), "repetitions": reps, "rounds": rounds, "seed": seed,
+            "selffl_overrides": dict(selffl_overrides or {}),
             "step_grid": {"factors_of_min_sigma_m_sq": list(STEP_FACTORS),
                           "step_params": {n: list(STEP_PARAMS.get(n, ("lr",))) for n in names},
                           "fixed": {k: v for k, v in FIXED_PARAMS.items() if k in names},
