@@ -121,6 +121,22 @@ class RoundReport:
     screened: dict[str, str] = field(default_factory=dict)  # device -> clipped / refused, why
 
 
+class _LazyId:
+    """`message_id(payload)`, hashed only when an ack naming it is actually sent: a flood
+    whose acks are withheld costs no second hash of each payload."""
+
+    __slots__ = ("_payload", "_id")
+
+    def __init__(self, payload: bytes) -> None:
+        self._payload: bytes | None = payload
+        self._id = ""
+
+    def __str__(self) -> str:
+        if self._payload is not None:
+            self._id, self._payload = message_id(self._payload), None
+        return self._id
+
+
 class _Throttle:
     """A token bucket per key: `burst` events at once, then `rate` per second. Events
     refused are tallied per key (`take_suppressed`). Keys beyond `max_keys` share one
@@ -197,7 +213,7 @@ class AggregationServer:
 
     # ------------------------------------------------------------------ receiving
     def _reject(self, reason: str, detail: str, device: str | None, round_id: int | None,
-                ack_device: str | None, answers: str = "") -> None:
+                ack_device: str | None, answers: str | _LazyId = "") -> None:
         """Count, log and (when the device can be identified) refuse one message. Runs on
         the network thread for every hostile message, so it never waits for the disk (the
         store commits counts in batches) and, per device id, logs and acks a flood only at
@@ -216,7 +232,7 @@ class AggregationServer:
             self._send_refusal(ack_device, round_id, False, reason, answers)
 
     def _send_refusal(self, device: str, round_id: int, accepted: bool, reason: str,
-                      answers: str) -> None:
+                      answers: str | _LazyId) -> None:
         """An ack that does not record anything new (a refusal, a duplicate): rate-limited
         per device id."""
         if self._ack_throttle.allow(device)[0]:
@@ -232,9 +248,10 @@ class AggregationServer:
                         "from flooding device ids: %s", unlogged or "none", unacked or "none")
 
     def _send_ack(self, device: str, round_id: int, accepted: bool, reason: str,
-                  answers: str = "") -> None:
+                  answers: str | _LazyId = "") -> None:
         assert self.link is not None
-        payload = encode(Ack(self.cfg.fleet, device, round_id, accepted, reason, answers=answers))
+        payload = encode(Ack(self.cfg.fleet, device, round_id, accepted, reason,
+                             answers=str(answers)))
         try:
             self.link.publish(topics.ack(self.cfg.fleet, device), payload, wait=False)
         except ProtocolError as exc:
@@ -253,7 +270,7 @@ class AggregationServer:
             rid = self._open[0] if self._open else None
             try:
                 self._reject("internal", f"{what}: {type(exc).__name__}: {str(exc)[:200]}", dev, rid,
-                             dev if dev in self.registry() else None, message_id(payload))
+                             dev if dev in self.registry() else None, _LazyId(payload))
             except Exception:  # noqa: BLE001 - never let the network thread die
                 log.exception("could not count an internal error")
 
@@ -271,7 +288,7 @@ class AggregationServer:
         self._guarded("hello", self._handle_hello, topic, payload)
 
     def _handle_uplink(self, topic: str, payload: bytes) -> None:
-        mid = message_id(payload)
+        mid = _LazyId(payload)
         dev = self._topic_device(topic)
         registry = self.registry()
         known = dev if dev is not None and dev in registry else None
@@ -316,7 +333,7 @@ class AggregationServer:
                          rid, dev, msg.local_steps, msg.sigma_m_sq)
                 self._changed.notify_all()
 
-    def _handle_decline(self, msg: Decline, mid: str) -> None:
+    def _handle_decline(self, msg: Decline, mid: _LazyId) -> None:
         dev, rid = msg.device_id, msg.round_id
         if self._open is None or msg.run_id != self.run_id or rid != self._open[0]:
             self._reject("stale_round", f"decline for round {rid} (run {msg.run_id})", dev, rid, dev, mid)
