@@ -17,6 +17,7 @@ from wakefl.tools.evaluation import bootstrap_units
 from wakefl.tools.paper_experiment import (
     METHODS,
     NO_GLOBAL,
+    SELFFL_ABLATIONS,
     EvalSet,
     paired_fa_ratio,
     resolve_profile,
@@ -209,3 +210,36 @@ def test_cli_rejects_unknown_method(tiny_corpus: Path, tmp_path: Path, capsys):
                  "--manifest", str(tiny_corpus), "--methods", "selffl,fedprox"])
     assert code == 2
     assert "unknown method(s) fedprox" in capsys.readouterr().err
+
+
+def test_selffl_ablations_are_valid_self_fl_hyperparameters():
+    from wakefl.sdk.selffl import make_strategy
+    from wakefl.tools.paper_experiment import method_hyperparams
+
+    prof = resolve_profile("tiny")
+    for overrides in SELFFL_ABLATIONS.values():
+        make_strategy("selffl", **{**method_hyperparams("selffl", 0.05, prof), **overrides})
+    with pytest.raises(ConfigError, match="ablation"):
+        run_paper_study("unused", profile="tiny", selffl_ablations=("nope",), log=lambda _m: None)
+    with pytest.raises(ConfigError, match="ablations need"):
+        run_paper_study("unused", profile="tiny", methods=("fedavg-w",), sampling_rates=(),
+                        selffl_ablations=("paper-rules",), log=lambda _m: None)
+
+
+@pytest.mark.slow  # trains Self-FL twice per setting on the tiny corpus
+def test_selffl_ablation_rows_in_settings_of_their_own(tiny_corpus: Path, tmp_path: Path):
+    result = run_paper_study(tmp_path / "run", profile="tiny", seed=0, rounds=1,
+                             manifest=tiny_corpus, cache_dir=tmp_path / "cache", progress=False,
+                             methods=("selffl",), sampling_rates=(0.25,),
+                             selffl_ablations=("paper-rules",), log=lambda _m: None)
+    cfg = result["config"]
+    assert cfg["selffl_ablations"] == {"paper-rules": SELFFL_ABLATIONS["paper-rules"]}
+    assert cfg["settings"] == ["full-participation", "sampling-0.25"]
+    methods = {(r["setting"], r["method"]) for r in result["rows"]}
+    assert ("ablation-full-participation", "selffl+paper-rules") in methods
+    assert ("ablation-sampling-0.25", "selffl-client+paper-rules") in methods
+    assert cfg["method_labels"]["selffl-client+paper-rules"] == "Self-FL client-level, paper-rules"
+    # the main settings' rows are the same as without the ablation
+    main = {(r["setting"], r["method"]) for r in result["rows"] if not r["setting"].startswith("ablation")}
+    assert main == {("full-participation", "selffl"), ("sampling-0.25", "selffl-client"),
+                    ("sampling-0.25", "selffl-cluster")}

@@ -66,6 +66,16 @@ METHOD_LABELS: dict[str, str] = {
     "selffl-client": "Self-FL client-level",
     "selffl-cluster": "Self-FL cluster-level",
 }
+# Self-FL's deviations from the paper switched back to the paper's rules (docs/SELF_FL.md,
+# "Deliberate deviations"), each an ablation row: `run_paper_study(selffl_ablations=...)`.
+SELFFL_ABLATIONS: dict[str, dict[str, Any]] = {
+    "paper-rules": {"eqn10": "paper", "eqn10_max_factor": None, "step_rate_loss": "sum",
+                    "early_variance": False, "max_local_epochs": None},
+    "paper-eqn10": {"eqn10": "paper", "eqn10_max_factor": None},
+    "paper-rate": {"step_rate_loss": "sum"},
+    "no-early-variance": {"early_variance": False},
+    "no-data-cap": {"max_local_epochs": None},
+}
 # Methods whose "global" model is not a federated model (local-only keeps the warm start).
 NO_GLOBAL = frozenset({"local"})
 # Selection score given to a grid point whose relative FA is unbounded (baseline FA = 0).
@@ -456,7 +466,8 @@ class PaperStudy:
 
     # ---- runs -----------------------------------------------------------------------
     def run_method(self, method: str, lr: float, problems: dict[str, Any], groups: dict[str, str],
-                   rounds: int, activity_rate: float, cluster: bool = False) -> MethodRun:
+                   rounds: int, activity_rate: float, cluster: bool = False,
+                   overrides: dict[str, Any] | None = None) -> MethodRun:
         from tqdm import tqdm
 
         from wakefl.sdk.selffl.registry import make_strategy
@@ -465,6 +476,7 @@ class PaperStudy:
         hp = method_hyperparams(method, lr, self.prof, self.head)
         if cluster:
             hp["cluster_by_group"] = True
+        hp.update(overrides or {})
         strategy = make_strategy(method, **hp)
         start = time.perf_counter()
         label = METHOD_LABELS.get(method, method) + (" cluster" if cluster else "")
@@ -578,17 +590,21 @@ def run_paper_study(
     log: Callable[[str], None] = print,
     command: str = "",
     baseline: str | None = None,
+    selffl_ablations: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Run the whole study; write `results.json`, `results.md` and the figures into
     `out_dir`; return the result dict. Builds the corpus of the profile into
     `out_dir/corpus` unless `manifest` names an existing one. Every method starts from
-    `baseline` (warm_start.resolve_baseline: by default the shipped model of the width)."""
+    `baseline` (warm_start.resolve_baseline: by default the shipped model of the width).
+    `selffl_ablations` (names of SELFFL_ABLATIONS) add Self-FL rows with those rules, at
+    the selected learning rate, in settings of their own ("ablation-...")."""
     import torch
 
     from wakefl.tools.paper_report import write_report
 
     prof = resolve_profile(profile, width=width, rounds=rounds)
     _check_study_methods(methods, sampling_rates)
+    _check_ablations(methods, selffl_ablations)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
@@ -602,10 +618,14 @@ def run_paper_study(
     tables.selected.clear()
     selffl_lr = (tables.tuning.get("selffl") or {}).get("selected_lr") or prof.lr_grid[0]
     _client_sampling(study, prof, sampling_rates, selffl_lr, tables, log)
+    _selffl_ablations(study, prof, sampling_rates, selffl_lr, selffl_ablations, tables, log)
     config = _study_config(study, prof, seed, methods, sampling_rates, manifest_path, tables,
                            selffl_lr, command)
     result = {"config": config, "rows": tables.rows, "step_counts": tables.step_counts,
               "comparisons": comparisons}
+    config["selffl_ablations"] = {a: SELFFL_ABLATIONS[a] for a in selffl_ablations}
+    config["method_labels"].update({f"{m}+{a}": f"{METHOD_LABELS[m]}, {a}"
+                                    for a in selffl_ablations for m in ("selffl", "selffl-client")})
     config["seconds_total"] = round(time.perf_counter() - t0, 1)
     write_report(result, out, tables.det)
     return result
@@ -708,6 +728,41 @@ def _client_sampling(study: PaperStudy, prof: StudyProfile, sampling_rates: Sequ
             for rec in study.evaluate(run, "test", (ALL_STATES, *STATES), prof.n_boot):
                 tables.rows.append({"setting": setting, "method": level, **rec})
             tables.step_counts += _step_rows(setting, level, run, groups)
+
+
+def _check_ablations(methods: Sequence[str], ablations: Sequence[str]) -> None:
+    unknown = [a for a in ablations if a not in SELFFL_ABLATIONS]
+    if unknown:
+        raise ConfigError(f"unknown Self-FL ablation(s) {', '.join(unknown)}; choose from "
+                          f"{', '.join(SELFFL_ABLATIONS)}")
+    if ablations and "selffl" not in methods:
+        raise ConfigError("the Self-FL ablations need 'selffl' in the methods")
+
+
+def _selffl_ablations(study: PaperStudy, prof: StudyProfile, sampling_rates: Sequence[float],
+                      selffl_lr: float, ablations: Sequence[str], tables: _StudyTables,
+                      log: Callable[[str], None]) -> None:
+    """Self-FL (Alg. 1) with some of its deviations switched back to the paper's rules:
+    full participation and client-level sampling, at the selected learning rate, in
+    settings "ablation-full-participation" and "ablation-sampling-<C>" (the tables of the
+    main settings are left as they are)."""
+    if not ablations:
+        return
+    runs = [(f"ablation-{SETTING_FULL}", "selffl", None, prof.rounds, 1.0)]
+    if sampling_rates:
+        runs += [(f"ablation-sampling-{rate:g}", "selffl-client", prof.clients_per_type,
+                  prof.sampling_rounds, rate) for rate in sampling_rates]
+    for setting, level, per_type, rounds, rate in runs:
+        problems, groups = study.problems(per_type)
+        for name in ablations:
+            label = f"{level}+{name}"
+            log(f"[study] {setting}: Self-FL with {name} lr={selffl_lr:g}")
+            run = study.run_method("selffl", selffl_lr, problems, groups, rounds, rate,
+                                   overrides=SELFFL_ABLATIONS[name])
+            tables.timings[f"{setting}/{label}"] = round(run.seconds, 1)
+            for rec in study.evaluate(run, "test", (ALL_STATES, *STATES), prof.n_boot):
+                tables.rows.append({"setting": setting, "method": label, **rec})
+            tables.step_counts += _step_rows(setting, label, run, groups)
 
 
 def _study_config(study: PaperStudy, prof: StudyProfile, seed: int, methods: Sequence[str],
