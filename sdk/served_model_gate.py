@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -58,6 +59,9 @@ from wakefl.sdk.wake_metrics import (
     relative_fa_fr,
     safe_ratio,
 )
+
+if TYPE_CHECKING:
+    from wakefl.sdk.selffl.records import RecordSchema
 
 ArrayLike = Sequence[float] | np.ndarray
 KEEP_REASON_NO_CLIPS = "no local validation clips: nothing to compare on, the served model is kept"
@@ -258,6 +262,25 @@ def decide_served_model(
                 f"{served_name}, not worse beyond the noise"
                 + (" nor against the baseline" if "baseline" in references else "")),
         comparisons=tuple(comparisons), admissible=tuple(admissible), **common)
+
+
+def gate_uplink_schema(candidates: Sequence[str] = ("personalized", "global"),
+                       prefix: str = "gate_") -> RecordSchema:
+    """The scalars `GateDecision.uplink_scalars` may put into an uplink, for the given
+    candidate names, all optional: merged into a strategy's `uplink_schema`, they let the
+    decision travel in the uplink's scalar map."""
+    # Imported here: the gate itself needs numpy only, the schema types live with torch's.
+    from wakefl.sdk.selffl.records import MAX_RECORD_ABS, ScalarSpec
+
+    schema: dict[str, ScalarSpec] = {
+        f"{prefix}switched": ScalarSpec(0.0, 1.0, integer=True, required=False),
+        f"{prefix}choice": ScalarSpec(0.0, float(len(candidates)), integer=True, required=False),
+    }
+    for name in candidates:
+        for field in ("relative_fa", "fa_lower", "fa_upper", "relative_fr"):
+            schema[f"{prefix}{name}_{field}"] = ScalarSpec(0.0, MAX_RECORD_ABS, required=False)
+        schema[f"{prefix}{name}_admissible"] = ScalarSpec(0.0, 1.0, integer=True, required=False)
+    return schema
 
 
 # ----------------------------------------------------------------------------- helpers

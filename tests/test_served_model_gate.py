@@ -10,7 +10,11 @@ import numpy as np
 import pytest
 
 from wakefl.errors import NonFiniteError
-from wakefl.sdk.served_model_gate import KEEP_REASON_NO_CLIPS, decide_served_model
+from wakefl.sdk.served_model_gate import (
+    KEEP_REASON_NO_CLIPS,
+    decide_served_model,
+    gate_uplink_schema,
+)
 
 
 def _clips(rng: np.random.Generator, n_units: int = 12, pos_per_unit: int = 3, neg_per_unit: int = 8):
@@ -187,3 +191,6 @@ def test_the_decision_serialises_for_the_uplink_and_the_summary():
     assert scalars["gate_switched"] == float(d.switched)
     assert scalars["gate_choice"] == (0.0 if not d.switched else 1.0 + ["personalized", "global"].index(d.serve))
     assert scalars["gate_personalized_admissible"] == 0.0
+    from wakefl.sdk.selffl.records import check_record
+
+    assert check_record(scalars, gate_uplink_schema(), "uplink scalars") == scalars
