@@ -284,10 +284,9 @@ class DeviceClient:
         fr = "n/a" if outcome.relative_fr is None else f"{outcome.relative_fr:.3f}"
         status = {True: "accepted", False: "refused", None: "not acknowledged"}[outcome.accepted]
         self._progress(
-            f"{self.device_id}: round {outcome.round_id}: {outcome.local_steps} local steps in "
-            f"{outcome.train_s:.1f} s, sigma_m^2={outcome.sigma_m_sq:.3g}, relative FA {fa}, "
-            f"relative FR {fr}, update {status} after {outcome.sends} send(s)"
-            + (f" ({outcome.note})" if outcome.note else ""))
+            f"{self.device_id}: round {outcome.round_id}: {self.trainer.describe(outcome.record)}"
+            f" in {outcome.train_s:.1f} s, relative FA {fa}, relative FR {fr}, update {status} "
+            f"after {outcome.sends} send(s)" + (f" ({outcome.note})" if outcome.note else ""))
 
 
 __all__ = ["DeviceClient", "RoundOutcome", "RunSummary", "round_generator"]

@@ -30,10 +30,21 @@ from torch import Tensor
 
 from wakefl.errors import ProtocolError
 from wakefl.finite import all_finite
+from wakefl.sdk.selffl.records import (
+    MAX_RECORD_ABS,
+    MAX_STEPS,
+    RecordError,
+    RecordSchema,
+    check_record,
+    finite_part,
+)
 
 # Version 2: acks name the message they answer (`answers`), the `decline` uplink, and
-# bounds on every scalar field (docs/PROTOCOL.md).
-PROTOCOL_VERSION = 2
+# bounds on every scalar field. Version 3: the strategy's own scalars travel as records
+# (`instructions` down, `record` up) checked against the strategy's declared schema; the
+# downlink's `sigma0_sq` and the uplink's `sigma_m_sq` and `local_steps` fields are gone
+# (docs/PROTOCOL.md).
+PROTOCOL_VERSION = 3
 MAGIC = b"WKFL"
 _HASH_LEN = 32
 _PREFIX_LEN = len(MAGIC) + _HASH_LEN
@@ -48,8 +59,8 @@ MAX_ID_LEN = 128
 # when the server sums or squares it. A value outside is refused as `out_of_range`.
 MAX_ROUND_ID = 2**31 - 1
 MAX_NUM_SAMPLES = 10**9
-MAX_LOCAL_STEPS = 10**7
-MAX_SCALAR_ABS = 1e30  # variances, strategy scalars, instructions
+MAX_LOCAL_STEPS = MAX_STEPS  # a strategy's step counts (records.MAX_STEPS)
+MAX_SCALAR_ABS = MAX_RECORD_ABS  # every entry of a record, whatever its schema says
 MAX_RELATIVE = 1e6  # relative FA / FR (ratios to the baseline)
 MAX_DEADLINE = 1e11  # unix time, year ~5000
 MAX_SCALARS = 256  # entries of a scalar map
@@ -99,9 +110,10 @@ class MessageRejected(ProtocolError):
 class Downlink:
     """Server -> all devices of a fleet, one per round (retained on the downlink topic).
 
-    `instructions` holds, for each device sampled this round, the scalars of the strategy's
-    `ClientInstructions` (Self-FL: `others_precision` = S_-m, ...). Devices not listed sit
-    the round out. `final=True` announces the end of the run (params = final global model).
+    `instructions` holds, for each device sampled this round, the record of the strategy's
+    `ClientInstructions` (its `downlink_schema` says what it may hold). Devices not listed
+    sit the round out. `final=True` announces the end of the run (params = final global
+    model).
     """
 
     fleet: str
@@ -109,7 +121,6 @@ class Downlink:
     round_id: int
     global_params: Tensor
     model_config: dict[str, Any]
-    sigma0_sq: float
     instructions: dict[str, dict[str, float]]
     hyperparameters: dict[str, Any]
     deadline: float
@@ -129,12 +140,10 @@ class Uplink:
     device_type: str
     round_id: int
     params: Tensor
-    sigma_m_sq: float
     num_samples: int
-    local_steps: int
+    record: dict[str, float] = field(default_factory=dict)  # the strategy's `ClientResult` scalars
     relative_fa: float | None = None
     relative_fr: float | None = None
-    scalars: dict[str, float] = field(default_factory=dict)
     tensors: dict[str, Tensor] = field(default_factory=dict)  # e.g. Algorithm 2's model
     version: int = PROTOCOL_VERSION
 
@@ -273,7 +282,7 @@ def encode(msg: Message, *, wire_dtype: str = "fp32", max_bytes: int = DEFAULT_M
             meta = {
                 "v": msg.version, "kind": "down", "fleet": msg.fleet, "run_id": msg.run_id,
                 "round_id": msg.round_id, "model_config": msg.model_config,
-                "sigma0_sq": msg.sigma0_sq, "instructions": msg.instructions,
+                "instructions": msg.instructions,
                 "hyperparameters": msg.hyperparameters, "deadline": msg.deadline,
                 "final": msg.final, "strategy": msg.strategy, "wire_dtype": wire_dtype,
             }
@@ -283,10 +292,9 @@ def encode(msg: Message, *, wire_dtype: str = "fp32", max_bytes: int = DEFAULT_M
             meta = {
                 "v": msg.version, "kind": "up", "fleet": msg.fleet, "run_id": msg.run_id,
                 "device_id": msg.device_id, "device_type": msg.device_type,
-                "round_id": msg.round_id, "sigma_m_sq": msg.sigma_m_sq,
-                "num_samples": msg.num_samples, "local_steps": msg.local_steps,
-                "relative_fa": msg.relative_fa, "relative_fr": msg.relative_fr,
-                "scalars": msg.scalars, "wire_dtype": wire_dtype,
+                "round_id": msg.round_id, "num_samples": msg.num_samples,
+                "record": msg.record, "relative_fa": msg.relative_fa,
+                "relative_fr": msg.relative_fr, "wire_dtype": wire_dtype,
             }
             tensors = {"params": msg.params}
             tensors.update({f"x.{k}": v for k, v in msg.tensors.items()})
@@ -413,12 +421,22 @@ def _extras(tensors: dict[str, Tensor], main: str) -> dict[str, Tensor]:
     return extra
 
 
-def _scalar_map(value: Any, name: str) -> dict[str, float]:
+def _scalar_map(value: Any, name: str, schema: RecordSchema | None = None) -> dict[str, float]:
+    """A record: at most MAX_SCALARS finite numbers within +-MAX_SCALAR_ABS under short
+    names, whatever the strategy; then, given the strategy's `schema`, exactly what it
+    declares, within its bounds."""
     if not isinstance(value, dict):
         raise MessageRejected("malformed", f"{name} must be an object")
     if len(value) > MAX_SCALARS:
         raise MessageRejected("out_of_range", f"{name} has {len(value)} entries, at most {MAX_SCALARS}")
-    return {_text(k, f"{name} key", MAX_ID_LEN): _finite_float(v, f"{name}.{k}") for k, v in value.items()}
+    record = {_text(k, f"{name} key", MAX_ID_LEN): _finite_float(v, f"{name}.{k}")
+              for k, v in value.items()}
+    if schema is None:
+        return record
+    try:
+        return check_record(value, schema, name)
+    except RecordError as exc:
+        raise MessageRejected(exc.reason, exc.detail) from None
 
 
 def _main_tensor(tensors: dict[str, Tensor], name: str, expected_numel: int | None) -> Tensor:
@@ -432,14 +450,28 @@ def _main_tensor(tensors: dict[str, Tensor], name: str, expected_numel: int | No
     return t.float()
 
 
+@dataclass(frozen=True)
+class Expect:
+    """What the receiver knows beforehand: the model's parameter count (checks every
+    shipped model vector) and the running strategy's record schemas (check the uplink's
+    `record` and each entry of the downlink's `instructions`). None: not checked."""
+
+    numel: int | None = None
+    uplink_schema: RecordSchema | None = None
+    downlink_schema: RecordSchema | None = None
+
+
 def decode(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES,
-           expected_numel: int | None = None) -> Message:
+           expected_numel: int | None = None, uplink_schema: RecordSchema | None = None,
+           downlink_schema: RecordSchema | None = None) -> Message:
     """Parse and validate one wire frame; raises MessageRejected with a precise reason,
     and only MessageRejected, whatever the bytes. `expected_numel` (the model's parameter
-    count) checks every shipped model vector."""
+    count) checks every shipped model vector; `uplink_schema` / `downlink_schema` (the
+    running strategy's) check the records."""
+    expect = Expect(expected_numel, uplink_schema, downlink_schema)
     try:
         meta, tensors = _unframe(data, max_bytes)
-        return _decode_fields(meta, tensors, expected_numel)
+        return _decode_fields(meta, tensors, expect)
     except MessageRejected:
         raise
     except Exception as exc:  # noqa: BLE001 - hostile bytes must never escape as a crash
@@ -447,14 +479,13 @@ def decode(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES,
                               f"{str(exc)[:200]})") from None
 
 
-def _decode_fields(meta: dict[str, Any], tensors: dict[str, Tensor],
-                   expected_numel: int | None) -> Message:
+def _decode_fields(meta: dict[str, Any], tensors: dict[str, Tensor], expect: Expect) -> Message:
     kind = meta.get("kind")
     try:
         if kind == "down":
-            return _decode_downlink(meta, tensors, expected_numel)
+            return _decode_downlink(meta, tensors, expect)
         if kind == "up":
-            return _decode_uplink(meta, tensors, expected_numel)
+            return _decode_uplink(meta, tensors, expect)
         if isinstance(kind, str) and kind in _TENSORLESS:
             if tensors:
                 raise MessageRejected("malformed", f"a {kind} message carries no tensors")
@@ -467,11 +498,13 @@ def _decode_fields(meta: dict[str, Any], tensors: dict[str, Tensor],
 
 
 def _decode_downlink(meta: dict[str, Any], tensors: dict[str, Tensor],
-                     expected_numel: int | None) -> Downlink:
+                     expect: Expect) -> Downlink:
+    expected_numel = expect.numel
     instr = meta["instructions"]
     if not isinstance(instr, dict):
         raise MessageRejected("malformed", "instructions must be an object")
-    instructions = {_check_id(d, "device id"): _scalar_map(s, f"instructions.{d}")
+    instructions = {_check_id(d, "device id"): _scalar_map(s, f"instructions.{d}",
+                                                           expect.downlink_schema)
                     for d, s in instr.items()}
     if not isinstance(meta["model_config"], dict) or not isinstance(meta["hyperparameters"], dict):
         raise MessageRejected("malformed", "model_config and hyperparameters must be objects")
@@ -487,7 +520,6 @@ def _decode_downlink(meta: dict[str, Any], tensors: dict[str, Tensor],
         round_id=_int(meta["round_id"], "round_id"),
         global_params=_main_tensor(tensors, "global_params", expected_numel),
         model_config=meta["model_config"],
-        sigma0_sq=_finite_float(meta["sigma0_sq"], "sigma0_sq", low=0.0),
         instructions=instructions, hyperparameters=meta["hyperparameters"],
         deadline=_finite_float(meta["deadline"], "deadline", low=0.0, high=MAX_DEADLINE),
         final=meta["final"], strategy=_text(meta.get("strategy", "selffl"), "strategy", MAX_ID_LEN),
@@ -495,8 +527,8 @@ def _decode_downlink(meta: dict[str, Any], tensors: dict[str, Tensor],
     )
 
 
-def _decode_uplink(meta: dict[str, Any], tensors: dict[str, Tensor],
-                   expected_numel: int | None) -> Uplink:
+def _decode_uplink(meta: dict[str, Any], tensors: dict[str, Tensor], expect: Expect) -> Uplink:
+    expected_numel = expect.numel
     extras = _extras(tensors, "params")
     if expected_numel is not None:
         for k, v in extras.items():
@@ -508,14 +540,12 @@ def _decode_uplink(meta: dict[str, Any], tensors: dict[str, Tensor],
         device_type=_check_id(meta["device_type"], "device_type"),
         round_id=_int(meta["round_id"], "round_id", 1),
         params=_main_tensor(tensors, "params", expected_numel),
-        sigma_m_sq=_finite_float(meta["sigma_m_sq"], "sigma_m_sq", low=0.0),
         num_samples=_int(meta["num_samples"], "num_samples", 0, MAX_NUM_SAMPLES),
-        local_steps=_int(meta["local_steps"], "local_steps", 0, MAX_LOCAL_STEPS),
+        record=_scalar_map(meta.get("record", {}), "record", expect.uplink_schema),
         relative_fa=_optional_float(meta.get("relative_fa"), "relative_fa", low=0.0,
                                     high=MAX_RELATIVE),
         relative_fr=_optional_float(meta.get("relative_fr"), "relative_fr", low=0.0,
                                     high=MAX_RELATIVE),
-        scalars=_scalar_map(meta.get("scalars", {}), "scalars"),
         tensors=extras, version=meta["v"],
     )
 
@@ -574,6 +604,5 @@ def wire_size(numel: int, wire_dtype: str = "fp32") -> int:
 
 
 def scalars_only(mapping: Mapping[str, Any]) -> dict[str, float]:
-    """Keep the finite numeric entries of a mapping (what fits in `instructions`)."""
-    return {k: float(v) for k, v in mapping.items()
-            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
+    """Keep the finite numeric entries of a mapping (what fits in a record)."""
+    return finite_part(mapping)

@@ -25,6 +25,7 @@ from wakefl.errors import ConfigError, ProtocolError, WakeflError
 from wakefl.sdk import messages
 from wakefl.sdk.device_state import DeviceState, PendingUpdate
 from wakefl.sdk.local_training import dataset_size
+from wakefl.sdk.selffl.records import RecordError, check_record
 from wakefl.sdk.selffl.strategy import ClientInstructions, ClientState, LocalProblem, Strategy
 
 log = logging.getLogger("wakefl.device")
@@ -86,6 +87,12 @@ class RoundTrainer:
         if self._problem is not None:
             return int(self._problem.num_samples)
         return dataset_size(self.train_data)  # type: ignore[arg-type]
+
+    def describe(self, record: dict[str, float]) -> str:
+        """An uplink record for a progress line, in the running strategy's words."""
+        if self._strategy is not None:
+            return self._strategy.describe_result(record)
+        return ", ".join(f"{k}={v:.3g}" for k, v in sorted(record.items()))
 
     def new_run(self) -> None:
         """A new run brings a new baseline."""
@@ -163,8 +170,12 @@ class RoundTrainer:
         if st.baseline_params is None:
             st.baseline_params = down.global_params.clone()
             st.baseline_round = down.round_id
-        scalars = dict(down.instructions.get(self.device_id, {}))
-        scalars.setdefault("sigma0_sq", down.sigma0_sq)
+        try:
+            scalars = check_record(down.instructions.get(self.device_id, {}),
+                                   strategy.downlink_schema, "instructions")
+        except RecordError as exc:
+            raise ConfigError(f"the server's instructions do not fit strategy {strategy.name} "
+                              f"as this device knows it: {exc}") from None
         instructions = ClientInstructions(
             client_id=self.device_id, round_id=down.round_id, global_params=down.global_params,
             scalars=scalars, tensors=dict(down.tensors))

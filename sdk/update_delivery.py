@@ -34,8 +34,7 @@ class RoundOutcome:
     round_id: int
     sampled: bool
     accepted: bool | None = None  # None: not sent or no acknowledgement
-    local_steps: int = 0
-    sigma_m_sq: float = 0.0
+    record: dict[str, float] = field(default_factory=dict)  # the strategy's uplink record
     relative_fa: float | None = None
     relative_fr: float | None = None
     sends: int = 0
@@ -44,8 +43,7 @@ class RoundOutcome:
 
     def take_pending(self, pending: PendingUpdate) -> None:
         """The figures of the update about to be delivered."""
-        self.local_steps = int(pending.scalars.get("local_steps", 0))
-        self.sigma_m_sq = float(pending.scalars.get("sigma_sq", 0.0))
+        self.record = dict(pending.scalars)
         self.relative_fa = pending.report.get("relative_fa")
         self.relative_fr = pending.report.get("relative_fr")
 
@@ -87,17 +85,14 @@ class UpdateDelivery:
         if params is None:
             params = state.personal_params
         assert params is not None, "a pending update always carries its parameters"
-        sc = pending.scalars
         wire = (self.wire_dtype or (down.hyperparameters.get("wire_dtype") if down else None)
                 or pending.wire_dtype or "fp32")
         up = messages.Uplink(
             fleet=state.fleet, run_id=state.run_id, device_id=state.device_id,
             device_type=self.device_type, round_id=pending.round_id, params=params,
-            sigma_m_sq=float(sc.get("sigma_sq", sc.get("sigma_m_sq", 0.0))),
-            num_samples=int(pending.num_samples), local_steps=int(sc.get("local_steps", 0)),
+            num_samples=int(pending.num_samples), record=messages.scalars_only(pending.scalars),
             relative_fa=pending.report.get("relative_fa"),
-            relative_fr=pending.report.get("relative_fr"),
-            scalars=messages.scalars_only(sc), tensors=tensors)
+            relative_fr=pending.report.get("relative_fr"), tensors=tensors)
         return messages.encode(up, wire_dtype=wire)
 
     def deliver(self, state: DeviceState, down: messages.Downlink | None,
@@ -214,8 +209,7 @@ class UpdateDelivery:
                  f"{pending.round_id} (sent {pending.attempts} time(s) before the restart)")
         outcome = RoundOutcome(round_id=pending.round_id, sampled=True,
                                note="re-sent after a restart")
-        outcome.local_steps = int(pending.scalars.get("local_steps", 0))
-        outcome.sigma_m_sq = float(pending.scalars.get("sigma_sq", 0.0))
+        outcome.record = dict(pending.scalars)
         self.deliver(state, None, outcome)
         return outcome
 

@@ -9,6 +9,7 @@ only moves, checks and stores messages. See docs/PROTOCOL.md.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import random
@@ -110,8 +111,8 @@ class ServerConfig:
 class RoundReport:
     round_id: int
     sampled: list[str]
-    reported: dict[str, dict[str, float]]  # device -> {sigma_m_sq, local_steps, num_samples}
-    sigma0_sq: float
+    reported: dict[str, dict[str, float]]  # device -> its uplink record and num_samples
+    state_summary: str  # the strategy's figures of the new state (Strategy.describe_server)
     wall_s: float
     closed_by: str  # "all" (every sampled device answered or declined), "quorum", "deadline"
     # Where the wall time went: opening (sampling, downlink encode and publish), collecting
@@ -298,7 +299,8 @@ class AggregationServer:
                          round_hint, None)
             return
         try:
-            msg = decode(payload, max_bytes=self.cfg.max_bytes, expected_numel=self.numel)
+            msg = decode(payload, max_bytes=self.cfg.max_bytes, expected_numel=self.numel,
+                         uplink_schema=self.strategy.uplink_schema)
             if not isinstance(msg, Uplink | Decline):
                 raise MessageRejected("wrong_kind", f"expected Uplink or Decline, got {type(msg).__name__}")
         except MessageRejected as exc:
@@ -329,8 +331,8 @@ class AggregationServer:
             else:
                 self.store.record_update(msg, payload)
                 self._send_ack(dev, rid, True, "", mid)
-                log.info("round %d: update from %s accepted (%d steps, sigma_m^2=%.4g)",
-                         rid, dev, msg.local_steps, msg.sigma_m_sq)
+                log.info("round %d: update from %s accepted (%s)", rid, dev,
+                         self.strategy.describe_result(msg.record))
                 self._changed.notify_all()
 
     def _handle_decline(self, msg: Decline, mid: _LazyId) -> None:
@@ -432,7 +434,6 @@ class AggregationServer:
               "rounds": self.cfg.rounds}
         msg = Downlink(fleet=self.cfg.fleet, run_id=self.run_id, round_id=round_id,
                        global_params=params, model_config=self.cfg.model_config,
-                       sigma0_sq=float(state.scalars.get("sigma0_sq", 0.0)),
                        instructions=instructions, hyperparameters=hp, deadline=deadline,
                        final=final, strategy=self.strategy.name, tensors=shared)
         return encode(msg, wire_dtype=self.cfg.wire_dtype, max_bytes=self.cfg.max_bytes)
@@ -504,7 +505,8 @@ class AggregationServer:
         norms, sigmas = [], []
         for res in view:
             norms.append(delta_norm(res.params, global_params))
-            sigmas.append(float(res.scalars["sigma_sq"]))
+            key = self.strategy.screened_variance
+            sigmas.append(float(res.scalars.get(key, 0.0)) if key is not None else 0.0)
         prev = self.store.get_meta("screening_reference") or {}
         screening = screen_updates(norms, sigmas, float(torch.linalg.vector_norm(global_params.double())),
                                    self.cfg.screening, previous_norm=prev.get("norm"),
@@ -521,6 +523,39 @@ class AggregationServer:
 
     def _run_round(self, state: ServerState, round_id: int, resume: bool) -> ServerState:
         t0 = time.monotonic()
+        opened = self._open_round(state, round_id, resume)
+        if opened is None:
+            return state
+        sampled, deadline = opened
+        t_open = time.monotonic()
+        closed_by = self._collect(round_id, sampled, deadline)
+        if closed_by == "stopped":
+            return state
+        t_closed = time.monotonic()
+        with self._lock:  # no update can be recorded for this round from here on
+            self._open = None
+            view = self.store.updates(round_id, self.numel, self.cfg.max_bytes)
+            declined = self.store.declines(round_id)
+        new_state, rows, screened = self._aggregate_round(state, round_id, view)
+        self.store.close_round(round_id, new_state)
+        self.store.flush_rejections()  # the round's refusals on disk with the round
+        self._report_throttled()
+        t_aggregated = time.monotonic()
+        self.store.prune_update_files(round_id - self.cfg.keep_update_rounds + 1)
+        reported = {r["device_id"]: {**json.loads(r["record"]), "num_samples": r["num_samples"]}
+                    for r in rows}
+        report = RoundReport(round_id, sampled, reported, self.strategy.describe_server(new_state),
+                             time.monotonic() - t0, closed_by,
+                             {"open": t_open - t0, "collect": t_closed - t_open,
+                              "aggregate": t_aggregated - t_closed}, declined, screened)
+        self.reports.append(report)
+        self._report_round(report)
+        return new_state
+
+    def _open_round(self, state: ServerState, round_id: int,
+                    resume: bool) -> tuple[list[str], float] | None:
+        """Sample (or resume) the round, record it and publish its downlink; the sampled
+        devices and the deadline, None when the server was stopped meanwhile."""
         if resume:
             rec = self.store.round(round_id)
             assert rec is not None
@@ -535,7 +570,7 @@ class AggregationServer:
         else:
             online = self._wait_for_devices()
             if self.stop_event.is_set():
-                return state
+                return None
             deadline = time.time() + self.cfg.round_timeout
             sampled = self._sample(round_id, online, len(self.registry()))
             self.store.open_round(round_id, sampled, deadline)
@@ -545,58 +580,41 @@ class AggregationServer:
             self._downlink = payload
             self._republish = False
         self._publish_downlink(payload)
-        t_open = time.monotonic()
         if not resume:
             self.progress(f"round {round_id}/{self.cfg.rounds}: sampled {len(sampled)} "
                           f"({', '.join(sampled)}), deadline in {self.cfg.round_timeout:.0f} s")
-        closed_by = self._collect(round_id, sampled, deadline)
-        if closed_by == "stopped":
-            return state
-        t_closed = time.monotonic()
-        with self._lock:  # no update can be recorded for this round from here on
-            self._open = None
-            view = self.store.updates(round_id, self.numel, self.cfg.max_bytes)
-            declined = self.store.declines(round_id)
-        screened: dict[str, str] = {}
-        rows: list[dict] = []
-        if len(view):
-            all_rows, screening = self._screen(round_id, view, state.global_params)
-            keep = ScreenedUpdates(view, screening, state.global_params)
-            rows = keep.rows
-            screened = {r["device_id"]: f"{v.action}: {v.reason}"
-                        for r, v in zip(all_rows, screening.verdicts, strict=True) if v.action != "keep"}
-        n = len(rows)
-        if n == 0:
-            new_state = ServerState(round_id=state.round_id + 1,
-                                    global_params=state.global_params, tensors=state.tensors,
-                                    scalars=state.scalars, clients=state.clients)
-        else:
-            # C = |A| / M: the share of the registry whose update is aggregated.
-            rate = min(1.0, n / max(1, len(self.registry())))
-            new_state = self.strategy.aggregate(state, keep, rate)
-        self.store.close_round(round_id, new_state)
-        self.store.flush_rejections()  # the round's refusals on disk with the round
-        self._report_throttled()
-        t_aggregated = time.monotonic()
-        self.store.prune_update_files(round_id - self.cfg.keep_update_rounds + 1)
-        reported = {r["device_id"]: {"sigma_m_sq": r["sigma_m_sq"], "local_steps": r["local_steps"],
-                                     "num_samples": r["num_samples"]} for r in rows}
-        report = RoundReport(round_id, sampled, reported, float(new_state.scalars.get("sigma0_sq", 0.0)),
-                             time.monotonic() - t0, closed_by,
-                             {"open": t_open - t0, "collect": t_closed - t_open,
-                              "aggregate": t_aggregated - t_closed}, declined, screened)
-        self.reports.append(report)
-        missing = [d for d in sampled if d not in reported and d not in declined and d not in screened]
-        details = ", ".join(f"{d}: {int(v['local_steps'])} steps, sigma_m^2={v['sigma_m_sq']:.4g}"
+        return sampled, deadline
+
+    def _aggregate_round(self, state: ServerState, round_id: int,
+                         view: UpdateView) -> tuple[ServerState, list[dict], dict[str, str]]:
+        """Screen the round's updates and aggregate those kept: the new state, the rows of
+        the updates kept, and the clipped or refused devices with why."""
+        if not len(view):
+            return self.strategy.skip_round(state), [], {}
+        all_rows, screening = self._screen(round_id, view, state.global_params)
+        keep = ScreenedUpdates(view, screening, state.global_params,
+                               self.strategy.screened_variance)
+        screened = {r["device_id"]: f"{v.action}: {v.reason}"
+                    for r, v in zip(all_rows, screening.verdicts, strict=True) if v.action != "keep"}
+        if not keep.rows:
+            return self.strategy.skip_round(state), [], screened
+        rate = self.strategy.activity_share(len(keep.rows), len(self.registry()))
+        return self.strategy.aggregate(state, keep, rate), keep.rows, screened
+
+    def _report_round(self, report: RoundReport) -> None:
+        reported, declined, screened = report.reported, report.declined, report.screened
+        missing = [d for d in report.sampled
+                   if d not in reported and d not in declined and d not in screened]
+        details = ", ".join(f"{d}: {self.strategy.describe_result(v)}"
                             for d, v in sorted(reported.items()))
-        self.progress(f"round {round_id}/{self.cfg.rounds}: closed by {closed_by} with {n}/"
-                      f"{len(sampled)} updates in {report.wall_s:.2f} s; sigma0^2="
-                      f"{report.sigma0_sq:.4g}; {details}"
+        summary = f"{report.state_summary}; " if report.state_summary else ""
+        self.progress(f"round {report.round_id}/{self.cfg.rounds}: closed by {report.closed_by} "
+                      f"with {len(reported)}/{len(report.sampled)} updates in "
+                      f"{report.wall_s:.2f} s; {summary}{details}"
                       + (f"; declined: {', '.join(sorted(declined))}" if declined else "")
                       + (f"; screened: {screened}" if screened else "")
                       + (f"; no answer from {', '.join(missing)}" if missing else "")
                       + (f"; rejected so far {dict(self.rejections)}" if self.rejections else ""))
-        return new_state
 
     def _reopen_interrupted_round(self, state: ServerState) -> None:
         """Reopen the round a killed server left open BEFORE subscribing: the broker hands
@@ -654,11 +672,13 @@ class AggregationServer:
 class ScreenedUpdates:
     """A round's recorded updates after screening, as the strategy's lazy update view:
     refused updates left out, clipped ones scaled back towards the global model, every
-    sigma_m^2 raised to the round's floor. Re-iterable, one update in memory at a time."""
+    reported variance (the strategy's `screened_variance`) raised to the round's floor. Re-iterable, one update in memory at a time."""
 
-    def __init__(self, view: UpdateView, screening: Screening, global_params: Tensor) -> None:
+    def __init__(self, view: UpdateView, screening: Screening, global_params: Tensor,
+                 variance: str | None = None) -> None:
         self._view = view
         self._global = global_params
+        self._variance = variance  # the record entry raised to the round's floor
         pairs = list(zip(view.rows, screening.verdicts, strict=True))
         self._verdicts = {r["device_id"]: v for r, v in pairs}
         self.rows = [r for r, v in pairs if v.action != "refuse"]
@@ -672,7 +692,8 @@ class ScreenedUpdates:
             if v.action == "refuse":
                 continue
             scalars = dict(res.scalars)
-            scalars["sigma_sq"] = v.sigma_sq
+            if self._variance is not None:
+                scalars[self._variance] = v.sigma_sq
             yield ClientResult(client_id=res.client_id, round_id=res.round_id,
                                params=apply_scale(res.params, self._global, v.scale),
                                num_samples=res.num_samples, scalars=scalars, tensors=res.tensors,

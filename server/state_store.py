@@ -40,7 +40,7 @@ from safetensors.torch import save as st_save
 
 from wakefl.errors import ConfigError
 from wakefl.sdk.atomic_files import write_atomic
-from wakefl.sdk.messages import DEFAULT_MAX_BYTES, MAGIC, Uplink
+from wakefl.sdk.messages import DEFAULT_MAX_BYTES, MAGIC, PROTOCOL_VERSION, Uplink
 from wakefl.sdk.selffl.strategy import ClientResult, ServerState
 
 log = logging.getLogger("wakefl.server.store")
@@ -54,6 +54,12 @@ MAX_LOG_ROWS_PER_FLUSH = 1000
 # device ids than this (only possible for unregistered ones) is counted by reason only.
 MAX_DEVICES_PER_FLUSH = 4096
 
+# Format 2 (protocol v3): the strategy's uplink record is stored as JSON (`updates.record`,
+# `clients.record`) instead of Self-FL's columns (sigma_m_sq, local_steps). A format 1
+# store (written before protocol v3) is refused, not migrated: its recorded update files
+# are v2 frames the server no longer reads (docs/PROTOCOL.md).
+STORE_FORMAT = 2
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS rounds (
@@ -64,13 +70,13 @@ CREATE TABLE IF NOT EXISTS devices (
     device_id TEXT PRIMARY KEY, device_type TEXT NOT NULL, source TEXT NOT NULL,
     online INTEGER NOT NULL DEFAULT 0, last_seen REAL);
 CREATE TABLE IF NOT EXISTS clients (
-    device_id TEXT PRIMARY KEY, sigma_m_sq REAL, num_samples INTEGER, local_steps INTEGER,
+    device_id TEXT PRIMARY KEY, num_samples INTEGER, record TEXT,
     rounds_reported INTEGER NOT NULL DEFAULT 0, last_round INTEGER,
     relative_fa REAL, relative_fr REAL, rejected INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS updates (
     round_id INTEGER NOT NULL, device_id TEXT NOT NULL, device_type TEXT NOT NULL,
-    path TEXT NOT NULL, nbytes INTEGER NOT NULL, sigma_m_sq REAL NOT NULL,
-    num_samples INTEGER NOT NULL, local_steps INTEGER NOT NULL, received_at REAL NOT NULL,
+    path TEXT NOT NULL, nbytes INTEGER NOT NULL, num_samples INTEGER NOT NULL,
+    record TEXT NOT NULL, received_at REAL NOT NULL,
     PRIMARY KEY (round_id, device_id));
 CREATE TABLE IF NOT EXISTS rejections (reason TEXT PRIMARY KEY, count INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS rejection_log (
@@ -129,7 +135,7 @@ def read_recorded_update(path: Path, expected_numel: int | None = None) -> Uplin
                 t = torch.empty(entry["shape"], dtype=_FILE_DTYPES[entry["dtype"]])
                 start, end = entry["data_offsets"]
                 f.seek(data_start + start)
-                if f.readinto(memoryview(t.numpy()).cast("B")) != end - start:
+                if f.readinto(t.numpy().data.cast("B")) != end - start:
                     raise ValueError(f"tensor {name!r} is truncated")
                 tensors[name] = t
         params = tensors.pop("params").float()
@@ -138,10 +144,10 @@ def read_recorded_update(path: Path, expected_numel: int | None = None) -> Uplin
         return Uplink(
             fleet=meta["fleet"], run_id=meta["run_id"], device_id=meta["device_id"],
             device_type=meta["device_type"], round_id=int(meta["round_id"]), params=params,
-            sigma_m_sq=float(meta["sigma_m_sq"]), num_samples=int(meta["num_samples"]),
-            local_steps=int(meta["local_steps"]), relative_fa=meta.get("relative_fa"),
+            num_samples=int(meta["num_samples"]),
+            record={k: float(v) for k, v in meta.get("record", {}).items()},
+            relative_fa=meta.get("relative_fa"),
             relative_fr=meta.get("relative_fr"),
-            scalars={k: float(v) for k, v in meta.get("scalars", {}).items()},
             tensors={k[2:]: v.float() for k, v in tensors.items()}, version=int(meta["v"]))
     except (OSError, ValueError, KeyError, TypeError) as exc:  # JSONDecodeError is a ValueError
         raise ConfigError(f"recorded update {path} is unreadable: {exc}") from exc
@@ -174,9 +180,7 @@ class UpdateView:
     def __iter__(self) -> Iterator[ClientResult]:
         for row in self.rows:
             msg = read_recorded_update(self._root / row["path"], self._expected)
-            scalars = dict(msg.scalars)
-            scalars["sigma_sq"] = msg.sigma_m_sq
-            scalars["local_steps"] = float(msg.local_steps)
+            scalars = dict(msg.record)
             yield ClientResult(client_id=msg.device_id, round_id=msg.round_id, params=msg.params,
                                num_samples=msg.num_samples, scalars=scalars, tensors=msg.tensors,
                                group=msg.device_type)
@@ -197,7 +201,10 @@ class StateStore:
             self._db.row_factory = sqlite3.Row
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
+            self._check_format()
             self._db.executescript(_SCHEMA)
+            self._db.execute("INSERT OR IGNORE INTO meta VALUES ('store_format', ?)",
+                             (json.dumps(STORE_FORMAT),))
         except sqlite3.DatabaseError as exc:
             raise ConfigError(f"server state {self.root} is not usable: {exc}") from exc
         self.transactions = 0  # write transactions committed (one fsync each)
@@ -208,6 +215,21 @@ class StateStore:
         self._has_pending = threading.Event()
         self._stop_flush = threading.Event()
         self._flusher: threading.Thread | None = None
+
+    def _check_format(self) -> None:
+        """Refuse a store of another format (ConfigError) before anything is written."""
+        tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "meta" not in tables:
+            return  # a new store
+        row = self._db.execute("SELECT value FROM meta WHERE key='store_format'").fetchone()
+        found = json.loads(row[0]) if row is not None else 1
+        if found != STORE_FORMAT:
+            self._db.close()
+            raise ConfigError(
+                f"server state {self.root} is in store format {found} (written before wire "
+                f"protocol v{PROTOCOL_VERSION}); this server reads format {STORE_FORMAT}. Finish "
+                "that run with the release that started it, or start this one in a new --state "
+                "folder")
 
     def close(self) -> None:
         self._stop_flush.set()
@@ -342,18 +364,19 @@ class StateStore:
 
     @staticmethod
     def _insert_update(db: sqlite3.Connection, msg: Uplink, rel: str, nbytes: int) -> None:
+        record = json.dumps(msg.record, sort_keys=True)
         db.execute(
-            "INSERT INTO updates VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (msg.round_id, msg.device_id, msg.device_type, rel, nbytes, msg.sigma_m_sq,
-             msg.num_samples, msg.local_steps, time.time()))
+            "INSERT INTO updates VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (msg.round_id, msg.device_id, msg.device_type, rel, nbytes, msg.num_samples,
+             record, time.time()))
         db.execute(
-            "INSERT INTO clients (device_id, sigma_m_sq, num_samples, local_steps,"
-            " rounds_reported, last_round, relative_fa, relative_fr) VALUES (?,?,?,?,1,?,?,?)"
-            " ON CONFLICT(device_id) DO UPDATE SET sigma_m_sq=excluded.sigma_m_sq,"
-            " num_samples=excluded.num_samples, local_steps=excluded.local_steps,"
+            "INSERT INTO clients (device_id, num_samples, record,"
+            " rounds_reported, last_round, relative_fa, relative_fr) VALUES (?,?,?,1,?,?,?)"
+            " ON CONFLICT(device_id) DO UPDATE SET num_samples=excluded.num_samples,"
+            " record=excluded.record,"
             " rounds_reported=rounds_reported+1, last_round=excluded.last_round,"
             " relative_fa=excluded.relative_fa, relative_fr=excluded.relative_fr",
-            (msg.device_id, msg.sigma_m_sq, msg.num_samples, msg.local_steps, msg.round_id,
+            (msg.device_id, msg.num_samples, record, msg.round_id,
              msg.relative_fa, msg.relative_fr))
 
     def record_decline(self, round_id: int, device_id: str, reason: str) -> bool:
@@ -471,7 +494,7 @@ class _PendingRejections:
         else:
             self.unlogged[reason] = self.unlogged.get(reason, 0) + 1
 
-    def summary_rows(self) -> list[tuple[float, str, None, None, str]]:
+    def summary_rows(self) -> list[tuple[float, str, str | None, int | None, str]]:
         now = time.time()
         return [(now, reason, None, None, f"{n} more rejection(s) of this reason in this batch, "
                  "counted but not logged one by one") for reason, n in self.unlogged.items()]

@@ -76,7 +76,7 @@ class FakeServer:
                  deadline_s: float = 60.0, run_id: str = "run1", args: dict | None = None) -> None:
         msg = messages.Downlink(
             fleet=self.fleet, run_id=run_id, round_id=round_id, global_params=self.initial,
-            model_config=CFG.to_dict(), sigma0_sq=0.0,
+            model_config=CFG.to_dict(),
             instructions={d: {"sigma0_sq": 0.0, "others_precision": 0.0} for d in sampled},
             hyperparameters={"strategy": "selffl", "strategy_args": args or ARGS, "ack_timeout_s": 1.0,
                              "wire_dtype": "fp32"},
@@ -134,7 +134,7 @@ def test_round_trip_resend_and_run_end(tmp_path, broker):
         up = server.next_uplink()
         assert (up.device_id, up.device_type, up.round_id, up.run_id) == ("dev1", "A", 1, "run1")
         assert up.params.numel() == server.initial.numel()
-        assert up.local_steps == ARGS["warmup_steps"]  # t_m < 2: warm-up steps
+        assert up.record["local_steps"] == ARGS["warmup_steps"]  # t_m < 2: warm-up steps
         assert not torch.equal(up.params, server.initial)  # it trained
         assert up.num_samples == 8 and up.relative_fr is not None and up.relative_fa is not None
         # No ack: the same update comes again after the ack timeout.

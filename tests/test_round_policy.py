@@ -37,7 +37,7 @@ def _state(run_id: str = "run1", *, finished: bool = False, last_round: int = 0,
 def _down(round_id: int, sampled: tuple[str, ...] = (ME,), *, run_id: str = "run1",
           final: bool = False, fleet: str = "f", deadline: float = NOW + 60) -> messages.Downlink:
     return messages.Downlink(fleet=fleet, run_id=run_id, round_id=round_id,
-                             global_params=torch.zeros(3), model_config={}, sigma0_sq=0.0,
+                             global_params=torch.zeros(3), model_config={},
                              instructions={d: {} for d in sampled}, hyperparameters={},
                              deadline=deadline, final=final)
 

@@ -86,9 +86,9 @@ class SimDevice:
         idx = zlib.crc32(self.dev.encode()) % 5
         params = down.global_params + 0.3 * (idx - 2) + 0.05 * torch.randn(D, generator=g)
         sigma = 0.1 + 0.05 * idx
-        return M.Uplink(FLEET, down.run_id, self.dev, self.typ, down.round_id, params, sigma,
-                        num_samples=10 + idx, local_steps=5 + idx,
-                        scalars={"has_variance": 1.0, "sigma_sq": sigma})
+        return M.Uplink(FLEET, down.run_id, self.dev, self.typ, down.round_id, params,
+                        num_samples=10 + idx,
+                        record={"has_variance": 1.0, "sigma_sq": sigma, "local_steps": 5 + idx})
 
     def _work(self):
         last_sent = 0.0
@@ -159,9 +159,8 @@ def _expected(devices: list[SimDevice], rounds: int, registry_size: int, cluster
         results = []
         for dev in order[r]:
             up = by_id[dev].sent[r]
-            results.append(ClientResult(dev, r, up.params, up.num_samples,
-                                        {**up.scalars, "sigma_sq": up.sigma_m_sq,
-                                         "local_steps": float(up.local_steps)}, {}, up.device_type))
+            results.append(ClientResult(dev, r, up.params, up.num_samples, dict(up.record), {},
+                                        up.device_type))
         state = strat.aggregate(state, results, len(results) / registry_size)
     return state.global_params
 
@@ -212,8 +211,8 @@ def test_every_rejection_kind_counted_while_round_completes(mqtt_broker, tmp_pat
 
         def up(dev="evil", typ="speaker", **kw):
             fields = dict(fleet=FLEET, run_id=down.run_id, device_id=dev, device_type=typ,
-                          round_id=1, params=torch.ones(D), sigma_m_sq=0.1, num_samples=1,
-                          local_steps=1)
+                          round_id=1, params=torch.ones(D), num_samples=1,
+                          record={"sigma_sq": 0.1, "has_variance": 1.0, "local_steps": 1})
             fields.update(kw)
             return M.Uplink(**fields)
 
@@ -367,8 +366,8 @@ def test_recorded_update_reads_back_what_was_received(tmp_path, wire_dtype):
 
     g = torch.Generator().manual_seed(3)
     up = M.Uplink(fleet="f", run_id="r", device_id="d1", device_type="A", round_id=2,
-                  params=torch.randn(1000, generator=g), sigma_m_sq=0.25, num_samples=40,
-                  local_steps=7, relative_fa=0.9, relative_fr=1.0,
+                  params=torch.randn(1000, generator=g), num_samples=40,
+                  record={"sigma_sq": 0.25, "local_steps": 7}, relative_fa=0.9, relative_fr=1.0,
                   tensors={"converged": torch.randn(1000, generator=g)})
     frame = M.encode(up, wire_dtype=wire_dtype)
     path = tmp_path / "u.bin"
@@ -377,7 +376,8 @@ def test_recorded_update_reads_back_what_was_received(tmp_path, wire_dtype):
     full = M.decode_as(frame, M.Uplink)
     assert torch.equal(fast.params, full.params) and fast.params.dtype == torch.float32
     assert torch.equal(fast.tensors["converged"], full.tensors["converged"])
-    assert (fast.device_id, fast.round_id, fast.sigma_m_sq, fast.num_samples) == ("d1", 2, 0.25, 40)
+    assert (fast.device_id, fast.round_id, fast.record, fast.num_samples) == (
+        "d1", 2, {"sigma_sq": 0.25, "local_steps": 7}, 40)
     path.write_bytes(frame[: len(frame) // 2])  # truncated by a disk fault
     with pytest.raises(ConfigError):
         read_recorded_update(path, expected_numel=1000)
@@ -418,19 +418,21 @@ def _raw_uplink(down: M.Downlink, dev: str, typ: str, text_fields: str) -> bytes
 
     from safetensors.torch import save as st_save
 
-    meta = json.dumps({"v": M.PROTOCOL_VERSION, "kind": "up", "fleet": FLEET, "run_id": down.run_id,
-                       "device_id": dev, "device_type": typ, "round_id": down.round_id,
-                       "sigma_m_sq": 0.1, "local_steps": 1})[:-1] + "," + text_fields + "}"
+    meta = (json.dumps({"v": M.PROTOCOL_VERSION, "kind": "up", "fleet": FLEET,
+                        "run_id": down.run_id, "device_id": dev, "device_type": typ,
+                        "round_id": down.round_id,
+                        "record": {"sigma_sq": 0.1, "has_variance": 1, "local_steps": 1}})[:-1]
+            + "," + text_fields + "}")
     body = st_save({"params": torch.zeros(D)}, metadata={"wakefl": meta})
     return M.MAGIC + hashlib.sha256(body).digest() + body
 
 
 def test_store_write_rolls_back_so_later_updates_are_recorded(tmp_path):
     store = StateStore(tmp_path / "s")
-    bad = M.Uplink(FLEET, "r", "evil", "tv", 1, torch.zeros(4), 0.1, num_samples=2**63, local_steps=1)
+    bad = M.Uplink(FLEET, "r", "evil", "tv", 1, torch.zeros(4), num_samples=2**63)
     with pytest.raises(OverflowError):
         store.record_update(bad, b"x")
-    good = M.Uplink(FLEET, "r", "a", "tv", 1, torch.zeros(4), 0.1, num_samples=5, local_steps=1)
+    good = M.Uplink(FLEET, "r", "a", "tv", 1, torch.zeros(4), num_samples=5)
     assert store.record_update(good, b"y")
     store.count_rejection("malformed", "a", 1, "still writable")
     assert [r["device_id"] for r in store.update_rows(1)] == ["a"]
@@ -518,9 +520,9 @@ class _HostileDevice(SimDevice):
             params = torch.full((D,), self.fill) * torch.tensor([1.0, -1.0]).repeat(D // 2)
         else:
             params = down.global_params + self.scale * (honest.params - down.global_params)
-        return M.Uplink(FLEET, down.run_id, self.dev, self.typ, down.round_id, params, 0.0,
-                        num_samples=honest.num_samples, local_steps=honest.local_steps,
-                        scalars={"has_variance": 1.0, "sigma_sq": 0.0})
+        return M.Uplink(FLEET, down.run_id, self.dev, self.typ, down.round_id, params,
+                        num_samples=honest.num_samples,
+                        record={**honest.record, "has_variance": 1.0, "sigma_sq": 0.0})
 
 
 @pytest.mark.parametrize("attack", [{"fill": 3e38}, {"scale": 1e6}])
@@ -630,7 +632,7 @@ def _count_commits(store: StateStore) -> list[str]:
 
 def test_refusals_are_counted_in_memory_and_committed_in_batches(tmp_path):
     store = StateStore(tmp_path / "s")
-    store.record_update(M.Uplink(FLEET, "r", "evil", "tv", 1, torch.zeros(4), 0.1, 5, 1), b"y")
+    store.record_update(M.Uplink(FLEET, "r", "evil", "tv", 1, torch.zeros(4), 5), b"y")
     commits = _count_commits(store)
     for i in range(500):
         store.count_rejection("malformed", "evil", 1, f"garbage {i}")
@@ -692,7 +694,8 @@ def test_a_flood_of_refused_messages_neither_commits_nor_acks_per_message(mqtt_b
         n_commits = len(commits)
         t0 = time.monotonic()
         sent = [evil.c.publish(topics.uplink(FLEET, "evil"), M.encode(M.Uplink(
-            FLEET, down.run_id, "evil", "speaker", 1, torch.zeros(D), 0.1, i, 1)), qos=1)
+            FLEET, down.run_id, "evil", "speaker", 1, torch.zeros(D), i,
+            {"sigma_sq": 0.1, "has_variance": 1.0, "local_steps": 1})), qos=1)
             for i in range(n)]  # evil is registered but not sampled: each is refused
         sent[-1].wait_for_publish(30)  # the whole flood is with the broker ...
         a.hold.set()  # ... so a's update comes behind it in the server's queue
@@ -716,3 +719,31 @@ def test_a_flood_of_refused_messages_neither_commits_nor_acks_per_message(mqtt_b
         assert store.rejection_counts() == {"not_sampled": n}  # every one on disk after close
     finally:
         store.close()
+
+
+def test_a_state_folder_of_the_previous_store_format_is_refused_with_a_clear_message(tmp_path):
+    """Protocol v3 stores the uplink record as JSON; a folder written before (Self-FL's
+    sigma_m_sq / local_steps columns, v2 update files) is refused, never half read."""
+    import sqlite3
+
+    from wakefl.errors import ConfigError
+
+    folder = tmp_path / "old"
+    folder.mkdir()
+    db = sqlite3.connect(folder / "server.sqlite")
+    db.executescript(
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+        "INSERT INTO meta VALUES ('run_id', '\"abc\"');"
+        "CREATE TABLE updates (round_id INTEGER NOT NULL, device_id TEXT NOT NULL,"
+        " device_type TEXT NOT NULL, path TEXT NOT NULL, nbytes INTEGER NOT NULL,"
+        " sigma_m_sq REAL NOT NULL, num_samples INTEGER NOT NULL, local_steps INTEGER NOT NULL,"
+        " received_at REAL NOT NULL, PRIMARY KEY (round_id, device_id));")
+    db.commit()
+    db.close()
+    with pytest.raises(ConfigError, match="store format 1.*reads format 2.*new --state"):
+        StateStore(folder)
+    fresh = StateStore(tmp_path / "new")  # a new folder is created in the current format
+    fresh.close()
+    again = StateStore(tmp_path / "new")  # and opens again
+    assert again.get_meta("store_format") == 2
+    again.close()

@@ -40,6 +40,9 @@ from wakefl.sdk import messages as M
 from wakefl.sdk import topics
 from wakefl.sdk.mqtt_link import MqttLink
 
+# A Self-FL uplink record (what SelfFL.uplink_schema asks for).
+_RECORD = {"sigma_sq": 0.1, "has_variance": 1.0, "local_steps": 1.0}
+
 
 def full_model_params() -> tuple[torch.Tensor, dict]:
     from wakefl.models.kws_cnn import KwsCnn, ModelConfig, get_flat_params
@@ -73,8 +76,8 @@ def _device_process(url: str, fleet: str, dev: str, typ: str, run_id: str, round
     """One simulated device in its own process: its uplinks for every round are encoded
     before the run starts, so in a round it only reads the downlink's header (round id,
     sampled devices) and publishes, and the benchmark times the server and the broker."""
-    payloads = {r: M.encode(M.Uplink(fleet, run_id, dev, typ, r, params + 1e-3 * r, 0.1, 100, 1,
-                                     scalars={"has_variance": 1.0}), wire_dtype=wire_dtype)
+    payloads = {r: M.encode(M.Uplink(fleet, run_id, dev, typ, r, params + 1e-3 * r, 100, _RECORD),
+                            wire_dtype=wire_dtype)
                 for r in range(1, rounds + 1)}
     compute_s: dict[int, float] = {}
     done = threading.Event()
@@ -156,8 +159,8 @@ def bench_rounds(n_devices: int, rounds: int, params: torch.Tensor, model_cfg: d
         broker = ManagedBroker(Path(tmp) / "broker").start()
         procs = []
         try:
-            up_bytes = len(M.encode(M.Uplink("bench", "r", "dev000", "type0", 1, params, 0.1, 100, 1,
-                                             scalars={"has_variance": 1.0}), wire_dtype=wire_dtype))
+            up_bytes = len(M.encode(M.Uplink("bench", "r", "dev000", "type0", 1, params, 100,
+                                             _RECORD), wire_dtype=wire_dtype))
             rate = broker_throughput(broker.url, up_bytes)
             fleet = "bench"
             reg = {f"dev{i:03d}": f"type{i % 5}" for i in range(n_devices)}
@@ -269,8 +272,8 @@ def _agg_child(n: int, numel: int) -> None:
         store = StateStore(tmp)
         base = torch.randn(numel)
         for i in range(n):
-            up = M.Uplink("b", "r", f"d{i:04d}", f"t{i % 5}", 1, base + 0.01 * i, 0.1 + i * 1e-3, 10, 1,
-                          scalars={"has_variance": 1.0})
+            up = M.Uplink("b", "r", f"d{i:04d}", f"t{i % 5}", 1, base + 0.01 * i, 10,
+                          {**_RECORD, "sigma_sq": 0.1 + i * 1e-3})
             store.record_update(up, M.encode(up))
             del up
         strategy = make_strategy("selffl")
@@ -309,7 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     d = params.numel()
     print(f"full-size model: {d} parameters")
     for dt in ("fp32", "fp16"):
-        up = M.Uplink("f", "r", "dev", "t", 1, params, 0.1, 100, 10, 0.95, 1.0, {"has_variance": 1.0})
+        up = M.Uplink("f", "r", "dev", "t", 1, params, 100, {**_RECORD, "local_steps": 10.0},
+                      0.95, 1.0)
         print(f"bytes per update {dt}: {len(M.encode(up, wire_dtype=dt))}")
     print(f"per-round orchestration overhead ({args.wire_dtype} on the wire, no-op training; devices are separate processes "
           "publishing uplinks encoded before the run, so the figure is server + broker):")

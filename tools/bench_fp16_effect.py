@@ -26,8 +26,7 @@ def _wire_round_trip(params: Any) -> tuple[dict[str, int], dict[str, Any]]:
     sizes, decoded = {}, {}
     for wire in ("fp32", "fp16"):
         up = messages.Uplink(fleet="default", run_id="bench", device_id="d", device_type="A",
-                             round_id=1, params=params, sigma_m_sq=0.0, num_samples=1,
-                             local_steps=1)
+                             round_id=1, params=params, num_samples=1)
         payload = messages.encode(up, wire_dtype=wire)
         sizes[wire] = len(payload)
         decoded[wire] = messages.decode_as(payload, messages.Uplink).params

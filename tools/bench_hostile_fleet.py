@@ -112,7 +112,7 @@ class HonestDevice:
                 g = torch.Generator().manual_seed(hash((self.dev, down.round_id)) & 0xFFFF)
                 params = down.global_params + 1e-3 * torch.randn(down.global_params.numel(), generator=g)
                 payload = M.encode(M.Uplink(FLEET, down.run_id, self.dev, self.typ, down.round_id,
-                                            params, 0.1, 10, 1, scalars={"has_variance": 1.0}))
+                                            params, 10, dict(_RECORD)))
                 self.sent[down.round_id] = M.message_id(payload)
                 self.link.publish(topics.uplink(FLEET, self.dev), payload, timeout=30)
 
@@ -120,6 +120,10 @@ class HonestDevice:
         self.final.set()
         self._thread.join(5)
         self.link.close()
+
+
+# A Self-FL uplink record (what SelfFL.uplink_schema asks for).
+_RECORD = {"sigma_sq": 0.1, "has_variance": 1.0, "local_steps": 1.0}
 
 
 def _frame(body: bytes) -> bytes:
@@ -137,8 +141,8 @@ def hostile_kinds(run_id: str, current_round: Callable[[], int],
 
     def up(i: int, **kw) -> bytes:
         fields = dict(fleet=FLEET, run_id=run_id, device_id="evil", device_type="t0",
-                      round_id=current_round(), params=zeros, sigma_m_sq=0.1, num_samples=1 + i % 7,
-                      local_steps=1)
+                      round_id=current_round(), params=zeros, num_samples=1 + i % 7,
+                      record=dict(_RECORD))
         fields.update(kw)
         return M.encode(M.Uplink(**fields))
 
@@ -146,7 +150,7 @@ def hostile_kinds(run_id: str, current_round: Callable[[], int],
         def make(i: int) -> bytes:
             meta = json.dumps({"v": M.PROTOCOL_VERSION, "kind": "up", "fleet": FLEET, "run_id": run_id,
                                "device_id": "evil", "device_type": "t0", "round_id": current_round(),
-                               "sigma_m_sq": 0.1, "local_steps": 1, "nonce": i})[:-1] + "," + extra + "}"
+                               "record": _RECORD, "nonce": i})[:-1] + "," + extra + "}"
             return _frame(st_save({"params": zeros}, metadata={"wakefl": meta}))
         return make
 
@@ -205,6 +209,31 @@ def _wait(pred: Callable[[], bool], timeout: float, step: float = 0.05) -> bool:
     return pred()
 
 
+class _PeakRss:
+    """Follows a process's peak resident memory (VmHWM) on a thread until `stop()`."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+        self.peak_kb = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set() and self.proc.poll() is None:
+            try:
+                for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                    if line.startswith("VmHWM:"):
+                        self.peak_kb = max(self.peak_kb, int(line.split()[1]))
+            except OSError:
+                pass
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
 def run_once(workdir: Path, n_devices: int, width: float, flood: int, rounds: int,
              deadline: float) -> dict:
     """One server run; with `flood` > 0 the flood runs from round 1 until it is sent and
@@ -220,67 +249,18 @@ def run_once(workdir: Path, n_devices: int, width: float, flood: int, rounds: in
            str(state), "--fleet", FLEET, "--devices", registry, "--min-clients", str(n_devices),
            "--rounds", "100000", "--round-timeout", "120", "--width", str(width), "-v"]
     devices: list[HonestDevice] = []
-    peak_kb = 0
     result: dict = {"sent": Counter(), "refused": {}, "reasons": {}}
     target = rounds
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
-    stop_poll = threading.Event()
-
-    def poll_rss() -> None:
-        nonlocal peak_kb
-        while not stop_poll.is_set() and proc.poll() is None:
-            try:
-                for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
-                    if line.startswith("VmHWM:"):
-                        peak_kb = max(peak_kb, int(line.split()[1]))
-            except OSError:
-                pass
-            time.sleep(0.1)
-
-    poller = threading.Thread(target=poll_rss, daemon=True)
-    poller.start()
+    rss = _PeakRss(proc)
     try:
         devices = [HonestDevice(broker.url, d, t) for d, t in honest.items()]
         if not _wait(lambda: any(dv.sent for dv in devices), 120):
             raise RuntimeError(f"round 1 never started; see {log_path}")
-        run_id = json.loads(
-            sqlite3.connect(f"file:{state / 'server.sqlite'}?mode=ro", uri=True)
-            .execute("SELECT value FROM meta WHERE key='run_id'").fetchone()[0])
-        db = state / "server.sqlite"
         if flood:
-            d = 190154 if abs(width - 0.25) < 1e-9 else None
-            if d is None:
-                from wakefl.models.kws_cnn import KwsCnn, ModelConfig, get_flat_params
-                d = get_flat_params(KwsCnn(ModelConfig(width=width))).numel()
-            kinds = hostile_kinds(run_id, lambda: max(max(dv.open_round for dv in devices), 1), d)
-            per_kind = -(-flood // len(kinds))
-            attacker = MqttLink(broker.url, "flood-attacker", clean_start=True).connect(20)
-            try:
-                for kind, (topic, make) in kinds.items():
-                    before = sum(_rejections(db).values())
-                    before_by = _rejections(db)
-                    for i in range(per_kind):
-                        if time.monotonic() > deadline:
-                            break
-                        if kind in PER_ROUND_KINDS and i % ROUND_BURST == 0:
-                            opened = max(dv.open_round for dv in devices)
-                            _wait(lambda o=opened: max(dv.open_round for dv in devices) > o, 30, 0.002)
-                        attacker.publish(topic, make(i), wait=False)
-                        result["sent"][kind] += 1
-                        if i % 200 == 199:  # keep the server's queue far below its limit
-                            _wait(lambda s=result["sent"][kind], b=before:
-                                  sum(_rejections(db).values()) - b >= s - 1000, 60, 0.1)
-                    _wait(lambda b=before, k=kind: sum(_rejections(db).values()) - b
-                          >= result["sent"][k], 120, 0.1)
-                    after = _rejections(db)
-                    result["refused"][kind] = sum(after.values()) - before
-                    result["reasons"][kind] = dict(after - before_by)
-            finally:
-                attacker.close()
+            _flood(broker.url, state / "server.sqlite", devices, width, flood, deadline, result)
             target = max(dv_round for dv_round in (max(dv.sent) for dv in devices)) + 1
-        else:
-            target = rounds
         _wait(lambda: all(target in dv.accepted for dv in devices), 300, 0.1)
         # the next round must close too, so the last accepted updates are aggregated
         _wait(lambda: _closed_rounds(log_path) >= target, 60, 0.1)
@@ -291,8 +271,7 @@ def run_once(workdir: Path, n_devices: int, width: float, flood: int, rounds: in
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-        stop_poll.set()
-        poller.join(5)
+        rss.stop()
         for dv in devices:
             dv.close()
         broker.stop()
@@ -305,8 +284,45 @@ def run_once(workdir: Path, n_devices: int, width: float, flood: int, rounds: in
         honest_sent=sum(sum(1 for r in dv.sent if r <= target) for dv in devices),
         honest_accepted=sum(sum(1 for r in dv.accepted if r <= target) for dv in devices),
         honest_refused=sum(len(dv.refused) for dv in devices),
-        round_times=times, peak_rss_mb=peak_kb / 1024, log=str(log_path))
+        round_times=times, peak_rss_mb=rss.peak_kb / 1024, log=str(log_path))
     return result
+
+
+def _flood(broker_url: str, db: Path, devices: list[HonestDevice], width: float, flood: int,
+           deadline: float, result: dict) -> None:
+    """Every hostile kind in turn, `flood` messages in all, each kind counted on the
+    server's side before the next begins; sent and refused counts go into `result`."""
+    run_id = json.loads(sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+                        .execute("SELECT value FROM meta WHERE key='run_id'").fetchone()[0])
+    d = 190154 if abs(width - 0.25) < 1e-9 else None
+    if d is None:
+        from wakefl.models.kws_cnn import KwsCnn, ModelConfig, get_flat_params
+        d = get_flat_params(KwsCnn(ModelConfig(width=width))).numel()
+    kinds = hostile_kinds(run_id, lambda: max(max(dv.open_round for dv in devices), 1), d)
+    per_kind = -(-flood // len(kinds))
+    attacker = MqttLink(broker_url, "flood-attacker", clean_start=True).connect(20)
+    try:
+        for kind, (topic, make) in kinds.items():
+            before = sum(_rejections(db).values())
+            before_by = _rejections(db)
+            for i in range(per_kind):
+                if time.monotonic() > deadline:
+                    break
+                if kind in PER_ROUND_KINDS and i % ROUND_BURST == 0:
+                    opened = max(dv.open_round for dv in devices)
+                    _wait(lambda o=opened: max(dv.open_round for dv in devices) > o, 30, 0.002)
+                attacker.publish(topic, make(i), wait=False)
+                result["sent"][kind] += 1
+                if i % 200 == 199:  # keep the server's queue far below its limit
+                    _wait(lambda s=result["sent"][kind], b=before:
+                          sum(_rejections(db).values()) - b >= s - 1000, 60, 0.1)
+            _wait(lambda b=before, k=kind: sum(_rejections(db).values()) - b
+                  >= result["sent"][k], 120, 0.1)
+            after = _rejections(db)
+            result["refused"][kind] = sum(after.values()) - before
+            result["reasons"][kind] = dict(after - before_by)
+    finally:
+        attacker.close()
 
 
 def _closed_rounds(log_path: Path) -> int:
