@@ -372,27 +372,10 @@ def forward_train(model: Any, wave: Any, generator: Any, masks: bool) -> Any:
     return model.head(x)
 
 
-def pretrain(manifest: Path, out: Path, s: PretrainSettings, resume: bool = False,
-             init_from: Path | None = None, max_minutes: float | None = None,
-             progress: bool = True, max_steps: int | None = None) -> dict[str, Any]:
-    """Train (or resume) into `out`; returns the final state info. Stops at `s.samples` or
-    after `max_minutes` or `max_steps` in this call (checkpointing first). `init_from` starts a
-    new run from saved weights (a shipped model: its optimizer state is not shipped)."""
-    import torch
-    import torch.nn.functional as F
-    from tqdm import tqdm
-
-    from wakefl.models.kws_cnn import KwsCnn, ModelConfig
-    from wakefl.sdk.atomic_files import write_atomic
-
-    torch.set_num_threads(max(1, s.threads))
-    out.mkdir(parents=True, exist_ok=True)
-    if not resume and (out / STATE_INFO).exists():
-        raise ConfigError(f"{out} already holds a pretraining run; pass --resume to continue it "
-                          "or choose a new --out")
-    torch.manual_seed(s.seed)
-    model = KwsCnn(ModelConfig(width=s.width)).to(s.device)
-    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
+def _start_info(out: Path, s: PretrainSettings, manifest: Path, model: Any, opt: Any,
+                resume: bool, init_from: Path | None) -> dict[str, Any]:
+    """The run's state info: a new run (from `init_from`'s weights when given) or the saved
+    one (model and optimizer restored) when resuming."""
     info: dict[str, Any] = {"settings": asdict(s), "step": 0, "best": None, "seconds": 0.0,
                             "manifest": str(manifest)}
     if init_from is not None and not (resume and (out / STATE_INFO).exists()):
@@ -411,6 +394,63 @@ def pretrain(manifest: Path, out: Path, s: PretrainSettings, resume: bool = Fals
         _settings_match(saved, s)
         info = load_state(out, model, opt)
         info["settings"] = asdict(s)
+    return info
+
+
+def _train_step(model: Any, opt: Any, x: Any, y: Any, step: int, gen: Any,
+                s: PretrainSettings) -> float:
+    """One optimizer step at the schedule's learning rate; returns the batch loss."""
+    import torch
+    import torch.nn.functional as F
+
+    for g in opt.param_groups:
+        g["lr"] = lr_at(step, s)
+    gen.manual_seed(s.seed * 1_000_003 + step)  # the masks of step k depend on k alone
+    loss = F.cross_entropy(forward_train(model, x.to(s.device), gen, s.spec_masks), y.to(s.device))
+    if not torch.isfinite(loss):
+        raise ConfigError(f"the training loss became {loss.item()} at step {step}; lower --lr")
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
+def _validate_and_record(out: Path, model: Any, data: Any, s: PretrainSettings,
+                         info: dict[str, Any], step: int, running: float) -> dict[str, Any]:
+    """Validate after `step`, append the record to the history, keep the best model."""
+    metrics = validate(model, data, s)
+    record = {"step": step + 1, "samples": (step + 1) * s.batch_size, "loss": running,
+              "lr": lr_at(step, s), "seconds": info["seconds"], **metrics}
+    with (out / HISTORY).open("a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+    if better(metrics, info["best"]):
+        info["best"] = record
+        save_best(out, model, metrics, {"step": step + 1, "samples": record["samples"],
+                                       "phrase": s.phrase, "width": s.width})
+    return metrics
+
+
+def pretrain(manifest: Path, out: Path, s: PretrainSettings, resume: bool = False,
+             init_from: Path | None = None, max_minutes: float | None = None,
+             progress: bool = True, max_steps: int | None = None) -> dict[str, Any]:
+    """Train (or resume) into `out`; returns the final state info. Stops at `s.samples` or
+    after `max_minutes` or `max_steps` in this call (checkpointing first). `init_from` starts a
+    new run from saved weights (a shipped model: its optimizer state is not shipped)."""
+    import torch
+    from tqdm import tqdm
+
+    from wakefl.models.kws_cnn import KwsCnn, ModelConfig
+    from wakefl.sdk.atomic_files import write_atomic
+
+    torch.set_num_threads(max(1, s.threads))
+    out.mkdir(parents=True, exist_ok=True)
+    if not resume and (out / STATE_INFO).exists():
+        raise ConfigError(f"{out} already holds a pretraining run; pass --resume to continue it "
+                          "or choose a new --out")
+    torch.manual_seed(s.seed)
+    model = KwsCnn(ModelConfig(width=s.width)).to(s.device)
+    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
+    info = _start_info(out, s, manifest, model, opt, resume, init_from)
     data = load_pretrain_data(manifest, model.cfg.window_samples, s.val_stream_seconds, progress, s.seed)
     start_step = int(info["step"])
     gen = torch.Generator()
@@ -422,16 +462,8 @@ def pretrain(manifest: Path, out: Path, s: PretrainSettings, resume: bool = Fals
     step = start_step
     model.train()
     for step, (x, y) in enumerate(batch_stream(data, start_step, s), start=start_step):
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, s)
-        gen.manual_seed(s.seed * 1_000_003 + step)  # the masks of step k depend on k alone
-        loss = F.cross_entropy(forward_train(model, x.to(s.device), gen, s.spec_masks), y.to(s.device))
-        if not torch.isfinite(loss):
-            raise ConfigError(f"the training loss became {loss.item()} at step {step}; lower --lr")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        running = loss.item() if running is None else 0.98 * running + 0.02 * loss.item()
+        loss = _train_step(model, opt, x, y, step, gen, s)
+        running = loss if running is None else 0.98 * running + 0.02 * loss
         info["step"] = step + 1
         info["seconds"] = seconds0 + time.monotonic() - t0
         bar.update(1)
@@ -439,15 +471,7 @@ def pretrain(manifest: Path, out: Path, s: PretrainSettings, resume: bool = Fals
         out_of_time = ((max_minutes is not None and time.monotonic() - t0 > max_minutes * 60)
                        or (max_steps is not None and step + 1 - start_step >= max_steps))
         if (step + 1) % s.eval_every_steps == 0 or done or out_of_time:
-            metrics = validate(model, data, s)
-            record = {"step": step + 1, "samples": (step + 1) * s.batch_size, "loss": running,
-                      "lr": lr_at(step, s), "seconds": info["seconds"], **metrics}
-            with (out / HISTORY).open("a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
-            if better(metrics, info["best"]):
-                info["best"] = record
-                save_best(out, model, metrics, {"step": step + 1, "samples": record["samples"],
-                                               "phrase": s.phrase, "width": s.width})
+            metrics = _validate_and_record(out, model, data, s, info, step, running)
             bar.set_postfix(loss=f"{running:.3f}", frr=f"{metrics['frr']:.3f}",
                             best=f"{info['best']['frr']:.3f}")
         if done or out_of_time or time.monotonic() - last_ckpt > s.checkpoint_minutes * 60:

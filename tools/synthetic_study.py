@@ -21,7 +21,9 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -115,6 +117,39 @@ def errors(strategy: Strategy, fleet: Fleet, rate: float, rounds: int, seed: int
     return g_err, sum(local) / len(local)
 
 
+def _build_at(name: str, factory: Callable[..., Strategy],
+              selffl_overrides: dict[str, object] | None, step: float) -> Strategy:
+    return build(name, factory, step, selffl_overrides)
+
+
+def _tune_step(make: Callable[[float], Strategy], fleet: Fleet, rounds: int, seed: int,
+               bar: Any) -> float:
+    """The step factor (of the fleet's smallest sigma_m^2) with the lowest local error at
+    C = 1 on the tuning fleet."""
+    best: tuple[float, float] | None = None
+    for f in STEP_FACTORS:
+        _, loc = errors(make(f * fleet.min_sigma_sq), fleet, 1.0, rounds, seed)
+        if best is None or loc < best[0]:
+            best = (loc, f)
+        bar.update()
+    assert best is not None
+    return best[1]
+
+
+def _result_row(case: str, rate: float, name: str, g_errs: list[float],
+                l_errs: list[float]) -> dict[str, object]:
+    return {
+        "case": case,
+        "activity_rate": rate,
+        "method": name,
+        "global_mae": _finite_or_none(_mean(g_errs)),
+        "global_sd": _finite_or_none(_sd(g_errs)),
+        "local_mae": _finite_or_none(_mean(l_errs)),
+        "local_sd": _finite_or_none(_sd(l_errs)),
+        "diverged_runs": sum(not math.isfinite(x) for x in g_errs + l_errs),
+    }
+
+
 def run_study(
     reps: int = 3,
     seed: int = 0,
@@ -145,36 +180,17 @@ def run_study(
         tuned[case] = {}
         for name in names:
             started = time.perf_counter()
-            best = None
-            for f in STEP_FACTORS:
-                step = f * tune_fleet.min_sigma_sq
-                _, loc = errors(build(name, factories[name], step, selffl_overrides), tune_fleet, 1.0,
-                                rounds, seed)
-                if best is None or loc < best[0]:
-                    best = (loc, f)
-                bar.update()
-            factor = best[1]  # type: ignore[index]
+            make = partial(_build_at, name, factories[name], selffl_overrides)
+            factor = _tune_step(make, tune_fleet, rounds, seed, bar)
             tuned[case][name] = factor
             for rate in rates:
                 g_errs, l_errs = [], []
                 for r, fleet in enumerate(fleets):
-                    strat = build(name, factories[name], factor * fleet.min_sigma_sq, selffl_overrides)
-                    g, loc = errors(strat, fleet, rate, rounds, seed + r)
+                    g, loc = errors(make(factor * fleet.min_sigma_sq), fleet, rate, rounds, seed + r)
                     g_errs.append(g)
                     l_errs.append(loc)
                     bar.update()
-                rows.append(
-                    {
-                        "case": case,
-                        "activity_rate": rate,
-                        "method": name,
-                        "global_mae": _finite_or_none(_mean(g_errs)),
-                        "global_sd": _finite_or_none(_sd(g_errs)),
-                        "local_mae": _finite_or_none(_mean(l_errs)),
-                        "local_sd": _finite_or_none(_sd(l_errs)),
-                        "diverged_runs": sum(not math.isfinite(x) for x in g_errs + l_errs),
-                    }
-                )
+                rows.append(_result_row(case, rate, name, g_errs, l_errs))
             seconds.setdefault(name, 0.0)
             seconds[name] += time.perf_counter() - started
     bar.close()
