@@ -45,7 +45,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -187,13 +187,73 @@ def decide_served_model(
     to the served model's). `units` gives each clip's bootstrap unit (its speaker); None
     makes each clip its own unit. Deterministic for a `seed`.
     """
+    _check_gate_settings(n_boot, level, target_fr)
+    lab = np.asarray(labels).reshape(-1)
+    served, cands, base, grp = _gate_inputs(lab, served_scores, candidates, baseline_scores,
+                                            units, served_name)
+    pos, neg = lab == 1, lab == 0
+    common: dict[str, Any] = {
+        "served_name": served_name, "target_fr": float(target_fr), "level": float(level),
+        "n_boot": n_boot, "seed": int(seed), "n_positive": int(pos.sum()),
+        "n_negative": int(neg.sum()), "n_units": int(np.unique(grp).size)}
+    nothing_to_compare = _nothing_to_compare(lab, pos, neg, bool(cands))
+    if nothing_to_compare:
+        return GateDecision(serve=served_name, switched=False, reason=nothing_to_compare, **common)
+    references = {served_name: served}
+    if base is not None and not np.array_equal(base, served):
+        references["baseline"] = base
+    pairs = [(c, r) for c in cands for r in references]
+    draws = list(_unit_draws(np.random.default_rng(seed), grp, pos, neg, n_boot))
+    comparisons = [_compare(cname, cands[cname], rname, references[rname], pos, neg,
+                            float(target_fr), draws, float(level)) for cname, rname in pairs]
+    admissible = _admissible(cands, comparisons, served_name)
+    if not admissible:
+        return GateDecision(serve=served_name, switched=False,
+                            reason="the served model is kept: "
+                                   + "; ".join(_keep_reasons(comparisons, served_name)),
+                            comparisons=tuple(comparisons), admissible=(), **common)
+    point = {c.candidate: c.relative_fa for c in comparisons if c.reference == served_name}
+    best = min(admissible, key=lambda n: (point[n], admissible.index(n)))
+    c = next(x for x in comparisons if x.candidate == best and x.reference == served_name)
+    return GateDecision(
+        serve=best, switched=True,
+        reason=(f"{best} is served: relative FA {_fmt(c.relative_fa)} (interval "
+                f"{_fmt_ci(c.relative_fa_ci)}) and relative FR {_fmt(c.relative_fr)} against "
+                f"{served_name}, not worse beyond the noise"
+                + (" nor against the baseline" if "baseline" in references else "")),
+        comparisons=tuple(comparisons), admissible=tuple(admissible), **common)
+
+
+def _nothing_to_compare(lab: np.ndarray, pos: np.ndarray, neg: np.ndarray,
+                        any_candidate: bool) -> str:
+    """Why the served model is kept without any comparison ("" when there is something
+    to compare)."""
+    if lab.size == 0:
+        return KEEP_REASON_NO_CLIPS
+    if not pos.any() or not neg.any():
+        missing = "wake-word" if not pos.any() else "other (non-wake-word)"
+        return f"no {missing} clips in the local validation set: the served model is kept"
+    if not any_candidate:
+        return "no candidate model: the served model is kept"
+    return ""
+
+
+def _check_gate_settings(n_boot: Any, level: Any, target_fr: Any) -> None:
     if not isinstance(n_boot, int) or isinstance(n_boot, bool) or n_boot < 1:
         raise ValueError(f"n_boot must be an integer >= 1, got {n_boot!r}")
     if not (isinstance(level, int | float) and 0.0 < level < 1.0):
         raise ValueError(f"level must be in (0, 1), got {level!r}")
     if not (isinstance(target_fr, int | float) and math.isfinite(target_fr) and 0.0 <= target_fr < 1.0):
         raise ValueError(f"target_fr must be a number in [0, 1), got {target_fr!r}")
-    lab = np.asarray(labels).reshape(-1)
+
+
+def _gate_inputs(
+    lab: np.ndarray, served_scores: ArrayLike, candidates: Mapping[str, ArrayLike],
+    baseline_scores: ArrayLike | None, units: Sequence[str] | np.ndarray | None,
+    served_name: str,
+) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | None, np.ndarray]:
+    """The served, candidate and baseline scores and each clip's unit, checked against
+    the labels (same length, 0/1 labels, unique candidate names)."""
     served = _scores(served_scores, served_name, lab.size)
     cands = {}
     for name, scores in candidates.items():
@@ -207,61 +267,36 @@ def decide_served_model(
            else np.asarray(units, dtype=str).reshape(-1))
     if grp.size != lab.size:
         raise ValueError(f"{grp.size} units for {lab.size} clips")
-    pos, neg = lab == 1, lab == 0
-    common = {"served_name": served_name, "target_fr": float(target_fr), "level": float(level),
-              "n_boot": n_boot, "seed": int(seed), "n_positive": int(pos.sum()),
-              "n_negative": int(neg.sum()), "n_units": int(np.unique(grp).size)}
-    if lab.size == 0:
-        return GateDecision(serve=served_name, switched=False, reason=KEEP_REASON_NO_CLIPS, **common)
-    if not pos.any() or not neg.any():
-        missing = "wake-word" if not pos.any() else "other (non-wake-word)"
-        return GateDecision(serve=served_name, switched=False,
-                            reason=f"no {missing} clips in the local validation set: the served "
-                                   "model is kept", **common)
-    if not cands:
-        return GateDecision(serve=served_name, switched=False,
-                            reason="no candidate model: the served model is kept", **common)
+    return served, cands, base, grp
 
-    references = {served_name: served}
-    if base is not None and not np.array_equal(base, served):
-        references["baseline"] = base
-    pairs = [(c, r) for c in cands for r in references]
-    draws = list(_unit_draws(np.random.default_rng(seed), grp, pos, neg, n_boot))
-    comparisons = []
-    for cname, rname in pairs:
-        comparisons.append(_compare(cname, cands[cname], rname, references[rname], pos, neg,
-                                    float(target_fr), draws, float(level)))
+
+def _admissible(cands: Mapping[str, np.ndarray], comparisons: list[Comparison],
+                served_name: str) -> list[str]:
+    """The candidates not worse beyond the noise against any reference and no worse in
+    the point figures than the served model, in the order given."""
     admissible = []
     for cname in cands:
         mine = [c for c in comparisons if c.candidate == cname]
         vs_served = next(c for c in mine if c.reference == served_name)
         if all(c.replicates > 0 and not c.worse_beyond_noise for c in mine) and vs_served.no_worse_point:
             admissible.append(cname)
-    if not admissible:
-        reasons = []
-        for c in comparisons:
-            if c.replicates == 0:
-                reasons.append(f"{c.candidate} vs {c.reference}: no bootstrap replicate could be evaluated")
-            elif c.worse_beyond_noise:
-                reasons.append(f"{c.candidate} is worse than {c.reference} beyond the noise "
-                               f"(relative FA {_fmt(c.relative_fa)}, interval {_fmt_ci(c.relative_fa_ci)}; "
-                               f"relative FR {_fmt(c.relative_fr)}, interval {_fmt_ci(c.relative_fr_ci)})")
-            elif c.reference == served_name and not c.no_worse_point:
-                reasons.append(f"{c.candidate} is not as good as {c.reference} on the local clips "
-                               f"(relative FA {_fmt(c.relative_fa)}, relative FR {_fmt(c.relative_fr)})")
-        return GateDecision(serve=served_name, switched=False,
-                            reason="the served model is kept: " + "; ".join(reasons),
-                            comparisons=tuple(comparisons), admissible=(), **common)
-    point = {c.candidate: c.relative_fa for c in comparisons if c.reference == served_name}
-    best = min(admissible, key=lambda n: (point[n], admissible.index(n)))  # type: ignore[arg-type]
-    c = next(x for x in comparisons if x.candidate == best and x.reference == served_name)
-    return GateDecision(
-        serve=best, switched=True,
-        reason=(f"{best} is served: relative FA {_fmt(c.relative_fa)} (interval "
-                f"{_fmt_ci(c.relative_fa_ci)}) and relative FR {_fmt(c.relative_fr)} against "
-                f"{served_name}, not worse beyond the noise"
-                + (" nor against the baseline" if "baseline" in references else "")),
-        comparisons=tuple(comparisons), admissible=tuple(admissible), **common)
+    return admissible
+
+
+def _keep_reasons(comparisons: list[Comparison], served_name: str) -> list[str]:
+    """Why each candidate was not admitted."""
+    reasons = []
+    for c in comparisons:
+        if c.replicates == 0:
+            reasons.append(f"{c.candidate} vs {c.reference}: no bootstrap replicate could be evaluated")
+        elif c.worse_beyond_noise:
+            reasons.append(f"{c.candidate} is worse than {c.reference} beyond the noise "
+                           f"(relative FA {_fmt(c.relative_fa)}, interval {_fmt_ci(c.relative_fa_ci)}; "
+                           f"relative FR {_fmt(c.relative_fr)}, interval {_fmt_ci(c.relative_fr_ci)})")
+        elif c.reference == served_name and not c.no_worse_point:
+            reasons.append(f"{c.candidate} is not as good as {c.reference} on the local clips "
+                           f"(relative FA {_fmt(c.relative_fa)}, relative FR {_fmt(c.relative_fr)})")
+    return reasons
 
 
 def gate_uplink_schema(candidates: Sequence[str] = ("personalized", "global"),
