@@ -21,12 +21,13 @@ _MAX_RESAMPLE_SAMPLES = 16000 * 60 * 30
 def _parse_riff(data: bytes, name: str) -> tuple[int, int, int, int, bytes]:
     """(format tag, channels, sample rate, bits per sample, sample bytes)."""
     if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
-        raise AudioError(f"{name}: not a WAV file (no RIFF/WAVE header); the edge runtime "
-                         f"reads WAV only")
+        raise AudioError(
+            f"{name}: not a WAV file (no RIFF/WAVE header); the edge runtime reads WAV only"
+        )
     pos, fmt, samples = 12, None, None
     while pos + 8 <= len(data):
-        cid, size = data[pos:pos + 4], struct.unpack("<I", data[pos + 4:pos + 8])[0]
-        body = data[pos + 8:pos + 8 + size]
+        cid, size = data[pos : pos + 4], struct.unpack("<I", data[pos + 4 : pos + 8])[0]
+        body = data[pos + 8 : pos + 8 + size]
         if cid == b"fmt ":
             if len(body) < 16:
                 raise AudioError(f"{name}: corrupt WAV (fmt chunk of {len(body)} bytes)")
@@ -59,14 +60,13 @@ def _decode(tag: int, channels: int, bits: int, raw: bytes, name: str) -> np.nda
     n = len(raw) // frame
     if n == 0:
         raise AudioError(f"{name}: WAV holds no audio samples")
-    raw = raw[:n * frame]
+    raw = raw[: n * frame]
     if tag == _PCM:
         x = _decode_pcm(raw, width, bits, name)
     elif tag == _FLOAT:
         x = _decode_float(raw, width, bits, name)
     else:
-        raise AudioError(f"{name}: unsupported WAV encoding (format tag {tag}); use PCM or "
-                         f"float")
+        raise AudioError(f"{name}: unsupported WAV encoding (format tag {tag}); use PCM or float")
     return x.reshape(n, channels)
 
 
@@ -105,8 +105,10 @@ def resample(x: np.ndarray, orig_rate: int, new_rate: int) -> np.ndarray:
     if orig_rate <= 0 or new_rate <= 0:
         raise AudioError(f"invalid sample rates {orig_rate} -> {new_rate}")
     if len(x) > _MAX_RESAMPLE_SAMPLES:
-        raise AudioError(f"audio of {len(x)} samples is too long to resample in one piece; "
-                         f"convert it to {new_rate} Hz first")
+        raise AudioError(
+            f"audio of {len(x)} samples is too long to resample in one piece; "
+            f"convert it to {new_rate} Hz first"
+        )
     n_out = max(1, int(round(len(x) * new_rate / orig_rate)))
     spec = np.fft.rfft(x.astype(np.float64))
     keep = min(len(spec), n_out // 2 + 1)

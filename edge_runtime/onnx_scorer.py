@@ -24,8 +24,9 @@ class OnnxScorer:
         opts.inter_op_num_threads = 1
         opts.log_severity_level = 3
         try:
-            self._session = ort.InferenceSession(str(path), opts,
-                                                 providers=["CPUExecutionProvider"])
+            self._session = ort.InferenceSession(
+                str(path), opts, providers=["CPUExecutionProvider"]
+            )
         except Exception as exc:  # onnxruntime raises its own untyped errors
             raise ConfigError(f"{path}: not a loadable ONNX model ({exc})") from exc
         meta = self._session.get_modelmeta().custom_metadata_map
@@ -33,8 +34,10 @@ class OnnxScorer:
             self.sample_rate = int(meta["sample_rate"])
             self.window_samples = int(meta["window_samples"])
         except (KeyError, ValueError) as exc:
-            raise ConfigError(f"{path}: ONNX metadata lacks sample_rate/window_samples; export "
-                              f"it with `wakefl model export`") from exc
+            raise ConfigError(
+                f"{path}: ONNX metadata lacks sample_rate/window_samples; export "
+                f"it with `wakefl model export`"
+            ) from exc
         self.metadata = dict(meta)
         self.path = path
         self._input = self._session.get_inputs()[0].name

@@ -55,8 +55,15 @@ def smoothed_posterior(recent: deque) -> float:
 
 
 class StreamingDetector:
-    def __init__(self, scorer: WindowScorer, hop_s: float = 0.1, threshold: float = 0.5,
-                 smoothing: int = 3, refractory_s: float = 1.0, max_batch: int = 16) -> None:
+    def __init__(
+        self,
+        scorer: WindowScorer,
+        hop_s: float = 0.1,
+        threshold: float = 0.5,
+        smoothing: int = 3,
+        refractory_s: float = 1.0,
+        max_batch: int = 16,
+    ) -> None:
         self.scorer = scorer
         self.sample_rate = int(scorer.sample_rate)
         self.window_samples = int(scorer.window_samples)
@@ -64,8 +71,10 @@ class StreamingDetector:
         if self.hop_samples < 1:
             raise ConfigError(f"hop of {hop_s} s is shorter than one sample")
         if self.hop_samples > self.window_samples:
-            raise ConfigError(f"hop of {hop_s} s exceeds the model window "
-                              f"({self.window_samples / self.sample_rate} s)")
+            raise ConfigError(
+                f"hop of {hop_s} s exceeds the model window "
+                f"({self.window_samples / self.sample_rate} s)"
+            )
         if not (0.0 <= threshold <= 1.0):
             raise ConfigError(f"threshold must be in [0, 1], got {threshold}")
         if smoothing < 1:
@@ -109,9 +118,13 @@ class StreamingDetector:
         posteriors: list[tuple[float, float, float]] = []
         events: list[Detection] = []
         for i in range(0, len(ends), self.max_batch):
-            batch = ends[i:i + self.max_batch]
-            windows = np.stack([self._buf[e - self.window_samples - self._buf_start:
-                                          e - self._buf_start] for e in batch])
+            batch = ends[i : i + self.max_batch]
+            windows = np.stack(
+                [
+                    self._buf[e - self.window_samples - self._buf_start : e - self._buf_start]
+                    for e in batch
+                ]
+            )
             raw = np.asarray(self.scorer.score(windows), dtype=np.float64).reshape(-1)
             if raw.shape[0] != len(batch):
                 raise ConfigError(f"scorer returned {raw.shape[0]} scores for {len(batch)} windows")
@@ -122,8 +135,9 @@ class StreamingDetector:
                 s = smoothed_posterior(self._recent)
                 t = end / self.sample_rate
                 posteriors.append((t, float(r), s))
-                if s >= self.threshold and (self._last_event is None or
-                                            end - self._last_event >= self.refractory_samples):
+                if s >= self.threshold and (
+                    self._last_event is None or end - self._last_event >= self.refractory_samples
+                ):
                     self._last_event = end
                     events.append(Detection(time_s=t, score=s))
         # Keep only what the next window needs.
@@ -134,16 +148,28 @@ class StreamingDetector:
         return posteriors, events
 
 
-def detect_audio(scorer: WindowScorer, audio: np.ndarray, hop_s: float = 0.1,
-                 threshold: float = 0.5, smoothing: int = 3, refractory_s: float = 1.0,
-                 max_batch: int = 16) -> DetectionResult:
+def detect_audio(
+    scorer: WindowScorer,
+    audio: np.ndarray,
+    hop_s: float = 0.1,
+    threshold: float = 0.5,
+    smoothing: int = 3,
+    refractory_s: float = 1.0,
+    max_batch: int = 16,
+) -> DetectionResult:
     """Posteriors and events over a whole array at the scorer's sample rate. Audio shorter
     than one window is left-padded with silence so it is scored once."""
     x = to_float32(audio)
     if x.size == 0:
         raise AudioError("no audio samples to score")
-    det = StreamingDetector(scorer, hop_s=hop_s, threshold=threshold, smoothing=smoothing,
-                            refractory_s=refractory_s, max_batch=max_batch)
+    det = StreamingDetector(
+        scorer,
+        hop_s=hop_s,
+        threshold=threshold,
+        smoothing=smoothing,
+        refractory_s=refractory_s,
+        max_batch=max_batch,
+    )
     pad = max(0, det.window_samples - x.size)
     if pad:
         x = np.concatenate([np.zeros(pad, dtype=np.float32), x])
@@ -152,9 +178,14 @@ def detect_audio(scorer: WindowScorer, audio: np.ndarray, hop_s: float = 0.1,
     # Times are reported on the original (unpadded) audio's clock.
     times = arr[:, 0] - pad / det.sample_rate
     events = [Detection(time_s=e.time_s - pad / det.sample_rate, score=e.score) for e in events]
-    return DetectionResult(times_s=times, raw_scores=arr[:, 1], scores=arr[:, 2], events=events,
-                           duration_s=(x.size - pad) / det.sample_rate,
-                           sample_rate=det.sample_rate)
+    return DetectionResult(
+        times_s=times,
+        raw_scores=arr[:, 1],
+        scores=arr[:, 2],
+        events=events,
+        duration_s=(x.size - pad) / det.sample_rate,
+        sample_rate=det.sample_rate,
+    )
 
 
 def detect_file(scorer: WindowScorer, path: Path | str, **kwargs) -> DetectionResult:

@@ -43,8 +43,10 @@ def _check_wav_complete(path: Path) -> None:
                 cid, n = struct.unpack("<4sI", f.read(8))
                 if cid == b"data":
                     if pos + 8 + n > size:
-                        raise AudioError(f"{path}: truncated WAV (its data chunk declares {n} bytes, "
-                                         f"the file holds {size - pos - 8})")
+                        raise AudioError(
+                            f"{path}: truncated WAV (its data chunk declares {n} bytes, "
+                            f"the file holds {size - pos - 8})"
+                        )
                     return
                 pos += 8 + n + (n & 1)
     except OSError as exc:
@@ -114,7 +116,9 @@ class WakeWordDataset(Dataset):
         self.manifest_path = Path(manifest_path)
         all_rows = read_manifest(self.manifest_path)
         self.rows: list[ManifestRow] = [
-            r for r in all_rows if r.kind == "clip" and r.device_type == device_type and r.split == split
+            r
+            for r in all_rows
+            if r.kind == "clip" and r.device_type == device_type and r.split == split
         ]
         if not self.rows:
             present = ", ".join(_device_types(all_rows))
@@ -149,4 +153,6 @@ class WakeWordDataset(Dataset):
         if self.augment:
             rng = np.random.default_rng([self.seed, self.epoch, index])
             wave = augment_wave(wave, rng)
-        return torch.from_numpy(np.array(wave, dtype=np.float32, copy=True)), int(self.labels[index])
+        return torch.from_numpy(np.array(wave, dtype=np.float32, copy=True)), int(
+            self.labels[index]
+        )

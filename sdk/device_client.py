@@ -99,16 +99,33 @@ class DeviceClient:
         except BaseException:
             os.close(self._lock_fd)
             raise
-        self.trainer = RoundTrainer(train, validation, device_id=self.device_id, seed=int(seed),
-                                    target_fr=float(target_fr),
-                                    eval_batch_size=int(eval_batch_size),
-                                    expected_width=expected_width)
+        self.trainer = RoundTrainer(
+            train,
+            validation,
+            device_id=self.device_id,
+            seed=int(seed),
+            target_fr=float(target_fr),
+            eval_batch_size=int(eval_batch_size),
+            expected_width=expected_width,
+        )
         self._stop = threading.Event()
-        self.link = DeviceLink(broker_url, self.fleet, self.device_id, self.device_type,
-                               lambda: self.num_samples, float(ack_timeout_s))
-        self.delivery = UpdateDelivery(self.link, self.store, device_type=self.device_type,
-                                       wire_dtype=wire_dtype, ack_timeout_s=float(ack_timeout_s),
-                                       max_sends=int(max_sends), stop=self._stop)
+        self.link = DeviceLink(
+            broker_url,
+            self.fleet,
+            self.device_id,
+            self.device_type,
+            lambda: self.num_samples,
+            float(ack_timeout_s),
+        )
+        self.delivery = UpdateDelivery(
+            self.link,
+            self.store,
+            device_type=self.device_type,
+            wire_dtype=wire_dtype,
+            ack_timeout_s=float(ack_timeout_s),
+            max_sends=int(max_sends),
+            stop=self._stop,
+        )
         self._ignored_final = ""
 
     # ------------------------------------------------------------------ public API
@@ -121,16 +138,22 @@ class DeviceClient:
         self._stop.set()
         self.link.wake()
 
-    def run(self, *, max_rounds: int | None = None, connect_timeout: float = 30.0,
-            idle_timeout: float | None = None) -> RunSummary:
+    def run(
+        self,
+        *,
+        max_rounds: int | None = None,
+        connect_timeout: float = 30.0,
+        idle_timeout: float | None = None,
+    ) -> RunSummary:
         """Join the fleet and take part in rounds until the server announces the end of
         the run (or `max_rounds` rounds were seen, or `stop()`, or `idle_timeout` seconds
         without any message). Returns a summary."""
         summary = RunSummary()
         if self.state.finished:
             # The retained end-of-run message returns us at once; a new run is joined.
-            self._progress(f"{self.device_id}: run {self.state.run_id} already ended; "
-                           "waiting for the server")
+            self._progress(
+                f"{self.device_id}: run {self.state.run_id} already ended; waiting for the server"
+            )
         self.link.connect(connect_timeout)
         try:
             resent = self.delivery.resend_after_restart(self.state, self._progress)
@@ -142,8 +165,9 @@ class DeviceClient:
             self.link.disconnect()
         return summary
 
-    def _loop(self, summary: RunSummary, max_rounds: int | None,
-              idle_timeout: float | None) -> None:
+    def _loop(
+        self, summary: RunSummary, max_rounds: int | None, idle_timeout: float | None
+    ) -> None:
         last_activity = time.monotonic()
         while not self._stop.is_set():
             item = self.link.next(timeout=1.0)
@@ -217,10 +241,15 @@ class DeviceClient:
         for a downlink that changes nothing (stale, or a round already done)."""
         plan = plan_round(self.state, down, self.device_id, time.time())
         if plan.new_run:
-            self._progress(f"{self.device_id}: new run {down.run_id} (was {self.state.run_id}); "
-                           "starting from a fresh personal state")
-            self.state = DeviceState(device_id=self.state.device_id,
-                                     device_type=self.state.device_type, fleet=self.state.fleet)
+            self._progress(
+                f"{self.device_id}: new run {down.run_id} (was {self.state.run_id}); "
+                "starting from a fresh personal state"
+            )
+            self.state = DeviceState(
+                device_id=self.state.device_id,
+                device_type=self.state.device_type,
+                fleet=self.state.fleet,
+            )
             self.trainer.new_run()
         apply_plan(self.state, plan)
         if plan.save:
@@ -248,8 +277,9 @@ class DeviceClient:
             log.warning("ignoring a downlink for fleet %r", down.fleet)
         elif plan.step is RoundStep.RUN_ALREADY_OVER and plan.run_id != self._ignored_final:
             self._ignored_final = plan.run_id
-            self._progress(f"{self.device_id}: run {plan.run_id} is already over; "
-                           "waiting for a new run")
+            self._progress(
+                f"{self.device_id}: run {plan.run_id} is already over; waiting for a new run"
+            )
         elif plan.step in _ANNOUNCED:
             line = _ANNOUNCED[plan.step].format(run=plan.run_id, rid=plan.round_id)
             self._progress(f"{self.device_id}: {line}")
@@ -286,7 +316,8 @@ class DeviceClient:
         self._progress(
             f"{self.device_id}: round {outcome.round_id}: {self.trainer.describe(outcome.record)}"
             f" in {outcome.train_s:.1f} s, relative FA {fa}, relative FR {fr}, update {status} "
-            f"after {outcome.sends} send(s)" + (f" ({outcome.note})" if outcome.note else ""))
+            f"after {outcome.sends} send(s)" + (f" ({outcome.note})" if outcome.note else "")
+        )
 
 
 __all__ = ["DeviceClient", "RoundOutcome", "RunSummary", "round_generator"]

@@ -33,8 +33,15 @@ class DeviceLink:
     """Connection, subscriptions, Hello and inbox of one device. `num_samples` is asked
     for each Hello (the local problem may be built late)."""
 
-    def __init__(self, broker_url: str, fleet: str, device_id: str, device_type: str,
-                 num_samples: Callable[[], int], publish_timeout_s: float) -> None:
+    def __init__(
+        self,
+        broker_url: str,
+        fleet: str,
+        device_id: str,
+        device_type: str,
+        num_samples: Callable[[], int],
+        publish_timeout_s: float,
+    ) -> None:
         self.broker_url = broker_url
         self.fleet = fleet
         self.device_id = device_id
@@ -50,8 +57,11 @@ class DeviceLink:
 
     # ------------------------------------------------------------------ connection
     def connect(self, timeout: float) -> None:
-        link = MqttLink(self.broker_url, client_id=self.device_id,
-                        will=(topics.hello(self.fleet, self.device_id), self._hello(False)))
+        link = MqttLink(
+            self.broker_url,
+            client_id=self.device_id,
+            will=(topics.hello(self.fleet, self.device_id), self._hello(False)),
+        )
         self._subscribe(link)
         # The hook runs on paho's thread, which must not block on a PUBACK: the Hello is
         # sent from the main loop.
@@ -63,8 +73,9 @@ class DeviceLink:
         if self._link is not None:
             # Best effort: the broker publishes the will if this does not get through.
             with contextlib.suppress(WakeflError):
-                self._link.publish(topics.hello(self.fleet, self.device_id), self._hello(False),
-                                   timeout=2.0)
+                self._link.publish(
+                    topics.hello(self.fleet, self.device_id), self._hello(False), timeout=2.0
+                )
             self._link.close()
             self._link = None
 
@@ -92,9 +103,15 @@ class DeviceLink:
 
     # ------------------------------------------------------------------ hello
     def _hello(self, online: bool = True) -> bytes:
-        return messages.encode(messages.Hello(
-            fleet=self.fleet, device_id=self.device_id, device_type=self.device_type,
-            num_samples=self._num_samples(), online=online))
+        return messages.encode(
+            messages.Hello(
+                fleet=self.fleet,
+                device_id=self.device_id,
+                device_type=self.device_type,
+                num_samples=self._num_samples(),
+                online=online,
+            )
+        )
 
     def on_connected(self, session_present: bool) -> None:
         """Called on the main thread for each ("connected", session_present) item."""
@@ -126,8 +143,11 @@ class DeviceLink:
     def _send_hello(self) -> None:
         self._last_hello = time.monotonic()
         try:
-            self.publish(topics.hello(self.fleet, self.device_id), self._hello(True),
-                         timeout=self.publish_timeout_s)
+            self.publish(
+                topics.hello(self.fleet, self.device_id),
+                self._hello(True),
+                timeout=self.publish_timeout_s,
+            )
         except ProtocolError as exc:
             log.warning("hello not delivered: %s", exc)
 

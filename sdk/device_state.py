@@ -272,7 +272,7 @@ class DeviceStateStore:
 
 def _state_from(meta: dict[str, Any], tensors: dict[str, Tensor]) -> DeviceState:
     client = ClientState(
-        tensors={k[len(_CLIENT):]: v for k, v in tensors.items() if k.startswith(_CLIENT)},
+        tensors={k[len(_CLIENT) :]: v for k, v in tensors.items() if k.startswith(_CLIENT)},
         scalars={k: float(v) for k, v in meta.get("client_scalars", {}).items()},
     )
     pending = None
@@ -282,7 +282,7 @@ def _state_from(meta: dict[str, Any], tensors: dict[str, Tensor]) -> DeviceState
             round_id=int(p["round_id"]),
             num_samples=int(p["num_samples"]),
             scalars={k: float(v) for k, v in p.get("scalars", {}).items()},
-            tensors={k[len(_PENDING):]: v for k, v in tensors.items() if k.startswith(_PENDING)},
+            tensors={k[len(_PENDING) :]: v for k, v in tensors.items() if k.startswith(_PENDING)},
             report=dict(p.get("report", {})),
             attempts=int(p.get("attempts", 0)),
             wire_dtype=str(p.get("wire_dtype", "")),

@@ -24,10 +24,10 @@ from wakefl.errors import ConfigError, NonFiniteError
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
 
-
 def dataset_size(dataset: Dataset) -> int:
     """len() of a map-style dataset (torch's `Dataset` type does not declare `__len__`)."""
     return len(dataset)  # type: ignore[arg-type]
+
 
 def trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
     """The parameters that make up the flat vector, in `model.parameters()` order."""
@@ -52,7 +52,7 @@ def load_flat_trainable(model: nn.Module, vec: Tensor) -> None:
         offset = 0
         for p in params:
             n = p.numel()
-            p.copy_(vec[offset:offset + n].view_as(p))
+            p.copy_(vec[offset : offset + n].view_as(p))
             offset += n
 
 
@@ -124,18 +124,19 @@ class TorchLocalProblem:
         was_training = self.model.training
         self.model.train()
         try:
-            with torch.random.fork_rng(devices=[] if self.device.type == "cpu"
-                                       else [self.device]):
+            with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
                 torch.manual_seed(seed)
                 with torch.enable_grad():
                     loss = self.loss(self.model(inputs), targets)
                     grads = torch.autograd.grad(loss, self._params, allow_unused=True)
         finally:
             self.model.train(was_training)
-        flat = torch.cat([
-            (torch.zeros_like(p) if g is None else g).reshape(-1)
-            for p, g in zip(self._params, grads, strict=True)
-        ])
+        flat = torch.cat(
+            [
+                (torch.zeros_like(p) if g is None else g).reshape(-1)
+                for p, g in zip(self._params, grads, strict=True)
+            ]
+        )
         return flat.detach().to(params.device, params.dtype)
 
 
@@ -175,8 +176,13 @@ def train_supervised(
         with torch.random.fork_rng(devices=[] if device.type == "cpu" else [device]):
             torch.manual_seed(seed)
             for epoch in range(epochs):
-                bar = tqdm(loader, desc=f"epoch {epoch + 1}/{epochs}", disable=not progress,
-                           leave=False, unit="batch")
+                bar = tqdm(
+                    loader,
+                    desc=f"epoch {epoch + 1}/{epochs}",
+                    disable=not progress,
+                    leave=False,
+                    unit="batch",
+                )
                 mean_loss, steps = _train_epoch(model, bar, opt, loss, device, epoch, steps)
                 epoch_loss.append(mean_loss)
     finally:
@@ -200,8 +206,15 @@ def _optimizer(name: str, params: list[nn.Parameter], lr: float) -> torch.optim.
     raise ValueError(f"optimizer must be 'adam' or 'sgd', got {name!r}")
 
 
-def _train_epoch(model: nn.Module, bar: Any, opt: torch.optim.Optimizer, loss: LossFn,
-                 device: torch.device, epoch: int, steps: int) -> tuple[float, int]:
+def _train_epoch(
+    model: nn.Module,
+    bar: Any,
+    opt: torch.optim.Optimizer,
+    loss: LossFn,
+    device: torch.device,
+    epoch: int,
+    steps: int,
+) -> tuple[float, int]:
     """One pass over the loader (`bar`); returns the epoch's mean loss and the step count
     so far. Raises NonFiniteError on a NaN/Inf loss."""
     total, count = 0.0, 0
@@ -245,7 +258,7 @@ def predict_scores(
         waves = torch.as_tensor(dataset_or_waves, dtype=torch.float32)
         if waves.dim() == 1:
             waves = waves.unsqueeze(0)
-        batches = (waves[i:i + batch_size] for i in range(0, len(waves), batch_size))
+        batches = (waves[i : i + batch_size] for i in range(0, len(waves), batch_size))
     else:
         loader = DataLoader(dataset_or_waves, batch_size=batch_size, shuffle=False)
         batches = (batch[0] if isinstance(batch, list | tuple) else batch for batch in loader)

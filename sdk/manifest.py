@@ -128,7 +128,9 @@ def read_manifest(path: str | Path) -> list[ManifestRow]:
                 )
                 validate_row(row, where)
                 if row.path in seen:
-                    raise ConfigError(f"{where}: path {row.path!r} already listed on line {seen[row.path]}")
+                    raise ConfigError(
+                        f"{where}: path {row.path!r} already listed on line {seen[row.path]}"
+                    )
                 seen[row.path] = lineno
                 rows.append(row)
     except UnicodeDecodeError as exc:
@@ -159,4 +161,3 @@ def write_manifest(rows: list[ManifestRow], path: str | Path) -> Path:
 def device_types(rows: list[ManifestRow]) -> list[str]:
     """Sorted device types present in a manifest."""
     return sorted({r.device_type for r in rows})
-

@@ -197,9 +197,13 @@ Message = Downlink | Uplink | Ack | Hello | Decline
 
 def _check_id(value: Any, name: str) -> str:
     if not isinstance(value, str) or not value or len(value) > MAX_ID_LEN:
-        raise MessageRejected("malformed", f"{name} must be a non-empty string of at most {MAX_ID_LEN} chars")
+        raise MessageRejected(
+            "malformed", f"{name} must be a non-empty string of at most {MAX_ID_LEN} chars"
+        )
     if any(c in value for c in "/+#\x00") or not value.isprintable():
-        raise MessageRejected("malformed", f"{name} {value!r} contains '/', '+', '#' or control characters")
+        raise MessageRejected(
+            "malformed", f"{name} {value!r} contains '/', '+', '#' or control characters"
+        )
     return value
 
 
@@ -217,13 +221,16 @@ def _short(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _finite_float(value: Any, name: str, *, low: float = -MAX_SCALAR_ABS,
-                  high: float = MAX_SCALAR_ABS) -> float:
+def _finite_float(
+    value: Any, name: str, *, low: float = -MAX_SCALAR_ABS, high: float = MAX_SCALAR_ABS
+) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise MessageRejected("malformed", f"{name} must be a number, got {type(value).__name__}")
     if isinstance(value, int) and not low <= value <= high:
         # float(10**400) would raise OverflowError
-        raise MessageRejected("out_of_range", f"{name} is {_short(value)}, outside [{low:g}, {high:g}]")
+        raise MessageRejected(
+            "out_of_range", f"{name} is {_short(value)}, outside [{low:g}, {high:g}]"
+        )
     if not math.isfinite(value):
         raise MessageRejected("non_finite", f"{name} is {value}")
     if not low <= value <= high:
@@ -231,8 +238,9 @@ def _finite_float(value: Any, name: str, *, low: float = -MAX_SCALAR_ABS,
     return float(value)
 
 
-def _optional_float(value: Any, name: str, *, low: float = -MAX_SCALAR_ABS,
-                    high: float = MAX_SCALAR_ABS) -> float | None:
+def _optional_float(
+    value: Any, name: str, *, low: float = -MAX_SCALAR_ABS, high: float = MAX_SCALAR_ABS
+) -> float | None:
     return None if value is None else _finite_float(value, name, low=low, high=high)
 
 
@@ -240,7 +248,9 @@ def _int(value: Any, name: str, minimum: int = 0, maximum: int = MAX_ROUND_ID) -
     if isinstance(value, bool) or not isinstance(value, int):
         raise MessageRejected("malformed", f"{name} must be an integer, got {type(value).__name__}")
     if not minimum <= value <= maximum:
-        raise MessageRejected("out_of_range", f"{name} is {_short(value)}, outside [{minimum}, {maximum}]")
+        raise MessageRejected(
+            "out_of_range", f"{name} is {_short(value)}, outside [{minimum}, {maximum}]"
+        )
     return value
 
 
@@ -262,12 +272,16 @@ def _prepare_tensor(t: Tensor, name: str, wire: torch.dtype) -> Tensor:
     return out
 
 
-def _frame(meta: dict[str, Any], tensors: dict[str, Tensor], wire_dtype: str, max_bytes: int) -> bytes:
+def _frame(
+    meta: dict[str, Any], tensors: dict[str, Tensor], wire_dtype: str, max_bytes: int
+) -> bytes:
     if wire_dtype not in WIRE_DTYPES:
         raise ProtocolError(f"wire dtype must be one of {sorted(WIRE_DTYPES)}, got {wire_dtype!r}")
     wire = WIRE_DTYPES[wire_dtype]
     prepared = {k: _prepare_tensor(v, k, wire) for k, v in tensors.items()}
-    body = st_save(prepared, metadata={"wakefl": json.dumps(meta, allow_nan=False, separators=(",", ":"))})
+    body = st_save(
+        prepared, metadata={"wakefl": json.dumps(meta, allow_nan=False, separators=(",", ":"))}
+    )
     payload = MAGIC + hashlib.sha256(body).digest() + body
     if len(payload) > max_bytes:
         raise MessageRejected("oversized", f"message is {len(payload)} bytes, limit {max_bytes}")
@@ -280,38 +294,71 @@ def encode(msg: Message, *, wire_dtype: str = "fp32", max_bytes: int = DEFAULT_M
     try:
         if isinstance(msg, Downlink):
             meta = {
-                "v": msg.version, "kind": "down", "fleet": msg.fleet, "run_id": msg.run_id,
-                "round_id": msg.round_id, "model_config": msg.model_config,
+                "v": msg.version,
+                "kind": "down",
+                "fleet": msg.fleet,
+                "run_id": msg.run_id,
+                "round_id": msg.round_id,
+                "model_config": msg.model_config,
                 "instructions": msg.instructions,
-                "hyperparameters": msg.hyperparameters, "deadline": msg.deadline,
-                "final": msg.final, "strategy": msg.strategy, "wire_dtype": wire_dtype,
+                "hyperparameters": msg.hyperparameters,
+                "deadline": msg.deadline,
+                "final": msg.final,
+                "strategy": msg.strategy,
+                "wire_dtype": wire_dtype,
             }
             tensors = {"global_params": msg.global_params}
             tensors.update({f"x.{k}": v for k, v in msg.tensors.items()})
         elif isinstance(msg, Uplink):
             meta = {
-                "v": msg.version, "kind": "up", "fleet": msg.fleet, "run_id": msg.run_id,
-                "device_id": msg.device_id, "device_type": msg.device_type,
-                "round_id": msg.round_id, "num_samples": msg.num_samples,
-                "record": msg.record, "relative_fa": msg.relative_fa,
-                "relative_fr": msg.relative_fr, "wire_dtype": wire_dtype,
+                "v": msg.version,
+                "kind": "up",
+                "fleet": msg.fleet,
+                "run_id": msg.run_id,
+                "device_id": msg.device_id,
+                "device_type": msg.device_type,
+                "round_id": msg.round_id,
+                "num_samples": msg.num_samples,
+                "record": msg.record,
+                "relative_fa": msg.relative_fa,
+                "relative_fr": msg.relative_fr,
+                "wire_dtype": wire_dtype,
             }
             tensors = {"params": msg.params}
             tensors.update({f"x.{k}": v for k, v in msg.tensors.items()})
         elif isinstance(msg, Ack):
-            meta = {"v": msg.version, "kind": "ack", "fleet": msg.fleet, "device_id": msg.device_id,
-                    "round_id": msg.round_id, "accepted": msg.accepted, "reason": msg.reason,
-                    "answers": msg.answers}
+            meta = {
+                "v": msg.version,
+                "kind": "ack",
+                "fleet": msg.fleet,
+                "device_id": msg.device_id,
+                "round_id": msg.round_id,
+                "accepted": msg.accepted,
+                "reason": msg.reason,
+                "answers": msg.answers,
+            }
             tensors = {}
         elif isinstance(msg, Decline):
-            meta = {"v": msg.version, "kind": "decline", "fleet": msg.fleet, "run_id": msg.run_id,
-                    "device_id": msg.device_id, "round_id": msg.round_id,
-                    "reason": msg.reason[:MAX_REASON_LEN]}
+            meta = {
+                "v": msg.version,
+                "kind": "decline",
+                "fleet": msg.fleet,
+                "run_id": msg.run_id,
+                "device_id": msg.device_id,
+                "round_id": msg.round_id,
+                "reason": msg.reason[:MAX_REASON_LEN],
+            }
             tensors = {}
         elif isinstance(msg, Hello):
-            meta = {"v": msg.version, "kind": "hello", "fleet": msg.fleet, "device_id": msg.device_id,
-                    "device_type": msg.device_type, "num_samples": msg.num_samples,
-                    "online": msg.online}
+            meta = {
+                "v": msg.version,
+                "kind": "hello",
+                "fleet": msg.fleet,
+                "device_id": msg.device_id,
+                "device_type": msg.device_type,
+                "num_samples": msg.num_samples,
+                "online": msg.online,
+            }
             tensors = {}
         else:
             raise ProtocolError(f"cannot encode a {type(msg).__name__}")
@@ -332,7 +379,9 @@ def _json(text: bytes | str, what: str) -> Any:
     try:
         return json.loads(text)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        raise MessageRejected("malformed", f"{what} is not acceptable JSON: {str(exc)[:200]}") from None
+        raise MessageRejected(
+            "malformed", f"{what} is not acceptable JSON: {str(exc)[:200]}"
+        ) from None
 
 
 def _check_tensor_entry(name: str, entry: Any, data_len: int) -> str:
@@ -342,10 +391,16 @@ def _check_tensor_entry(name: str, entry: Any, data_len: int) -> str:
         raise MessageRejected("malformed", f"tensor entry {name!r} is not an object")
     dt, shape, offs = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
     if dt not in _ST_DTYPES:
-        raise MessageRejected("dtype", f"tensor {name!r} has dtype {dt!r}; only F32/F16 are accepted")
-    if (not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape)
-            or not isinstance(offs, list) or len(offs) != 2
-            or not all(isinstance(o, int) for o in offs)):
+        raise MessageRejected(
+            "dtype", f"tensor {name!r} has dtype {dt!r}; only F32/F16 are accepted"
+        )
+    if (
+        not isinstance(shape, list)
+        or not all(isinstance(s, int) and s >= 0 for s in shape)
+        or not isinstance(offs, list)
+        or len(offs) != 2
+        or not all(isinstance(o, int) for o in offs)
+    ):
         raise MessageRejected("malformed", f"tensor {name!r} has a bad shape or offsets")
     numel = math.prod(shape)
     if not 0 <= offs[0] <= offs[1] <= data_len or offs[1] - offs[0] != numel * _ST_DTYPES[dt][1]:
@@ -390,7 +445,9 @@ def _unframe(data: bytes, max_bytes: int) -> tuple[dict[str, Any], dict[str, Ten
     if len(data) > max_bytes:
         raise MessageRejected("oversized", f"message is {len(data)} bytes, limit {max_bytes}")
     if data[:1] == b"\x80" or data[:4] == b"PK\x03\x04":
-        raise MessageRejected("pickle", "payload looks like a pickle or torch.save archive; never loaded")
+        raise MessageRejected(
+            "pickle", "payload looks like a pickle or torch.save archive; never loaded"
+        )
     if len(data) < _PREFIX_LEN or data[: len(MAGIC)] != MAGIC:
         if b"pickle" in data[:256] or data[:2] in (b"\x80\x02", b"\x80\x04"):
             raise MessageRejected("pickle", "payload looks like a pickle; never loaded")
@@ -402,11 +459,15 @@ def _unframe(data: bytes, max_bytes: int) -> tuple[dict[str, Any], dict[str, Ten
     # be 0x80: only a body whose length prefix is impossible is taken for a pickle/zip.
     impossible = len(body) < 8 or struct.unpack("<Q", body[:8])[0] > len(body)
     if impossible and (body[:1] == b"\x80" or body[:4] == b"PK\x03\x04"):
-        raise MessageRejected("pickle", "body looks like a pickle or torch.save archive; never loaded")
+        raise MessageRejected(
+            "pickle", "body looks like a pickle or torch.save archive; never loaded"
+        )
     meta, tensors, _ = _parse_body(body)
     version = meta.get("v")
     if version != PROTOCOL_VERSION:
-        raise MessageRejected("version", f"protocol version {_short(version)}, this build speaks {PROTOCOL_VERSION}")
+        raise MessageRejected(
+            "version", f"protocol version {_short(version)}, this build speaks {PROTOCOL_VERSION}"
+        )
     return meta, tensors
 
 
@@ -428,9 +489,13 @@ def _scalar_map(value: Any, name: str, schema: RecordSchema | None = None) -> di
     if not isinstance(value, dict):
         raise MessageRejected("malformed", f"{name} must be an object")
     if len(value) > MAX_SCALARS:
-        raise MessageRejected("out_of_range", f"{name} has {len(value)} entries, at most {MAX_SCALARS}")
-    record = {_text(k, f"{name} key", MAX_ID_LEN): _finite_float(v, f"{name}.{k}")
-              for k, v in value.items()}
+        raise MessageRejected(
+            "out_of_range", f"{name} has {len(value)} entries, at most {MAX_SCALARS}"
+        )
+    record = {
+        _text(k, f"{name} key", MAX_ID_LEN): _finite_float(v, f"{name}.{k}")
+        for k, v in value.items()
+    }
     if schema is None:
         return record
     try:
@@ -446,7 +511,9 @@ def _main_tensor(tensors: dict[str, Tensor], name: str, expected_numel: int | No
     if t.dim() != 1:
         raise MessageRejected("shape", f"{name} must be a flat vector, got shape {list(t.shape)}")
     if expected_numel is not None and t.numel() != expected_numel:
-        raise MessageRejected("shape", f"{name} has {t.numel()} entries, the model has {expected_numel}")
+        raise MessageRejected(
+            "shape", f"{name} has {t.numel()} entries, the model has {expected_numel}"
+        )
     return t.float()
 
 
@@ -461,9 +528,14 @@ class Expect:
     downlink_schema: RecordSchema | None = None
 
 
-def decode(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES,
-           expected_numel: int | None = None, uplink_schema: RecordSchema | None = None,
-           downlink_schema: RecordSchema | None = None) -> Message:
+def decode(
+    data: bytes,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    expected_numel: int | None = None,
+    uplink_schema: RecordSchema | None = None,
+    downlink_schema: RecordSchema | None = None,
+) -> Message:
     """Parse and validate one wire frame; raises MessageRejected with a precise reason,
     and only MessageRejected, whatever the bytes. `expected_numel` (the model's parameter
     count) checks every shipped model vector; `uplink_schema` / `downlink_schema` (the
@@ -475,8 +547,9 @@ def decode(data: bytes, *, max_bytes: int = DEFAULT_MAX_BYTES,
     except MessageRejected:
         raise
     except Exception as exc:  # noqa: BLE001 - hostile bytes must never escape as a crash
-        raise MessageRejected("malformed", f"undecodable message ({type(exc).__name__}: "
-                              f"{str(exc)[:200]})") from None
+        raise MessageRejected(
+            "malformed", f"undecodable message ({type(exc).__name__}: {str(exc)[:200]})"
+        ) from None
 
 
 def _decode_fields(meta: dict[str, Any], tensors: dict[str, Tensor], expect: Expect) -> Message:
@@ -497,15 +570,15 @@ def _decode_fields(meta: dict[str, Any], tensors: dict[str, Tensor], expect: Exp
     raise MessageRejected("malformed", f"unknown message kind {_short(kind)}")
 
 
-def _decode_downlink(meta: dict[str, Any], tensors: dict[str, Tensor],
-                     expect: Expect) -> Downlink:
+def _decode_downlink(meta: dict[str, Any], tensors: dict[str, Tensor], expect: Expect) -> Downlink:
     expected_numel = expect.numel
     instr = meta["instructions"]
     if not isinstance(instr, dict):
         raise MessageRejected("malformed", "instructions must be an object")
-    instructions = {_check_id(d, "device id"): _scalar_map(s, f"instructions.{d}",
-                                                           expect.downlink_schema)
-                    for d, s in instr.items()}
+    instructions = {
+        _check_id(d, "device id"): _scalar_map(s, f"instructions.{d}", expect.downlink_schema)
+        for d, s in instr.items()
+    }
     if not isinstance(meta["model_config"], dict) or not isinstance(meta["hyperparameters"], dict):
         raise MessageRejected("malformed", "model_config and hyperparameters must be objects")
     if not isinstance(meta["final"], bool):
@@ -516,14 +589,18 @@ def _decode_downlink(meta: dict[str, Any], tensors: dict[str, Tensor],
             if v.numel() != expected_numel:
                 raise MessageRejected("shape", f"extra tensor {k!r} has {v.numel()} entries")
     return Downlink(
-        fleet=_check_id(meta["fleet"], "fleet"), run_id=_check_id(meta["run_id"], "run_id"),
+        fleet=_check_id(meta["fleet"], "fleet"),
+        run_id=_check_id(meta["run_id"], "run_id"),
         round_id=_int(meta["round_id"], "round_id"),
         global_params=_main_tensor(tensors, "global_params", expected_numel),
         model_config=meta["model_config"],
-        instructions=instructions, hyperparameters=meta["hyperparameters"],
+        instructions=instructions,
+        hyperparameters=meta["hyperparameters"],
         deadline=_finite_float(meta["deadline"], "deadline", low=0.0, high=MAX_DEADLINE),
-        final=meta["final"], strategy=_text(meta.get("strategy", "selffl"), "strategy", MAX_ID_LEN),
-        tensors=extras, version=meta["v"],
+        final=meta["final"],
+        strategy=_text(meta.get("strategy", "selffl"), "strategy", MAX_ID_LEN),
+        tensors=extras,
+        version=meta["v"],
     )
 
 
@@ -535,52 +612,67 @@ def _decode_uplink(meta: dict[str, Any], tensors: dict[str, Tensor], expect: Exp
             if v.dim() != 1 or v.numel() != expected_numel:
                 raise MessageRejected("shape", f"extra tensor {k!r} has shape {list(v.shape)}")
     return Uplink(
-        fleet=_check_id(meta["fleet"], "fleet"), run_id=_check_id(meta["run_id"], "run_id"),
+        fleet=_check_id(meta["fleet"], "fleet"),
+        run_id=_check_id(meta["run_id"], "run_id"),
         device_id=_check_id(meta["device_id"], "device_id"),
         device_type=_check_id(meta["device_type"], "device_type"),
         round_id=_int(meta["round_id"], "round_id", 1),
         params=_main_tensor(tensors, "params", expected_numel),
         num_samples=_int(meta["num_samples"], "num_samples", 0, MAX_NUM_SAMPLES),
         record=_scalar_map(meta.get("record", {}), "record", expect.uplink_schema),
-        relative_fa=_optional_float(meta.get("relative_fa"), "relative_fa", low=0.0,
-                                    high=MAX_RELATIVE),
-        relative_fr=_optional_float(meta.get("relative_fr"), "relative_fr", low=0.0,
-                                    high=MAX_RELATIVE),
-        tensors=extras, version=meta["v"],
+        relative_fa=_optional_float(
+            meta.get("relative_fa"), "relative_fa", low=0.0, high=MAX_RELATIVE
+        ),
+        relative_fr=_optional_float(
+            meta.get("relative_fr"), "relative_fr", low=0.0, high=MAX_RELATIVE
+        ),
+        tensors=extras,
+        version=meta["v"],
     )
 
 
 def _decode_ack(meta: dict[str, Any]) -> Ack:
     if not isinstance(meta["accepted"], bool):
         raise MessageRejected("malformed", "ack field accepted must be a boolean")
-    return Ack(fleet=_check_id(meta["fleet"], "fleet"),
-               device_id=_check_id(meta["device_id"], "device_id"),
-               round_id=_int(meta["round_id"], "round_id"), accepted=meta["accepted"],
-               reason=_text(meta.get("reason", ""), "reason"),
-               answers=_text(meta.get("answers", ""), "answers", MESSAGE_ID_LEN),
-               version=meta["v"])
+    return Ack(
+        fleet=_check_id(meta["fleet"], "fleet"),
+        device_id=_check_id(meta["device_id"], "device_id"),
+        round_id=_int(meta["round_id"], "round_id"),
+        accepted=meta["accepted"],
+        reason=_text(meta.get("reason", ""), "reason"),
+        answers=_text(meta.get("answers", ""), "answers", MESSAGE_ID_LEN),
+        version=meta["v"],
+    )
 
 
 def _decode_hello(meta: dict[str, Any]) -> Hello:
     if not isinstance(meta.get("online", True), bool):
         raise MessageRejected("malformed", "hello field online must be a boolean")
-    return Hello(fleet=_check_id(meta["fleet"], "fleet"),
-                 device_id=_check_id(meta["device_id"], "device_id"),
-                 device_type=_check_id(meta["device_type"], "device_type"),
-                 num_samples=_int(meta.get("num_samples", 0), "num_samples", 0, MAX_NUM_SAMPLES),
-                 online=meta.get("online", True), version=meta["v"])
+    return Hello(
+        fleet=_check_id(meta["fleet"], "fleet"),
+        device_id=_check_id(meta["device_id"], "device_id"),
+        device_type=_check_id(meta["device_type"], "device_type"),
+        num_samples=_int(meta.get("num_samples", 0), "num_samples", 0, MAX_NUM_SAMPLES),
+        online=meta.get("online", True),
+        version=meta["v"],
+    )
 
 
 def _decode_decline(meta: dict[str, Any]) -> Decline:
-    return Decline(fleet=_check_id(meta["fleet"], "fleet"),
-                   run_id=_check_id(meta["run_id"], "run_id"),
-                   device_id=_check_id(meta["device_id"], "device_id"),
-                   round_id=_int(meta["round_id"], "round_id", 1),
-                   reason=_text(meta.get("reason", ""), "reason"), version=meta["v"])
+    return Decline(
+        fleet=_check_id(meta["fleet"], "fleet"),
+        run_id=_check_id(meta["run_id"], "run_id"),
+        device_id=_check_id(meta["device_id"], "device_id"),
+        round_id=_int(meta["round_id"], "round_id", 1),
+        reason=_text(meta.get("reason", ""), "reason"),
+        version=meta["v"],
+    )
 
 
 _TENSORLESS: dict[str, Callable[[dict[str, Any]], Message]] = {
-    "ack": _decode_ack, "hello": _decode_hello, "decline": _decode_decline,
+    "ack": _decode_ack,
+    "hello": _decode_hello,
+    "decline": _decode_decline,
 }
 
 

@@ -67,8 +67,13 @@ class BrokerURL:
         return f"{'mqtts' if self.tls else 'mqtt'}://{user}{self.host}:{self.port}"
 
 
-def parse_broker_url(url: str, *, username: str | None = None, password: str | None = None,
-                     ca_file: str | None = None) -> BrokerURL:
+def parse_broker_url(
+    url: str,
+    *,
+    username: str | None = None,
+    password: str | None = None,
+    ca_file: str | None = None,
+) -> BrokerURL:
     """`mqtt://[user[:pass]@]host[:port]` or `mqtts://...[?ca=PATH&cert=PATH&key=PATH]`.
     Explicit arguments override what the URL carries."""
     try:
@@ -89,10 +94,14 @@ def parse_broker_url(url: str, *, username: str | None = None, password: str | N
     if ca and not tls:
         raise ConfigError(f"broker URL {url!r}: a CA file needs mqtts://")
     return BrokerURL(
-        host=parts.hostname, port=port or (8883 if tls else 1883), tls=tls,
+        host=parts.hostname,
+        port=port or (8883 if tls else 1883),
+        tls=tls,
         username=username or (unquote(parts.username) if parts.username else None),
         password=password or (unquote(parts.password) if parts.password else None),
-        ca_file=ca, cert_file=query.get("cert"), key_file=query.get("key"),
+        ca_file=ca,
+        cert_file=query.get("cert"),
+        key_file=query.get("key"),
     )
 
 
@@ -102,12 +111,18 @@ class MqttLink:
     `subscribe` registers a handler (topic filter -> handler); `publish` blocks until the
     broker acknowledged the message (QoS 1) and raises PublishError on refusal."""
 
-    def __init__(self, url: str | BrokerURL, client_id: str, *,
-                 keepalive: int = DEFAULT_KEEPALIVE_S,
-                 session_expiry: int = DEFAULT_SESSION_EXPIRY_S,
-                 max_payload: int = DEFAULT_MAX_PAYLOAD,
-                 will: tuple[str, bytes] | None = None, will_retain: bool = True,
-                 clean_start: bool = False) -> None:
+    def __init__(
+        self,
+        url: str | BrokerURL,
+        client_id: str,
+        *,
+        keepalive: int = DEFAULT_KEEPALIVE_S,
+        session_expiry: int = DEFAULT_SESSION_EXPIRY_S,
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
+        will: tuple[str, bytes] | None = None,
+        will_retain: bool = True,
+        clean_start: bool = False,
+    ) -> None:
         self.url = parse_broker_url(url) if isinstance(url, str) else url
         self.client_id = client_id
         self.keepalive = keepalive
@@ -127,13 +142,18 @@ class MqttLink:
         self.connects = 0  # number of successful (re)connections
         self.on_connect_hooks: list[Callable[[bool], None]] = []
 
-        c = paho.Client(CallbackAPIVersion.VERSION2, client_id=client_id,
-                        protocol=paho.MQTTv5, reconnect_on_failure=True)
+        c = paho.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=client_id,
+            protocol=paho.MQTTv5,
+            reconnect_on_failure=True,
+        )
         if self.url.username:
             c.username_pw_set(self.url.username, self.url.password)
         if self.url.tls:
-            c.tls_set(ca_certs=self.url.ca_file, certfile=self.url.cert_file,
-                      keyfile=self.url.key_file)
+            c.tls_set(
+                ca_certs=self.url.ca_file, certfile=self.url.cert_file, keyfile=self.url.key_file
+            )
         if will is not None:
             c.will_set(will[0], will[1], qos=1, retain=will_retain)
         c.reconnect_delay_set(min_delay=1, max_delay=10)
@@ -149,14 +169,21 @@ class MqttLink:
         """Start the network loop and wait for the first CONNACK."""
         props = Properties(PacketTypes.CONNECT)
         props.SessionExpiryInterval = self._session_expiry
-        self._client.connect_async(self.url.host, self.url.port, keepalive=self.keepalive,
-                                   clean_start=self._clean_start, properties=props)
+        self._client.connect_async(
+            self.url.host,
+            self.url.port,
+            keepalive=self.keepalive,
+            clean_start=self._clean_start,
+            properties=props,
+        )
         self._client.loop_start()
         if not self.wait_connected(timeout):
             err = self._connect_error or "no answer"
             self.close()
-            raise ProtocolError(f"cannot connect to {self.url.redacted()} as "
-                                f"{self.client_id!r} within {timeout:.0f} s: {err}")
+            raise ProtocolError(
+                f"cannot connect to {self.url.redacted()} as "
+                f"{self.client_id!r} within {timeout:.0f} s: {err}"
+            )
         return self
 
     def wait_connected(self, timeout: float) -> bool:
@@ -193,8 +220,12 @@ class MqttLink:
             self._connected = True
             self.connects += 1
             self._cond.notify_all()
-        log.info("connected to %s as %s (session %s)", self.url.redacted(), self.client_id,
-                 "resumed" if present else "new")
+        log.info(
+            "connected to %s as %s (session %s)",
+            self.url.redacted(),
+            self.client_id,
+            "resumed" if present else "new",
+        )
         for hook in list(self.on_connect_hooks):
             try:
                 hook(present)
@@ -216,8 +247,9 @@ class MqttLink:
 
     def _on_message(self, client, userdata, message) -> None:
         with self._lock:
-            handlers = [h for f, (_, h) in self._subs.items()
-                        if paho.topic_matches_sub(f, message.topic)]
+            handlers = [
+                h for f, (_, h) in self._subs.items() if paho.topic_matches_sub(f, message.topic)
+            ]
         for h in handlers:
             try:
                 h(message.topic, message.payload)
@@ -235,15 +267,25 @@ class MqttLink:
                 self._acked.popitem(last=False)
             self._cond.notify_all()
 
-    def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False,
-                timeout: float = 60.0, wait: bool = True) -> None:
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        qos: int = 1,
+        retain: bool = False,
+        timeout: float = 60.0,
+        wait: bool = True,
+    ) -> None:
         """Publish and, for QoS >= 1, wait for the broker's acknowledgement.
         Raises ProtocolError when too large or not acknowledged in time, PublishError
         when the broker refused it (e.g. 0x87 not authorized by the ACL).
         `wait=False` only queues the message: required inside a handler, which runs on the
         network thread that would deliver the acknowledgement."""
         if len(payload) > self.max_payload:
-            raise ProtocolError(f"message of {len(payload)} bytes exceeds the {self.max_payload}-byte limit")
+            raise ProtocolError(
+                f"message of {len(payload)} bytes exceeds the {self.max_payload}-byte limit"
+            )
         # Not under self._cond: paho's network thread holds its message lock while it calls
         # _on_publish (which takes self._cond), and paho's publish takes that message lock;
         # holding self._cond here deadlocked both threads under a fast stream of publishes.
@@ -259,8 +301,12 @@ class MqttLink:
         if not done:
             raise ProtocolError(f"publish to {topic!r} not acknowledged within {timeout:.0f} s")
         if code is not None and code >= 0x80:
-            text = {0x87: "not authorized", 0x97: "quota exceeded",
-                    0x95: "packet too large", 0x90: "topic name invalid"}.get(code, "error")
+            text = {
+                0x87: "not authorized",
+                0x97: "quota exceeded",
+                0x95: "packet too large",
+                0x90: "topic name invalid",
+            }.get(code, "error")
             raise PublishError(topic, code, text)
 
 

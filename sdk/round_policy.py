@@ -85,8 +85,14 @@ def _view(state: DeviceState, new_run: bool) -> _View:
     if new_run:
         return _View()
     pending = state.pending
-    return _View(state.run_id, state.finished, state.last_round, state.last_acked_round,
-                 state.last_trained_round, None if pending is None else pending.round_id)
+    return _View(
+        state.run_id,
+        state.finished,
+        state.last_round,
+        state.last_acked_round,
+        state.last_trained_round,
+        None if pending is None else pending.round_id,
+    )
 
 
 def plan_round(state: DeviceState, down: Downlink, device_id: str, now: float) -> RoundPlan:
@@ -103,17 +109,26 @@ def plan_round(state: DeviceState, down: Downlink, device_id: str, now: float) -
     if down.final:
         if v.finished:
             return RoundPlan(RoundStep.RUN_ENDED_BEFORE, rid, run, new_run, adopt)
-        return RoundPlan(RoundStep.END_RUN, rid, run, new_run, adopt,
-                         last_round=max(v.last_round, rid), drop_pending=True, finish=True,
-                         save=True)
+        return RoundPlan(
+            RoundStep.END_RUN,
+            rid,
+            run,
+            new_run,
+            adopt,
+            last_round=max(v.last_round, rid),
+            drop_pending=True,
+            finish=True,
+            save=True,
+        )
     if rid < v.last_round or rid <= v.last_acked_round:
         return RoundPlan(RoundStep.STALE, rid, run, new_run, adopt)
     # From here on the round counts as seen; a saved update of an earlier round is stale.
     drop = v.pending_round is not None and v.pending_round < rid
 
     def plan(step: RoundStep, save: bool) -> RoundPlan:
-        return RoundPlan(step, rid, run, new_run, adopt, last_round=rid, drop_pending=drop,
-                         save=save)
+        return RoundPlan(
+            step, rid, run, new_run, adopt, last_round=rid, drop_pending=drop, save=save
+        )
 
     if device_id not in down.instructions:
         return plan(RoundStep.NOT_SAMPLED, save=True)
@@ -168,5 +183,13 @@ def newer(a: Downlink, b: Downlink) -> bool:
     return (a.round_id, a.final) >= (b.round_id, b.final)
 
 
-__all__ = ["RoundPlan", "RoundStep", "ack_verdict", "answers_update", "apply_plan", "newer",
-           "plan_round", "supersedes"]
+__all__ = [
+    "RoundPlan",
+    "RoundStep",
+    "ack_verdict",
+    "answers_update",
+    "apply_plan",
+    "newer",
+    "plan_round",
+    "supersedes",
+]

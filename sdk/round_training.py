@@ -32,9 +32,16 @@ log = logging.getLogger("wakefl.device")
 
 # Keys of the downlink's hyperparameters that configure the transport or the device, not
 # the strategy's constructor.
-_NON_STRATEGY_KEYS = frozenset({
-    "wire_dtype", "ack_timeout_s", "strategy", "rounds", "target_fr", "max_bytes",
-})
+_NON_STRATEGY_KEYS = frozenset(
+    {
+        "wire_dtype",
+        "ack_timeout_s",
+        "strategy",
+        "rounds",
+        "target_fr",
+        "max_bytes",
+    }
+)
 
 
 def looks_like_problem(obj: Any) -> TypeGuard[LocalProblem]:
@@ -53,8 +60,9 @@ def personal_model(state: DeviceState) -> Any:
     from wakefl.models.kws_cnn import KwsCnn, ModelConfig, set_flat_params
 
     if state.personal_params is None or state.model_config is None:
-        raise ConfigError(f"device {state.device_id} has no personal model yet: "
-                          "it has not taken part in a round")
+        raise ConfigError(
+            f"device {state.device_id} has no personal model yet: it has not taken part in a round"
+        )
     model = KwsCnn(ModelConfig.from_dict(state.model_config))
     set_flat_params(model, state.personal_params)
     model.eval()
@@ -65,9 +73,17 @@ class RoundTrainer:
     """The model, strategy and local problem of one device, kept across rounds while the
     server's announcement does not change them."""
 
-    def __init__(self, train: Dataset | LocalProblem, validation: Dataset | None, *,
-                 device_id: str, seed: int, target_fr: float, eval_batch_size: int,
-                 expected_width: float | None) -> None:
+    def __init__(
+        self,
+        train: Dataset | LocalProblem,
+        validation: Dataset | None,
+        *,
+        device_id: str,
+        seed: int,
+        target_fr: float,
+        eval_batch_size: int,
+        expected_width: float | None,
+    ) -> None:
         self.train_data = train
         self.validation = validation
         self.device_id = device_id
@@ -107,13 +123,17 @@ class RoundTrainer:
             return self._model
         cfg = ModelConfig.from_dict(model_config)
         if self.expected_width is not None and not math.isclose(cfg.width, self.expected_width):
-            raise ConfigError(f"the server runs model width {cfg.width}, this device was "
-                              f"configured for width {self.expected_width}")
+            raise ConfigError(
+                f"the server runs model width {cfg.width}, this device was "
+                f"configured for width {self.expected_width}"
+            )
         for name, data in (("training", self.train_data), ("validation", self.validation)):
             window = getattr(data, "window_samples", None)
             if window is not None and int(window) != cfg.window_samples:
-                raise ConfigError(f"the {name} data has {window}-sample windows, the server's "
-                                  f"model expects {cfg.window_samples}")
+                raise ConfigError(
+                    f"the {name} data has {window}-sample windows, the server's "
+                    f"model expects {cfg.window_samples}"
+                )
         self._model = KwsCnn(cfg)
         self._model_key = key
         if not looks_like_problem(self.train_data):
@@ -137,8 +157,9 @@ class RoundTrainer:
             try:
                 self._strategy = make_strategy(name, **args)
             except TypeError as exc:
-                raise ConfigError(f"strategy {name!r} refuses the server's arguments "
-                                  f"{args}: {exc}") from exc
+                raise ConfigError(
+                    f"strategy {name!r} refuses the server's arguments {args}: {exc}"
+                ) from exc
             self._strategy_key = key
         return self._strategy
 
@@ -146,13 +167,15 @@ class RoundTrainer:
         # The minibatch size is the strategy's B (it enters Self-FL's step-count rule).
         batch = int(getattr(strategy, "batch_size", 16))
         if self._problem is not None and (
-                looks_like_problem(self.train_data)
-                or getattr(self._problem, "batch_size", batch) == batch):
+            looks_like_problem(self.train_data)
+            or getattr(self._problem, "batch_size", batch) == batch
+        ):
             return self._problem
         from wakefl.sdk.local_training import TorchLocalProblem
 
-        self._problem = TorchLocalProblem(self._model, cast(Dataset, self.train_data),
-                                          batch_size=batch)
+        self._problem = TorchLocalProblem(
+            self._model, cast(Dataset, self.train_data), batch_size=batch
+        )
         return self._problem
 
     # ------------------------------------------------------------------ the round
@@ -165,23 +188,35 @@ class RoundTrainer:
         problem = self._local_problem(strategy)
         d = sum(p.numel() for p in model.parameters() if p.requires_grad)
         if down.global_params.numel() != d:
-            raise ProtocolError(f"the global model has {down.global_params.numel()} parameters, "
-                                f"the announced model config has {d}")
+            raise ProtocolError(
+                f"the global model has {down.global_params.numel()} parameters, "
+                f"the announced model config has {d}"
+            )
         if st.baseline_params is None:
             st.baseline_params = down.global_params.clone()
             st.baseline_round = down.round_id
         try:
-            scalars = check_record(down.instructions.get(self.device_id, {}),
-                                   strategy.downlink_schema, "instructions")
+            scalars = check_record(
+                down.instructions.get(self.device_id, {}), strategy.downlink_schema, "instructions"
+            )
         except RecordError as exc:
-            raise ConfigError(f"the server's instructions do not fit strategy {strategy.name} "
-                              f"as this device knows it: {exc}") from None
+            raise ConfigError(
+                f"the server's instructions do not fit strategy {strategy.name} "
+                f"as this device knows it: {exc}"
+            ) from None
         instructions = ClientInstructions(
-            client_id=self.device_id, round_id=down.round_id, global_params=down.global_params,
-            scalars=scalars, tensors=dict(down.tensors))
+            client_id=self.device_id,
+            round_id=down.round_id,
+            global_params=down.global_params,
+            scalars=scalars,
+            tensors=dict(down.tensors),
+        )
         result, new_client = strategy.client_update(
-            instructions, st.client, problem,
-            round_generator(self.seed, self.device_id, down.round_id))
+            instructions,
+            st.client,
+            problem,
+            round_generator(self.seed, self.device_id, down.round_id),
+        )
         personal = new_client.tensors.get("personal", result.params)
         report = self.relative_report(personal, st)
         st.client = ClientState(tensors=dict(new_client.tensors), scalars=dict(new_client.scalars))
@@ -190,9 +225,13 @@ class RoundTrainer:
         st.participations += 1
         st.last_trained_round = down.round_id
         st.pending = PendingUpdate(
-            round_id=down.round_id, num_samples=int(result.num_samples),
-            scalars=dict(result.scalars), tensors={"params": result.params, **result.tensors},
-            report=report, wire_dtype=_known_wire_dtype(down.hyperparameters.get("wire_dtype")))
+            round_id=down.round_id,
+            num_samples=int(result.num_samples),
+            scalars=dict(result.scalars),
+            tensors={"params": result.params, **result.tensors},
+            report=report,
+            wire_dtype=_known_wire_dtype(down.hyperparameters.get("wire_dtype")),
+        )
 
     def _baseline(self, st: DeviceState) -> tuple[np.ndarray, np.ndarray]:
         """The baseline's validation scores and the labels, scored once per baseline."""

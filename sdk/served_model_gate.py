@@ -97,14 +97,20 @@ class Comparison:
         fa_ci = _interval(self.relative_fa_ci) if self.replicates else [None, None]
         fr_ci = _interval(self.relative_fr_ci) if self.replicates else [None, None]
         return {
-            "candidate": self.candidate, "reference": self.reference,
-            "relative_fa": _num(self.relative_fa), "relative_fa_ci": fa_ci,
-            "relative_fr": _num(self.relative_fr), "relative_fr_ci": fr_ci,
-            "reference_fa": _num(self.reference_fa), "candidate_fa": _num(self.candidate_fa),
-            "reference_fr": _num(self.reference_fr), "candidate_fr": _num(self.candidate_fr),
+            "candidate": self.candidate,
+            "reference": self.reference,
+            "relative_fa": _num(self.relative_fa),
+            "relative_fa_ci": fa_ci,
+            "relative_fr": _num(self.relative_fr),
+            "relative_fr_ci": fr_ci,
+            "reference_fa": _num(self.reference_fa),
+            "candidate_fa": _num(self.candidate_fa),
+            "reference_fr": _num(self.reference_fr),
+            "candidate_fr": _num(self.candidate_fr),
             "reference_fa_count": self.reference_fa_count,
             "candidate_fa_count": self.candidate_fa_count,
-            "replicates": self.replicates, "worse_beyond_noise": self.worse_beyond_noise,
+            "replicates": self.replicates,
+            "worse_beyond_noise": self.worse_beyond_noise,
             "no_worse_point": self.no_worse_point,
         }
 
@@ -133,10 +139,17 @@ class GateDecision:
         """A small JSON-serialisable dict (no NaN or Inf: unbounded figures are
         "unbounded") for the device's summary and report."""
         return {
-            "serve": self.serve, "served_before": self.served_name, "switched": self.switched,
-            "reason": self.reason, "target_fr": self.target_fr, "level": self.level,
-            "n_boot": self.n_boot, "seed": self.seed, "n_positive": self.n_positive,
-            "n_negative": self.n_negative, "n_units": self.n_units,
+            "serve": self.serve,
+            "served_before": self.served_name,
+            "switched": self.switched,
+            "reason": self.reason,
+            "target_fr": self.target_fr,
+            "level": self.level,
+            "n_boot": self.n_boot,
+            "seed": self.seed,
+            "n_positive": self.n_positive,
+            "n_negative": self.n_negative,
+            "n_units": self.n_units,
             "admissible": list(self.admissible),
             "comparisons": [c.as_dict() for c in self.comparisons],
         }
@@ -157,8 +170,12 @@ class GateDecision:
             if c.reference != self.served_name:
                 continue
             key = f"{prefix}{c.candidate}_"
-            for name, value in (("relative_fa", c.relative_fa), ("fa_lower", c.relative_fa_ci[0]),
-                                ("fa_upper", c.relative_fa_ci[1]), ("relative_fr", c.relative_fr)):
+            for name, value in (
+                ("relative_fa", c.relative_fa),
+                ("fa_lower", c.relative_fa_ci[0]),
+                ("fa_upper", c.relative_fa_ci[1]),
+                ("relative_fr", c.relative_fr),
+            ):
                 if value is not None and math.isfinite(value):
                     out[key + name] = float(value)
             out[key + "admissible"] = 1.0 if c.candidate in self.admissible else 0.0
@@ -189,13 +206,20 @@ def decide_served_model(
     """
     _check_gate_settings(n_boot, level, target_fr)
     lab = np.asarray(labels).reshape(-1)
-    served, cands, base, grp = _gate_inputs(lab, served_scores, candidates, baseline_scores,
-                                            units, served_name)
+    served, cands, base, grp = _gate_inputs(
+        lab, served_scores, candidates, baseline_scores, units, served_name
+    )
     pos, neg = lab == 1, lab == 0
     common: dict[str, Any] = {
-        "served_name": served_name, "target_fr": float(target_fr), "level": float(level),
-        "n_boot": n_boot, "seed": int(seed), "n_positive": int(pos.sum()),
-        "n_negative": int(neg.sum()), "n_units": int(np.unique(grp).size)}
+        "served_name": served_name,
+        "target_fr": float(target_fr),
+        "level": float(level),
+        "n_boot": n_boot,
+        "seed": int(seed),
+        "n_positive": int(pos.sum()),
+        "n_negative": int(neg.sum()),
+        "n_units": int(np.unique(grp).size),
+    }
     nothing_to_compare = _nothing_to_compare(lab, pos, neg, bool(cands))
     if nothing_to_compare:
         return GateDecision(serve=served_name, switched=False, reason=nothing_to_compare, **common)
@@ -204,28 +228,52 @@ def decide_served_model(
         references["baseline"] = base
     pairs = [(c, r) for c in cands for r in references]
     draws = list(_unit_draws(np.random.default_rng(seed), grp, pos, neg, n_boot))
-    comparisons = [_compare(cname, cands[cname], rname, references[rname], pos, neg,
-                            float(target_fr), draws, float(level)) for cname, rname in pairs]
+    comparisons = [
+        _compare(
+            cname,
+            cands[cname],
+            rname,
+            references[rname],
+            pos,
+            neg,
+            float(target_fr),
+            draws,
+            float(level),
+        )
+        for cname, rname in pairs
+    ]
     admissible = _admissible(cands, comparisons, served_name)
     if not admissible:
-        return GateDecision(serve=served_name, switched=False,
-                            reason="the served model is kept: "
-                                   + "; ".join(_keep_reasons(comparisons, served_name)),
-                            comparisons=tuple(comparisons), admissible=(), **common)
+        return GateDecision(
+            serve=served_name,
+            switched=False,
+            reason="the served model is kept: "
+            + "; ".join(_keep_reasons(comparisons, served_name)),
+            comparisons=tuple(comparisons),
+            admissible=(),
+            **common,
+        )
     point = {c.candidate: c.relative_fa for c in comparisons if c.reference == served_name}
     best = min(admissible, key=lambda n: (point[n], admissible.index(n)))
     c = next(x for x in comparisons if x.candidate == best and x.reference == served_name)
     return GateDecision(
-        serve=best, switched=True,
-        reason=(f"{best} is served: relative FA {_fmt(c.relative_fa)} (interval "
-                f"{_fmt_ci(c.relative_fa_ci)}) and relative FR {_fmt(c.relative_fr)} against "
-                f"{served_name}, not worse beyond the noise"
-                + (" nor against the baseline" if "baseline" in references else "")),
-        comparisons=tuple(comparisons), admissible=tuple(admissible), **common)
+        serve=best,
+        switched=True,
+        reason=(
+            f"{best} is served: relative FA {_fmt(c.relative_fa)} (interval "
+            f"{_fmt_ci(c.relative_fa_ci)}) and relative FR {_fmt(c.relative_fr)} against "
+            f"{served_name}, not worse beyond the noise"
+            + (" nor against the baseline" if "baseline" in references else "")
+        ),
+        comparisons=tuple(comparisons),
+        admissible=tuple(admissible),
+        **common,
+    )
 
 
-def _nothing_to_compare(lab: np.ndarray, pos: np.ndarray, neg: np.ndarray,
-                        any_candidate: bool) -> str:
+def _nothing_to_compare(
+    lab: np.ndarray, pos: np.ndarray, neg: np.ndarray, any_candidate: bool
+) -> str:
     """Why the served model is kept without any comparison ("" when there is something
     to compare)."""
     if lab.size == 0:
@@ -243,13 +291,18 @@ def _check_gate_settings(n_boot: Any, level: Any, target_fr: Any) -> None:
         raise ValueError(f"n_boot must be an integer >= 1, got {n_boot!r}")
     if not (isinstance(level, int | float) and 0.0 < level < 1.0):
         raise ValueError(f"level must be in (0, 1), got {level!r}")
-    if not (isinstance(target_fr, int | float) and math.isfinite(target_fr) and 0.0 <= target_fr < 1.0):
+    if not (
+        isinstance(target_fr, int | float) and math.isfinite(target_fr) and 0.0 <= target_fr < 1.0
+    ):
         raise ValueError(f"target_fr must be a number in [0, 1), got {target_fr!r}")
 
 
 def _gate_inputs(
-    lab: np.ndarray, served_scores: ArrayLike, candidates: Mapping[str, ArrayLike],
-    baseline_scores: ArrayLike | None, units: Sequence[str] | np.ndarray | None,
+    lab: np.ndarray,
+    served_scores: ArrayLike,
+    candidates: Mapping[str, ArrayLike],
+    baseline_scores: ArrayLike | None,
+    units: Sequence[str] | np.ndarray | None,
     served_name: str,
 ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | None, np.ndarray]:
     """The served, candidate and baseline scores and each clip's unit, checked against
@@ -263,22 +316,29 @@ def _gate_inputs(
     base = None if baseline_scores is None else _scores(baseline_scores, "baseline", lab.size)
     if lab.size and not np.all(np.isin(lab, (0, 1))):
         raise ValueError("labels must be 0 or 1")
-    grp = (np.arange(lab.size).astype(str) if units is None
-           else np.asarray(units, dtype=str).reshape(-1))
+    grp = (
+        np.arange(lab.size).astype(str)
+        if units is None
+        else np.asarray(units, dtype=str).reshape(-1)
+    )
     if grp.size != lab.size:
         raise ValueError(f"{grp.size} units for {lab.size} clips")
     return served, cands, base, grp
 
 
-def _admissible(cands: Mapping[str, np.ndarray], comparisons: list[Comparison],
-                served_name: str) -> list[str]:
+def _admissible(
+    cands: Mapping[str, np.ndarray], comparisons: list[Comparison], served_name: str
+) -> list[str]:
     """The candidates not worse beyond the noise against any reference and no worse in
     the point figures than the served model, in the order given."""
     admissible = []
     for cname in cands:
         mine = [c for c in comparisons if c.candidate == cname]
         vs_served = next(c for c in mine if c.reference == served_name)
-        if all(c.replicates > 0 and not c.worse_beyond_noise for c in mine) and vs_served.no_worse_point:
+        if (
+            all(c.replicates > 0 and not c.worse_beyond_noise for c in mine)
+            and vs_served.no_worse_point
+        ):
             admissible.append(cname)
     return admissible
 
@@ -288,19 +348,26 @@ def _keep_reasons(comparisons: list[Comparison], served_name: str) -> list[str]:
     reasons = []
     for c in comparisons:
         if c.replicates == 0:
-            reasons.append(f"{c.candidate} vs {c.reference}: no bootstrap replicate could be evaluated")
+            reasons.append(
+                f"{c.candidate} vs {c.reference}: no bootstrap replicate could be evaluated"
+            )
         elif c.worse_beyond_noise:
-            reasons.append(f"{c.candidate} is worse than {c.reference} beyond the noise "
-                           f"(relative FA {_fmt(c.relative_fa)}, interval {_fmt_ci(c.relative_fa_ci)}; "
-                           f"relative FR {_fmt(c.relative_fr)}, interval {_fmt_ci(c.relative_fr_ci)})")
+            reasons.append(
+                f"{c.candidate} is worse than {c.reference} beyond the noise "
+                f"(relative FA {_fmt(c.relative_fa)}, interval {_fmt_ci(c.relative_fa_ci)}; "
+                f"relative FR {_fmt(c.relative_fr)}, interval {_fmt_ci(c.relative_fr_ci)})"
+            )
         elif c.reference == served_name and not c.no_worse_point:
-            reasons.append(f"{c.candidate} is not as good as {c.reference} on the local clips "
-                           f"(relative FA {_fmt(c.relative_fa)}, relative FR {_fmt(c.relative_fr)})")
+            reasons.append(
+                f"{c.candidate} is not as good as {c.reference} on the local clips "
+                f"(relative FA {_fmt(c.relative_fa)}, relative FR {_fmt(c.relative_fr)})"
+            )
     return reasons
 
 
-def gate_uplink_schema(candidates: Sequence[str] = ("personalized", "global"),
-                       prefix: str = "gate_") -> RecordSchema:
+def gate_uplink_schema(
+    candidates: Sequence[str] = ("personalized", "global"), prefix: str = "gate_"
+) -> RecordSchema:
     """The scalars `GateDecision.uplink_scalars` may put into an uplink, for the given
     candidate names, all optional: merged into a strategy's `uplink_schema`, they let the
     decision travel in the uplink's scalar map."""
@@ -326,12 +393,15 @@ def _scores(x: ArrayLike, name: str, size: int) -> np.ndarray:
     if arr.size != size:
         raise ValueError(f"{name}: {arr.size} scores for {size} labels")
     if not np.all(np.isfinite(arr)):
-        raise NonFiniteError(f"{name}: {int(np.count_nonzero(~np.isfinite(arr)))} non-finite score(s)")
+        raise NonFiniteError(
+            f"{name}: {int(np.count_nonzero(~np.isfinite(arr)))} non-finite score(s)"
+        )
     return arr
 
 
-def _unit_draws(rng: np.random.Generator, units: np.ndarray, pos: np.ndarray, neg: np.ndarray,
-                n_boot: int):
+def _unit_draws(
+    rng: np.random.Generator, units: np.ndarray, pos: np.ndarray, neg: np.ndarray, n_boot: int
+):
     """(positive indices, negative indices) of each replicate: units drawn with
     replacement, all clips of a drawn unit along; replicates without a positive or a
     negative are skipped. One set of draws serves every comparison (paired)."""
@@ -344,8 +414,9 @@ def _unit_draws(rng: np.random.Generator, units: np.ndarray, pos: np.ndarray, ne
             yield ip, ineg
 
 
-def _ratios(ref: np.ndarray, cand: np.ndarray, ip: np.ndarray, ineg: np.ndarray,
-            target_fr: float) -> tuple[float, float]:
+def _ratios(
+    ref: np.ndarray, cand: np.ndarray, ip: np.ndarray, ineg: np.ndarray, target_fr: float
+) -> tuple[float, float]:
     tr = baseline_threshold(ref[ip], target_fr)
     fr_r = fr_at(ref[ip], tr)
     tc = matched_threshold(cand[ip], fr_r)
@@ -354,8 +425,17 @@ def _ratios(ref: np.ndarray, cand: np.ndarray, ip: np.ndarray, ineg: np.ndarray,
     return (math.inf if fa is None else fa), (math.inf if fr is None else fr)
 
 
-def _compare(cname: str, cand: np.ndarray, rname: str, ref: np.ndarray, pos: np.ndarray,
-             neg: np.ndarray, target_fr: float, draws: list, level: float) -> Comparison:
+def _compare(
+    cname: str,
+    cand: np.ndarray,
+    rname: str,
+    ref: np.ndarray,
+    pos: np.ndarray,
+    neg: np.ndarray,
+    target_fr: float,
+    draws: list,
+    level: float,
+) -> Comparison:
     res = relative_fa_fr(ref[pos], ref[neg], cand[pos], cand[neg], target_fr)
     fa_values, fr_values = [], []
     for ip, ineg in draws:
@@ -365,15 +445,28 @@ def _compare(cname: str, cand: np.ndarray, rname: str, ref: np.ndarray, pos: np.
     fa_ci = percentile_interval(fa_values, level)
     fr_ci = percentile_interval(fr_values, level)
     worse = bool(draws) and (_above_one(fa_ci[0]) or _above_one(fr_ci[0]))
-    no_worse = (res.relative_fa is not None and res.relative_fa <= 1.0
-                and res.relative_fr is not None and res.relative_fr <= 1.0)
+    no_worse = (
+        res.relative_fa is not None
+        and res.relative_fa <= 1.0
+        and res.relative_fr is not None
+        and res.relative_fr <= 1.0
+    )
     return Comparison(
-        candidate=cname, reference=rname, relative_fa=res.relative_fa, relative_fa_ci=fa_ci,
-        relative_fr=res.relative_fr, relative_fr_ci=fr_ci, reference_fa=res.baseline_fa,
-        candidate_fa=res.candidate_fa, reference_fr=res.baseline_fr, candidate_fr=res.candidate_fr,
+        candidate=cname,
+        reference=rname,
+        relative_fa=res.relative_fa,
+        relative_fa_ci=fa_ci,
+        relative_fr=res.relative_fr,
+        relative_fr_ci=fr_ci,
+        reference_fa=res.baseline_fa,
+        candidate_fa=res.candidate_fa,
+        reference_fr=res.baseline_fr,
+        candidate_fr=res.candidate_fr,
         reference_fa_count=int(np.count_nonzero(ref[neg] >= res.baseline_threshold)),
         candidate_fa_count=int(np.count_nonzero(cand[neg] >= res.candidate_threshold)),
-        replicates=len(draws), worse_beyond_noise=worse, no_worse_point=no_worse,
+        replicates=len(draws),
+        worse_beyond_noise=worse,
+        no_worse_point=no_worse,
     )
 
 

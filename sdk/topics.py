@@ -17,10 +17,17 @@ DEFAULT_FLEET = "default"
 
 def check_name(value: str, what: str = "name") -> str:
     """Fleet names and device ids: 1-128 printable chars without MQTT wildcards or '/'."""
-    if (not isinstance(value, str) or not value or len(value) > 128 or not value.isprintable()
-            or any(c in value for c in "/+#$ ")):
-        raise ProtocolError(f"{what} {value!r} is not a valid id (1-128 printable characters, "
-                            "no '/', '+', '#', '$' or spaces)")
+    if (
+        not isinstance(value, str)
+        or not value
+        or len(value) > 128
+        or not value.isprintable()
+        or any(c in value for c in "/+#$ ")
+    ):
+        raise ProtocolError(
+            f"{what} {value!r} is not a valid id (1-128 printable characters, "
+            "no '/', '+', '#', '$' or spaces)"
+        )
     return value
 
 

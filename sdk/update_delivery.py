@@ -66,9 +66,17 @@ class RunSummary:
 class UpdateDelivery:
     """Sends the state's pending update (or a decline) over `link` and settles it."""
 
-    def __init__(self, link: DeviceLink, store: DeviceStateStore, *, device_type: str,
-                 wire_dtype: str | None, ack_timeout_s: float, max_sends: int,
-                 stop: threading.Event) -> None:
+    def __init__(
+        self,
+        link: DeviceLink,
+        store: DeviceStateStore,
+        *,
+        device_type: str,
+        wire_dtype: str | None,
+        ack_timeout_s: float,
+        max_sends: int,
+        stop: threading.Event,
+    ) -> None:
         self.link = link
         self.store = store
         self.device_type = device_type
@@ -85,18 +93,30 @@ class UpdateDelivery:
         if params is None:
             params = state.personal_params
         assert params is not None, "a pending update always carries its parameters"
-        wire = (self.wire_dtype or (down.hyperparameters.get("wire_dtype") if down else None)
-                or pending.wire_dtype or "fp32")
+        wire = (
+            self.wire_dtype
+            or (down.hyperparameters.get("wire_dtype") if down else None)
+            or pending.wire_dtype
+            or "fp32"
+        )
         up = messages.Uplink(
-            fleet=state.fleet, run_id=state.run_id, device_id=state.device_id,
-            device_type=self.device_type, round_id=pending.round_id, params=params,
-            num_samples=int(pending.num_samples), record=messages.scalars_only(pending.scalars),
+            fleet=state.fleet,
+            run_id=state.run_id,
+            device_id=state.device_id,
+            device_type=self.device_type,
+            round_id=pending.round_id,
+            params=params,
+            num_samples=int(pending.num_samples),
+            record=messages.scalars_only(pending.scalars),
             relative_fa=pending.report.get("relative_fa"),
-            relative_fr=pending.report.get("relative_fr"), tensors=tensors)
+            relative_fr=pending.report.get("relative_fr"),
+            tensors=tensors,
+        )
         return messages.encode(up, wire_dtype=wire)
 
-    def deliver(self, state: DeviceState, down: messages.Downlink | None,
-                outcome: RoundOutcome) -> None:
+    def deliver(
+        self, state: DeviceState, down: messages.Downlink | None, outcome: RoundOutcome
+    ) -> None:
         """Publish the pending update and wait for the server's Ack, re-sending on timeout.
         A newer round or the end of the run stops the wait (the round is closed)."""
         pending = state.pending
@@ -120,12 +140,21 @@ class UpdateDelivery:
             if isinstance(ack, messages.Ack):
                 self._settle(state, pending, ack, outcome)
                 return
-            log.info("round %d: no acknowledgement within %.0f s; re-sending",
-                     pending.round_id, ack_timeout)
+            log.info(
+                "round %d: no acknowledgement within %.0f s; re-sending",
+                pending.round_id,
+                ack_timeout,
+            )
         outcome.note = outcome.note or f"no acknowledgement after {outcome.sends} send(s)"
 
-    def _send(self, state: DeviceState, pending: PendingUpdate, payload: bytes,
-              outcome: RoundOutcome, timeout: float) -> bool:
+    def _send(
+        self,
+        state: DeviceState,
+        pending: PendingUpdate,
+        payload: bytes,
+        outcome: RoundOutcome,
+        timeout: float,
+    ) -> bool:
         """One counted send; False when the broker did not take it (retried)."""
         outcome.sends += 1
         pending.attempts += 1
@@ -140,8 +169,9 @@ class UpdateDelivery:
             return False
         return True
 
-    def _settle(self, state: DeviceState, pending: PendingUpdate, ack: messages.Ack,
-                outcome: RoundOutcome) -> None:
+    def _settle(
+        self, state: DeviceState, pending: PendingUpdate, ack: messages.Ack, outcome: RoundOutcome
+    ) -> None:
         accepted = ack_verdict(ack)
         outcome.accepted = accepted
         if not accepted:
@@ -151,8 +181,9 @@ class UpdateDelivery:
             state.last_acked_round = max(state.last_acked_round, pending.round_id)
         self.store.save(state, tensors_changed=False)
 
-    def wait_ack(self, round_id: int, timeout: float, answers: str,
-                 run_id: str) -> messages.Ack | str | None:
+    def wait_ack(
+        self, round_id: int, timeout: float, answers: str, run_id: str
+    ) -> messages.Ack | str | None:
         """The ack that answers message `answers`, "superseded" when a downlink closes the
         round first, None on timeout."""
         end = time.monotonic() + timeout
@@ -167,8 +198,11 @@ class UpdateDelivery:
             if kind == "ack" and payload.round_id == round_id:
                 if answers_update(payload, round_id, answers):
                     return payload
-                log.info("round %d: ignoring an ack (%s) that answers another message",
-                         round_id, payload.reason or "accepted")
+                log.info(
+                    "round %d: ignoring an ack (%s) that answers another message",
+                    round_id,
+                    payload.reason or "accepted",
+                )
             elif kind == "down" and supersedes(payload, round_id, run_id):
                 self.link.put(item)  # handled by the main loop once this wait returns
                 return _SUPERSEDED
@@ -186,17 +220,25 @@ class UpdateDelivery:
         self.store.save(state, tensors_changed=False)
         if not self.link.is_open:
             return
-        payload = messages.encode(messages.Decline(
-            fleet=state.fleet, run_id=down.run_id, device_id=state.device_id,
-            round_id=down.round_id, reason=reason[: messages.MAX_REASON_LEN]))
+        payload = messages.encode(
+            messages.Decline(
+                fleet=state.fleet,
+                run_id=down.run_id,
+                device_id=state.device_id,
+                round_id=down.round_id,
+                reason=reason[: messages.MAX_REASON_LEN],
+            )
+        )
         try:
-            self.link.publish(topics.uplink(state.fleet, state.device_id), payload,
-                              timeout=self.ack_timeout_s)
+            self.link.publish(
+                topics.uplink(state.fleet, state.device_id), payload, timeout=self.ack_timeout_s
+            )
         except ProtocolError as exc:
             log.warning("round %d: decline not delivered: %s", down.round_id, exc)
 
-    def resend_after_restart(self, state: DeviceState,
-                             announce: Callable[[str], None]) -> RoundOutcome | None:
+    def resend_after_restart(
+        self, state: DeviceState, announce: Callable[[str], None]
+    ) -> RoundOutcome | None:
         """A process that died with an unacknowledged update re-sends it at once: the
         retained downlink would trigger it too, but a broker that lost the retained
         message (or a server between rounds) would leave it unsent until the next round.
@@ -205,10 +247,13 @@ class UpdateDelivery:
         pending = state.pending
         if pending is None or not state.run_id or state.finished:
             return None
-        announce(f"{state.device_id}: re-sending the unacknowledged update for round "
-                 f"{pending.round_id} (sent {pending.attempts} time(s) before the restart)")
-        outcome = RoundOutcome(round_id=pending.round_id, sampled=True,
-                               note="re-sent after a restart")
+        announce(
+            f"{state.device_id}: re-sending the unacknowledged update for round "
+            f"{pending.round_id} (sent {pending.attempts} time(s) before the restart)"
+        )
+        outcome = RoundOutcome(
+            round_id=pending.round_id, sampled=True, note="re-sent after a restart"
+        )
         outcome.record = dict(pending.scalars)
         self.deliver(state, None, outcome)
         return outcome

@@ -45,12 +45,16 @@ def _scores(x: Sequence[float] | np.ndarray, name: str, allow_empty: bool = Fals
     if arr.size == 0 and not allow_empty:
         raise ValueError(f"{name}: no scores")
     if not np.all(np.isfinite(arr)):
-        raise NonFiniteError(f"{name}: {int(np.count_nonzero(~np.isfinite(arr)))} non-finite score(s)")
+        raise NonFiniteError(
+            f"{name}: {int(np.count_nonzero(~np.isfinite(arr)))} non-finite score(s)"
+        )
     return arr
 
 
 def _check_rate(value: float, name: str) -> float:
-    if not (isinstance(value, (int, float, np.floating)) and math.isfinite(value) and 0.0 <= value < 1.0):
+    if not (
+        isinstance(value, (int, float, np.floating)) and math.isfinite(value) and 0.0 <= value < 1.0
+    ):
         raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
     return float(value)
 
@@ -189,9 +193,13 @@ def percentile_interval(values: list[float], level: float) -> tuple[float | None
     return (None if math.isinf(low) else low), (None if math.isinf(high) else high)
 
 
-def _resamples(rng: np.random.Generator, n_pos: int, n_neg: int,
-               groups: tuple[Sequence[str], Sequence[str]] | None,
-               n_boot: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def _resamples(
+    rng: np.random.Generator,
+    n_pos: int,
+    n_neg: int,
+    groups: tuple[Sequence[str], Sequence[str]] | None,
+    n_boot: int,
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """(positive indices, negative indices) of each bootstrap replicate: utterances drawn
     with replacement, or whole groups (speakers) when `groups` is given; a replicate that
     draws no positive or no negative is skipped."""
@@ -292,8 +300,16 @@ def bootstrap_relative_fa_ci(
     """
     n_neg = np.asarray(base_neg).size
     out = bootstrap_relative_fa_by_subset(
-        base_pos, base_neg, cand_pos, cand_neg, target_fr, {"all": np.ones(n_neg, dtype=bool)},
-        groups=groups, n_boot=n_boot, seed=seed, level=level,
+        base_pos,
+        base_neg,
+        cand_pos,
+        cand_neg,
+        target_fr,
+        {"all": np.ones(n_neg, dtype=bool)},
+        groups=groups,
+        n_boot=n_boot,
+        seed=seed,
+        level=level,
     )
     return out["all"]
 
@@ -360,7 +376,11 @@ class CellFigures:
 
 
 def _cell_figures(
-    base: np.ndarray, cand: np.ndarray, pos: np.ndarray, neg: np.ndarray, op: OperatingPoint,
+    base: np.ndarray,
+    cand: np.ndarray,
+    pos: np.ndarray,
+    neg: np.ndarray,
+    op: OperatingPoint,
     ci: tuple[float | None, float | None],
 ) -> CellFigures:
     """Phase 2 of `relative_by_subset`: one subset's counts and ratios at `op`."""
@@ -414,21 +434,39 @@ def relative_by_subset(
     lab = np.asarray(labels).reshape(-1)
     grp = np.asarray(units, dtype=str).reshape(-1)
     if not (base.size == cand.size == lab.size == grp.size):
-        raise ValueError(f"scores, labels and units differ in length: {base.size}, {cand.size}, "
-                         f"{lab.size}, {grp.size}")
+        raise ValueError(
+            f"scores, labels and units differ in length: {base.size}, {cand.size}, "
+            f"{lab.size}, {grp.size}"
+        )
     pos, neg = lab == 1, lab == 0
     masks = {k: np.asarray(m, dtype=bool).reshape(-1) for k, m in subsets.items()}
     if not pos.any() or not neg.any():
-        return None, {k: CellFigures(int(np.count_nonzero(pos & m)), int(np.count_nonzero(neg & m)),
-                                     notes=(NO_CELL_NOTE,)) for k, m in masks.items()}
+        return None, {
+            k: CellFigures(
+                int(np.count_nonzero(pos & m)),
+                int(np.count_nonzero(neg & m)),
+                notes=(NO_CELL_NOTE,),
+            )
+            for k, m in masks.items()
+        }
     op = operating_point(base[pos], cand[pos], target_fr, baseline_thr)
     with_neg = {k: m[neg] for k, m in masks.items() if (neg & m).any()}
     cis = bootstrap_relative_fa_by_subset(
-        base[pos], base[neg], cand[pos], cand[neg], target_fr, with_neg,
-        groups=(grp[pos], grp[neg]), n_boot=n_boot, seed=seed, baseline_thr=baseline_thr,
+        base[pos],
+        base[neg],
+        cand[pos],
+        cand[neg],
+        target_fr,
+        with_neg,
+        groups=(grp[pos], grp[neg]),
+        n_boot=n_boot,
+        seed=seed,
+        baseline_thr=baseline_thr,
     )
-    return op, {k: _cell_figures(base, cand, pos & m, neg & m, op, cis.get(k, (None, None)))
-                for k, m in masks.items()}
+    return op, {
+        k: _cell_figures(base, cand, pos & m, neg & m, op, cis.get(k, (None, None)))
+        for k, m in masks.items()
+    }
 
 
 def fa_per_hour_ceiling(hop_s: float, refractory_s: float) -> float:
@@ -459,14 +497,19 @@ def interval_record(ci: Sequence[float | None], point: float | None, measured: b
         return {"lower": None, "upper": None, "note": "not measured: no negative clips here"}
     if lo is None and hi is None:
         if point is None:
-            return {"lower": "unbounded", "upper": "unbounded",
-                    "note": "unbounded: the baseline makes no false accept here"}
+            return {
+                "lower": "unbounded",
+                "upper": "unbounded",
+                "note": "unbounded: the baseline makes no false accept here",
+            }
         return {"lower": None, "upper": None, "note": "no interval: no resample could be evaluated"}
     rec: dict = {"lower": lo, "upper": hi, "note": ""}
     if hi is None:
         rec["upper"] = "unbounded"
-        rec["note"] = ("upper bound unbounded: in some resamples the baseline makes no false "
-                       "accept while the candidate does")
+        rec["note"] = (
+            "upper bound unbounded: in some resamples the baseline makes no false "
+            "accept while the candidate does"
+        )
     return rec
 
 

@@ -177,8 +177,12 @@ class AggregationServer:
     Thread model: paho's network thread validates and records uplinks (under `_lock`); the
     calling thread opens, closes and aggregates rounds (under the same lock)."""
 
-    def __init__(self, config: ServerConfig, strategy: Strategy,
-                 progress: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        config: ServerConfig,
+        strategy: Strategy,
+        progress: Callable[[str], None] | None = None,
+    ) -> None:
         self.cfg = config
         self.strategy = strategy
         self.progress = progress or (lambda line: print(line, flush=True))
@@ -213,8 +217,15 @@ class AggregationServer:
         return reg
 
     # ------------------------------------------------------------------ receiving
-    def _reject(self, reason: str, detail: str, device: str | None, round_id: int | None,
-                ack_device: str | None, answers: str | _LazyId = "") -> None:
+    def _reject(
+        self,
+        reason: str,
+        detail: str,
+        device: str | None,
+        round_id: int | None,
+        ack_device: str | None,
+        answers: str | _LazyId = "",
+    ) -> None:
         """Count, log and (when the device can be identified) refuse one message. Runs on
         the network thread for every hostile message, so it never waits for the disk (the
         store commits counts in batches) and, per device id, logs and acks a flood only at
@@ -226,14 +237,22 @@ class AggregationServer:
             log.exception("rejection of a message from %s not counted in the state store", device)
         logged, unlogged = self._log_throttle.allow(device or "<no device id>")
         if logged:
-            log.warning("rejected message from %s (round %s): %s: %s%s", device, round_id, reason,
-                        detail, f" ({unlogged} earlier refusal(s) of this device counted, not "
-                        "logged one by one)" if unlogged else "")
+            log.warning(
+                "rejected message from %s (round %s): %s: %s%s",
+                device,
+                round_id,
+                reason,
+                detail,
+                f" ({unlogged} earlier refusal(s) of this device counted, not logged one by one)"
+                if unlogged
+                else "",
+            )
         if ack_device is not None and round_id is not None:
             self._send_refusal(ack_device, round_id, False, reason, answers)
 
-    def _send_refusal(self, device: str, round_id: int, accepted: bool, reason: str,
-                      answers: str | _LazyId) -> None:
+    def _send_refusal(
+        self, device: str, round_id: int, accepted: bool, reason: str, answers: str | _LazyId
+    ) -> None:
         """An ack that does not record anything new (a refusal, a duplicate): rate-limited
         per device id."""
         if self._ack_throttle.allow(device)[0]:
@@ -245,21 +264,28 @@ class AggregationServer:
         unlogged = self._log_throttle.take_suppressed()
         unacked = self._ack_throttle.take_suppressed()
         if unlogged or unacked:
-            log.warning("refusals counted but not logged one by one: %s; refusal acks withheld "
-                        "from flooding device ids: %s", unlogged or "none", unacked or "none")
+            log.warning(
+                "refusals counted but not logged one by one: %s; refusal acks withheld "
+                "from flooding device ids: %s",
+                unlogged or "none",
+                unacked or "none",
+            )
 
-    def _send_ack(self, device: str, round_id: int, accepted: bool, reason: str,
-                  answers: str | _LazyId = "") -> None:
+    def _send_ack(
+        self, device: str, round_id: int, accepted: bool, reason: str, answers: str | _LazyId = ""
+    ) -> None:
         assert self.link is not None
-        payload = encode(Ack(self.cfg.fleet, device, round_id, accepted, reason,
-                             answers=str(answers)))
+        payload = encode(
+            Ack(self.cfg.fleet, device, round_id, accepted, reason, answers=str(answers))
+        )
         try:
             self.link.publish(topics.ack(self.cfg.fleet, device), payload, wait=False)
         except ProtocolError as exc:
             log.warning("ack to %s not sent: %s", device, exc)
 
-    def _guarded(self, what: str, handle: Callable[[str, bytes], None], topic: str,
-                 payload: bytes) -> None:
+    def _guarded(
+        self, what: str, handle: Callable[[str, bytes], None], topic: str, payload: bytes
+    ) -> None:
         """Every message ends as handled or as a counted, logged rejection: an exception
         is the server's own failure (reason `internal`, logged with its traceback), and the
         device still gets a refusal when it can be identified."""
@@ -270,8 +296,14 @@ class AggregationServer:
             dev = self._topic_device(topic)
             rid = self._open[0] if self._open else None
             try:
-                self._reject("internal", f"{what}: {type(exc).__name__}: {str(exc)[:200]}", dev, rid,
-                             dev if dev in self.registry() else None, _LazyId(payload))
+                self._reject(
+                    "internal",
+                    f"{what}: {type(exc).__name__}: {str(exc)[:200]}",
+                    dev,
+                    rid,
+                    dev if dev in self.registry() else None,
+                    _LazyId(payload),
+                )
             except Exception:  # noqa: BLE001 - never let the network thread die
                 log.exception("could not count an internal error")
 
@@ -295,56 +327,106 @@ class AggregationServer:
         known = dev if dev is not None and dev in registry else None
         round_hint: int | None = self._open[0] if self._open else None
         if dev is None:
-            self._reject("malformed", f"topic {topic[:200]!r} names no valid device id", None,
-                         round_hint, None)
+            self._reject(
+                "malformed",
+                f"topic {topic[:200]!r} names no valid device id",
+                None,
+                round_hint,
+                None,
+            )
             return
         try:
-            msg = decode(payload, max_bytes=self.cfg.max_bytes, expected_numel=self.numel,
-                         uplink_schema=self.strategy.uplink_schema)
+            msg = decode(
+                payload,
+                max_bytes=self.cfg.max_bytes,
+                expected_numel=self.numel,
+                uplink_schema=self.strategy.uplink_schema,
+            )
             if not isinstance(msg, Uplink | Decline):
-                raise MessageRejected("wrong_kind", f"expected Uplink or Decline, got {type(msg).__name__}")
+                raise MessageRejected(
+                    "wrong_kind", f"expected Uplink or Decline, got {type(msg).__name__}"
+                )
         except MessageRejected as exc:
             self._reject(exc.reason, exc.detail, dev, round_hint, known, mid)
             return
         rid = msg.round_id
         with self._lock:
             if msg.device_id != dev or msg.fleet != self.cfg.fleet:
-                self._reject("topic_mismatch", f"message from {msg.device_id!r} of fleet "
-                             f"{msg.fleet!r} on topic {topic!r}", dev, rid, known, mid)
+                self._reject(
+                    "topic_mismatch",
+                    f"message from {msg.device_id!r} of fleet {msg.fleet!r} on topic {topic!r}",
+                    dev,
+                    rid,
+                    known,
+                    mid,
+                )
             elif known is None:
                 self._reject("unknown_device", f"{dev!r} is not in the registry", dev, rid, None)
             elif isinstance(msg, Decline):
                 self._handle_decline(msg, mid)
             elif registry[dev] != msg.device_type:
-                self._reject("wrong_device_type", f"{dev!r} is registered as {registry[dev]!r}, "
-                             f"sent {msg.device_type!r}", dev, rid, dev, mid)
+                self._reject(
+                    "wrong_device_type",
+                    f"{dev!r} is registered as {registry[dev]!r}, sent {msg.device_type!r}",
+                    dev,
+                    rid,
+                    dev,
+                    mid,
+                )
             elif msg.run_id == self.run_id and self.store.has_update(rid, dev):
                 # QoS 1 redelivery or a re-send after a lost ack: on record already.
-                self._reject("duplicate", f"round {rid} already has an update from {dev}", dev, rid, None)
+                self._reject(
+                    "duplicate", f"round {rid} already has an update from {dev}", dev, rid, None
+                )
                 self._send_refusal(dev, rid, True, "duplicate", mid)
             elif self._open is None or msg.run_id != self.run_id or rid != self._open[0]:
                 open_id = self._open[0] if self._open else None
-                self._reject("stale_round", f"update for round {rid} (run {msg.run_id}); open "
-                             f"round is {open_id}", dev, rid, dev, mid)
+                self._reject(
+                    "stale_round",
+                    f"update for round {rid} (run {msg.run_id}); open round is {open_id}",
+                    dev,
+                    rid,
+                    dev,
+                    mid,
+                )
             elif dev not in self._open[1]:
-                self._reject("not_sampled", f"{dev} was not sampled for round {rid}", dev, rid, dev, mid)
+                self._reject(
+                    "not_sampled", f"{dev} was not sampled for round {rid}", dev, rid, dev, mid
+                )
             else:
                 self.store.record_update(msg, payload)
                 self._send_ack(dev, rid, True, "", mid)
-                log.info("round %d: update from %s accepted (%s)", rid, dev,
-                         self.strategy.describe_result(msg.record))
+                log.info(
+                    "round %d: update from %s accepted (%s)",
+                    rid,
+                    dev,
+                    self.strategy.describe_result(msg.record),
+                )
                 self._changed.notify_all()
 
     def _handle_decline(self, msg: Decline, mid: _LazyId) -> None:
         dev, rid = msg.device_id, msg.round_id
         if self._open is None or msg.run_id != self.run_id or rid != self._open[0]:
-            self._reject("stale_round", f"decline for round {rid} (run {msg.run_id})", dev, rid, dev, mid)
+            self._reject(
+                "stale_round", f"decline for round {rid} (run {msg.run_id})", dev, rid, dev, mid
+            )
         elif dev not in self._open[1]:
-            self._reject("not_sampled", f"{dev} declined round {rid} it was not sampled for",
-                         dev, rid, dev, mid)
+            self._reject(
+                "not_sampled",
+                f"{dev} declined round {rid} it was not sampled for",
+                dev,
+                rid,
+                dev,
+                mid,
+            )
         elif self.store.has_update(rid, dev):
-            self._reject("duplicate", f"{dev} declined round {rid} after its update was recorded",
-                         dev, rid, None)
+            self._reject(
+                "duplicate",
+                f"{dev} declined round {rid} after its update was recorded",
+                dev,
+                rid,
+                None,
+            )
             self._send_refusal(dev, rid, True, "duplicate", mid)
         else:
             self.store.record_decline(rid, dev, msg.reason)
@@ -355,8 +437,13 @@ class AggregationServer:
     def _handle_hello(self, topic: str, payload: bytes) -> None:
         dev = self._topic_device(topic)
         if dev is None:
-            self._reject("malformed", f"hello on topic {topic[:200]!r} names no valid device id",
-                         None, None, None)
+            self._reject(
+                "malformed",
+                f"hello on topic {topic[:200]!r} names no valid device id",
+                None,
+                None,
+                None,
+            )
             return
         try:
             msg: Hello = decode_as(payload, Hello, max_bytes=1 << 20)
@@ -365,18 +452,27 @@ class AggregationServer:
             return
         with self._lock:
             if msg.device_id != dev or msg.fleet != self.cfg.fleet:
-                self._reject("topic_mismatch", f"hello from {msg.device_id!r} on {topic!r}", dev, None, None)
+                self._reject(
+                    "topic_mismatch", f"hello from {msg.device_id!r} on {topic!r}", dev, None, None
+                )
                 return
             reg = self.registry()
             if dev not in reg:
                 if self._static:
-                    self._reject("unknown_device", f"hello from unregistered {dev!r}", dev, None, None)
+                    self._reject(
+                        "unknown_device", f"hello from unregistered {dev!r}", dev, None, None
+                    )
                     return
                 self.store.register_device(dev, msg.device_type, "hello")
                 reg[dev] = msg.device_type
             if reg[dev] != msg.device_type:
-                self._reject("wrong_device_type", f"hello from {dev!r} as {msg.device_type!r}, "
-                             f"registered as {reg[dev]!r}", dev, None, None)
+                self._reject(
+                    "wrong_device_type",
+                    f"hello from {dev!r} as {msg.device_type!r}, registered as {reg[dev]!r}",
+                    dev,
+                    None,
+                    None,
+                )
                 return
             self.store.set_online(dev, msg.online)
             self._changed.notify_all()
@@ -395,8 +491,10 @@ class AggregationServer:
             self.broker_dropped = total
         if grew:
             log.warning("the broker has dropped %d message(s) so far (queue overflow)", total)
-            self.progress(f"warning: the broker reports {total} dropped message(s) "
-                          "(a client's queue overflowed; see max_queued_messages)")
+            self.progress(
+                f"warning: the broker reports {total} dropped message(s) "
+                "(a client's queue overflowed; see max_queued_messages)"
+            )
 
     def _on_connect(self, session_present: bool) -> None:
         with self._lock:
@@ -415,8 +513,14 @@ class AggregationServer:
                 log.warning("downlink not published yet (%s); retrying", exc)
                 self.link.wait_connected(5)
 
-    def _build_downlink(self, state: ServerState, round_id: int, sampled: list[str],
-                        deadline: float, final: bool = False) -> bytes:
+    def _build_downlink(
+        self,
+        state: ServerState,
+        round_id: int,
+        sampled: list[str],
+        deadline: float,
+        final: bool = False,
+    ) -> bytes:
         instructions: dict[str, dict[str, float]] = {}
         shared: dict[str, Tensor] = {}
         params = state.global_params
@@ -426,16 +530,31 @@ class AggregationServer:
             params = ins.global_params
             for k, v in ins.tensors.items():
                 if k in shared and not torch.equal(shared[k], v):
-                    raise ConfigError(f"strategy {self.strategy.name} sends per-device tensor "
-                                      f"{k!r}; protocol v1 carries shared tensors only")
+                    raise ConfigError(
+                        f"strategy {self.strategy.name} sends per-device tensor "
+                        f"{k!r}; protocol v1 carries shared tensors only"
+                    )
                 shared[k] = v
-        hp = {"strategy": self.cfg.strategy_name, "strategy_args": self.cfg.strategy_args,
-              "ack_timeout_s": self.cfg.ack_timeout_s, "wire_dtype": self.cfg.wire_dtype,
-              "rounds": self.cfg.rounds}
-        msg = Downlink(fleet=self.cfg.fleet, run_id=self.run_id, round_id=round_id,
-                       global_params=params, model_config=self.cfg.model_config,
-                       instructions=instructions, hyperparameters=hp, deadline=deadline,
-                       final=final, strategy=self.strategy.name, tensors=shared)
+        hp = {
+            "strategy": self.cfg.strategy_name,
+            "strategy_args": self.cfg.strategy_args,
+            "ack_timeout_s": self.cfg.ack_timeout_s,
+            "wire_dtype": self.cfg.wire_dtype,
+            "rounds": self.cfg.rounds,
+        }
+        msg = Downlink(
+            fleet=self.cfg.fleet,
+            run_id=self.run_id,
+            round_id=round_id,
+            global_params=params,
+            model_config=self.cfg.model_config,
+            instructions=instructions,
+            hyperparameters=hp,
+            deadline=deadline,
+            final=final,
+            strategy=self.strategy.name,
+            tensors=shared,
+        )
         return encode(msg, wire_dtype=self.cfg.wire_dtype, max_bytes=self.cfg.max_bytes)
 
     # ------------------------------------------------------------------ rounds
@@ -449,8 +568,11 @@ class AggregationServer:
         needed; without it a static registry waits for all its devices only during the start
         grace period before the first round (one device that never comes online must not
         stop the fleet), and otherwise one online device is enough."""
-        grace = (self.cfg.start_grace_s if self.cfg.start_grace_s is not None
-                 else min(self.cfg.round_timeout, 60.0))
+        grace = (
+            self.cfg.start_grace_s
+            if self.cfg.start_grace_s is not None
+            else min(self.cfg.round_timeout, 60.0)
+        )
         start = time.monotonic()
         last_note = 0.0
         while not self.stop_event.is_set():
@@ -468,9 +590,14 @@ class AggregationServer:
             if time.monotonic() - last_note > 10:
                 self.progress(f"waiting for devices: {len(online)}/{need} online")
                 last_note = time.monotonic()
-            if self.cfg.start_timeout is not None and time.monotonic() - start > self.cfg.start_timeout:
-                raise ConfigError(f"only {len(online)} of the {need} devices needed came online "
-                                  f"within {self.cfg.start_timeout:.0f} s")
+            if (
+                self.cfg.start_timeout is not None
+                and time.monotonic() - start > self.cfg.start_timeout
+            ):
+                raise ConfigError(
+                    f"only {len(online)} of the {need} devices needed came online "
+                    f"within {self.cfg.start_timeout:.0f} s"
+                )
             with self._changed:
                 self._changed.wait(0.5)
         return []
@@ -499,7 +626,9 @@ class AggregationServer:
                 self._changed.wait(min(remaining, 0.5))
         return "stopped"
 
-    def _screen(self, round_id: int, view: UpdateView, global_params: Tensor) -> tuple[list[dict], Screening]:
+    def _screen(
+        self, round_id: int, view: UpdateView, global_params: Tensor
+    ) -> tuple[list[dict], Screening]:
         """Apply docs/PROTOCOL.md's robust-aggregation rules (sdk/selffl/update_screening.py)
         to the round's recorded updates: one extra read of each update file."""
         norms, sigmas = [], []
@@ -508,12 +637,21 @@ class AggregationServer:
             key = self.strategy.screened_variance
             sigmas.append(float(res.scalars.get(key, 0.0)) if key is not None else 0.0)
         prev = self.store.get_meta("screening_reference") or {}
-        screening = screen_updates(norms, sigmas, float(torch.linalg.vector_norm(global_params.double())),
-                                   self.cfg.screening, previous_norm=prev.get("norm"),
-                                   previous_sigma_sq=prev.get("sigma_sq"))
+        screening = screen_updates(
+            norms,
+            sigmas,
+            float(torch.linalg.vector_norm(global_params.double())),
+            self.cfg.screening,
+            previous_norm=prev.get("norm"),
+            previous_sigma_sq=prev.get("sigma_sq"),
+        )
         if len(norms) >= self.cfg.screening.min_reference_updates:
-            self.store.set_meta(screening_reference={"norm": screening.reference_norm,
-                                                     "sigma_sq": screening.reference_sigma_sq})
+            self.store.set_meta(
+                screening_reference={
+                    "norm": screening.reference_norm,
+                    "sigma_sq": screening.reference_sigma_sq,
+                }
+            )
         for row, v in zip(view.rows, screening.verdicts, strict=True):
             if v.action == "refuse":
                 self._reject("outlier", v.reason, row["device_id"], round_id, None)
@@ -542,18 +680,32 @@ class AggregationServer:
         self._report_throttled()
         t_aggregated = time.monotonic()
         self.store.prune_update_files(round_id - self.cfg.keep_update_rounds + 1)
-        reported = {r["device_id"]: {**json.loads(r["record"]), "num_samples": r["num_samples"]}
-                    for r in rows}
-        report = RoundReport(round_id, sampled, reported, self.strategy.describe_server(new_state),
-                             time.monotonic() - t0, closed_by,
-                             {"open": t_open - t0, "collect": t_closed - t_open,
-                              "aggregate": t_aggregated - t_closed}, declined, screened)
+        reported = {
+            r["device_id"]: {**json.loads(r["record"]), "num_samples": r["num_samples"]}
+            for r in rows
+        }
+        report = RoundReport(
+            round_id,
+            sampled,
+            reported,
+            self.strategy.describe_server(new_state),
+            time.monotonic() - t0,
+            closed_by,
+            {
+                "open": t_open - t0,
+                "collect": t_closed - t_open,
+                "aggregate": t_aggregated - t_closed,
+            },
+            declined,
+            screened,
+        )
         self.reports.append(report)
         self._report_round(report)
         return new_state
 
-    def _open_round(self, state: ServerState, round_id: int,
-                    resume: bool) -> tuple[list[str], float] | None:
+    def _open_round(
+        self, state: ServerState, round_id: int, resume: bool
+    ) -> tuple[list[str], float] | None:
         """Sample (or resume) the round, record it and publish its downlink; the sampled
         devices and the deadline, None when the server was stopped meanwhile."""
         if resume:
@@ -565,8 +717,10 @@ class AggregationServer:
             else:
                 deadline = time.time() + self.cfg.round_timeout
                 self.store.extend_deadline(round_id, deadline)
-            self.progress(f"round {round_id}/{self.cfg.rounds}: resumed with {rec.accepted}/"
-                          f"{len(sampled)} updates on record")
+            self.progress(
+                f"round {round_id}/{self.cfg.rounds}: resumed with {rec.accepted}/"
+                f"{len(sampled)} updates on record"
+            )
         else:
             online = self._wait_for_devices()
             if self.stop_event.is_set():
@@ -581,21 +735,28 @@ class AggregationServer:
             self._republish = False
         self._publish_downlink(payload)
         if not resume:
-            self.progress(f"round {round_id}/{self.cfg.rounds}: sampled {len(sampled)} "
-                          f"({', '.join(sampled)}), deadline in {self.cfg.round_timeout:.0f} s")
+            self.progress(
+                f"round {round_id}/{self.cfg.rounds}: sampled {len(sampled)} "
+                f"({', '.join(sampled)}), deadline in {self.cfg.round_timeout:.0f} s"
+            )
         return sampled, deadline
 
-    def _aggregate_round(self, state: ServerState, round_id: int,
-                         view: UpdateView) -> tuple[ServerState, list[dict], dict[str, str]]:
+    def _aggregate_round(
+        self, state: ServerState, round_id: int, view: UpdateView
+    ) -> tuple[ServerState, list[dict], dict[str, str]]:
         """Screen the round's updates and aggregate those kept: the new state, the rows of
         the updates kept, and the clipped or refused devices with why."""
         if not len(view):
             return self.strategy.skip_round(state), [], {}
         all_rows, screening = self._screen(round_id, view, state.global_params)
-        keep = ScreenedUpdates(view, screening, state.global_params,
-                               self.strategy.screened_variance)
-        screened = {r["device_id"]: f"{v.action}: {v.reason}"
-                    for r, v in zip(all_rows, screening.verdicts, strict=True) if v.action != "keep"}
+        keep = ScreenedUpdates(
+            view, screening, state.global_params, self.strategy.screened_variance
+        )
+        screened = {
+            r["device_id"]: f"{v.action}: {v.reason}"
+            for r, v in zip(all_rows, screening.verdicts, strict=True)
+            if v.action != "keep"
+        }
         if not keep.rows:
             return self.strategy.skip_round(state), [], screened
         rate = self.strategy.activity_share(len(keep.rows), len(self.registry()))
@@ -603,18 +764,24 @@ class AggregationServer:
 
     def _report_round(self, report: RoundReport) -> None:
         reported, declined, screened = report.reported, report.declined, report.screened
-        missing = [d for d in report.sampled
-                   if d not in reported and d not in declined and d not in screened]
-        details = ", ".join(f"{d}: {self.strategy.describe_result(v)}"
-                            for d, v in sorted(reported.items()))
+        missing = [
+            d
+            for d in report.sampled
+            if d not in reported and d not in declined and d not in screened
+        ]
+        details = ", ".join(
+            f"{d}: {self.strategy.describe_result(v)}" for d, v in sorted(reported.items())
+        )
         summary = f"{report.state_summary}; " if report.state_summary else ""
-        self.progress(f"round {report.round_id}/{self.cfg.rounds}: closed by {report.closed_by} "
-                      f"with {len(reported)}/{len(report.sampled)} updates in "
-                      f"{report.wall_s:.2f} s; {summary}{details}"
-                      + (f"; declined: {', '.join(sorted(declined))}" if declined else "")
-                      + (f"; screened: {screened}" if screened else "")
-                      + (f"; no answer from {', '.join(missing)}" if missing else "")
-                      + (f"; rejected so far {dict(self.rejections)}" if self.rejections else ""))
+        self.progress(
+            f"round {report.round_id}/{self.cfg.rounds}: closed by {report.closed_by} "
+            f"with {len(reported)}/{len(report.sampled)} updates in "
+            f"{report.wall_s:.2f} s; {summary}{details}"
+            + (f"; declined: {', '.join(sorted(declined))}" if declined else "")
+            + (f"; screened: {screened}" if screened else "")
+            + (f"; no answer from {', '.join(missing)}" if missing else "")
+            + (f"; rejected so far {dict(self.rejections)}" if self.rejections else "")
+        )
 
     def _reopen_interrupted_round(self, state: ServerState) -> None:
         """Reopen the round a killed server left open BEFORE subscribing: the broker hands
@@ -636,11 +803,14 @@ class AggregationServer:
             state = self.strategy.init_server(self.cfg.initial_params.float())
             self.store.save_initial_state(state)
         elif state.global_params.numel() != self.numel:
-            raise ConfigError(f"state in {self.cfg.state_dir} holds a model of "
-                              f"{state.global_params.numel()} parameters, not {self.numel}")
+            raise ConfigError(
+                f"state in {self.cfg.state_dir} holds a model of "
+                f"{state.global_params.numel()} parameters, not {self.numel}"
+            )
         self._reopen_interrupted_round(state)
-        self.link = MqttLink(self.cfg.broker_url, f"wakefl-server-{self.cfg.fleet}",
-                             max_payload=self.cfg.max_bytes)
+        self.link = MqttLink(
+            self.cfg.broker_url, f"wakefl-server-{self.cfg.fleet}", max_payload=self.cfg.max_bytes
+        )
         self.link.on_connect_hooks.append(self._on_connect)
         self.link.subscribe(topics.hello_filter(self.cfg.fleet), self._on_hello)
         self.link.subscribe(topics.uplink_filter(self.cfg.fleet), self._on_uplink)
@@ -648,9 +818,11 @@ class AggregationServer:
         self.link.subscribe(BROKER_DROPPED_TOPIC, self._on_broker_dropped, qos=0)
         self.link.connect()
         try:
-            self.progress(f"server for fleet '{self.cfg.fleet}' (run {self.run_id}) at "
-                          f"{self.link.url.redacted()}; state {self.cfg.state_dir}; "
-                          f"round {state.round_id}/{self.cfg.rounds} done")
+            self.progress(
+                f"server for fleet '{self.cfg.fleet}' (run {self.run_id}) at "
+                f"{self.link.url.redacted()}; state {self.cfg.state_dir}; "
+                f"round {state.round_id}/{self.cfg.rounds} done"
+            )
             while state.round_id < self.cfg.rounds and not self.stop_event.is_set():
                 rid = state.round_id + 1
                 rec = self.store.round(rid)
@@ -660,8 +832,10 @@ class AggregationServer:
                 with self._lock:
                     self._downlink = final
                 self._publish_downlink(final)
-                self.progress(f"run finished after {state.round_id} rounds; end announced; "
-                              f"rejections: {dict(self.rejections) or 'none'}")
+                self.progress(
+                    f"run finished after {state.round_id} rounds; end announced; "
+                    f"rejections: {dict(self.rejections) or 'none'}"
+                )
             return state
         finally:
             self.link.close()
@@ -674,8 +848,13 @@ class ScreenedUpdates:
     refused updates left out, clipped ones scaled back towards the global model, every
     reported variance (the strategy's `screened_variance`) raised to the round's floor. Re-iterable, one update in memory at a time."""
 
-    def __init__(self, view: UpdateView, screening: Screening, global_params: Tensor,
-                 variance: str | None = None) -> None:
+    def __init__(
+        self,
+        view: UpdateView,
+        screening: Screening,
+        global_params: Tensor,
+        variance: str | None = None,
+    ) -> None:
         self._view = view
         self._global = global_params
         self._variance = variance  # the record entry raised to the round's floor
@@ -694,7 +873,12 @@ class ScreenedUpdates:
             scalars = dict(res.scalars)
             if self._variance is not None:
                 scalars[self._variance] = v.sigma_sq
-            yield ClientResult(client_id=res.client_id, round_id=res.round_id,
-                               params=apply_scale(res.params, self._global, v.scale),
-                               num_samples=res.num_samples, scalars=scalars, tensors=res.tensors,
-                               group=res.group)
+            yield ClientResult(
+                client_id=res.client_id,
+                round_id=res.round_id,
+                params=apply_scale(res.params, self._global, v.scale),
+                num_samples=res.num_samples,
+                scalars=scalars,
+                tensors=res.tensors,
+                group=res.group,
+            )

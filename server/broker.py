@@ -73,11 +73,20 @@ class ManagedBroker:
     says why not every second). `extra_conf` lines are appended to the listener (e.g.
     password_file, acl_file, TLS); `listener_conf` replaces the default plain listener."""
 
-    def __init__(self, state_dir: str | Path, port: int | None = None, *,
-                 autosave_s: int = 30, extra_conf: str = "", listener_conf: str | None = None,
-                 max_packet: int = DEFAULT_MAX_PACKET, binary: str | None = None,
-                 conf_file: str | Path | None = None, max_queued: int = 10000,
-                 sys_interval: int = 10) -> None:
+    def __init__(
+        self,
+        state_dir: str | Path,
+        port: int | None = None,
+        *,
+        autosave_s: int = 30,
+        extra_conf: str = "",
+        listener_conf: str | None = None,
+        max_packet: int = DEFAULT_MAX_PACKET,
+        binary: str | None = None,
+        conf_file: str | Path | None = None,
+        max_queued: int = 10000,
+        sys_interval: int = 10,
+    ) -> None:
         """`conf_file`: run that configuration as is (e.g. the one `wakefl provision`
         rendered from server/config/mosquitto.conf) instead of writing one; `port` must
         then be the port it listens on."""
@@ -89,8 +98,10 @@ class ManagedBroker:
         self.max_packet = max_packet
         self.binary = binary or shutil.which("mosquitto") or "/usr/sbin/mosquitto"
         if not Path(self.binary).exists():
-            raise ConfigError("mosquitto is not installed (Debian: apt-get install mosquitto); "
-                              "or pass --broker mqtt://HOST:PORT of an existing broker")
+            raise ConfigError(
+                "mosquitto is not installed (Debian: apt-get install mosquitto); "
+                "or pass --broker mqtt://HOST:PORT of an existing broker"
+            )
         self.conf_file = Path(conf_file).resolve() if conf_file else None
         self.max_queued = max_queued
         self.sys_interval = sys_interval
@@ -112,8 +123,7 @@ class ManagedBroker:
         # persistence dir; under a private (0700) ancestor such as pytest's or a home
         # directory it could not, so the loopback-only embedded broker keeps root there.
         user = "user root\n" if pw is not None and not reachable_by(self.state_dir, pw) else ""
-        listener = self.listener_conf or (
-            f"listener {self.port} 127.0.0.1\nallow_anonymous true\n")
+        listener = self.listener_conf or (f"listener {self.port} 127.0.0.1\nallow_anonymous true\n")
         # With passwords on, a client id is its username: otherwise one stolen device
         # password could connect with the server's (or another device's) client id and the
         # broker would hand it that session, disconnecting the real client. Anonymous
@@ -150,8 +160,12 @@ class ManagedBroker:
         else:
             self.state_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.state_dir / "mosquitto.log", "ab")  # noqa: SIM115 - lives with the process
-        self.proc = subprocess.Popen([self.binary, "-c", str(self.conf_path)],
-                                     stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [self.binary, "-c", str(self.conf_path)],
+            stdout=log,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+        )
         log.close()
         end = time.monotonic() + timeout
         while time.monotonic() < end:

@@ -142,13 +142,19 @@ def read_recorded_update(path: Path, expected_numel: int | None = None) -> Uplin
         if expected_numel is not None and params.numel() != expected_numel:
             raise ValueError(f"{params.numel()} parameters, the model has {expected_numel}")
         return Uplink(
-            fleet=meta["fleet"], run_id=meta["run_id"], device_id=meta["device_id"],
-            device_type=meta["device_type"], round_id=int(meta["round_id"]), params=params,
+            fleet=meta["fleet"],
+            run_id=meta["run_id"],
+            device_id=meta["device_id"],
+            device_type=meta["device_type"],
+            round_id=int(meta["round_id"]),
+            params=params,
             num_samples=int(meta["num_samples"]),
             record={k: float(v) for k, v in meta.get("record", {}).items()},
             relative_fa=meta.get("relative_fa"),
             relative_fr=meta.get("relative_fr"),
-            tensors={k[2:]: v.float() for k, v in tensors.items()}, version=int(meta["v"]))
+            tensors={k[2:]: v.float() for k, v in tensors.items()},
+            version=int(meta["v"]),
+        )
     except (OSError, ValueError, KeyError, TypeError) as exc:  # JSONDecodeError is a ValueError
         raise ConfigError(f"recorded update {path} is unreadable: {exc}") from exc
 
@@ -166,8 +172,9 @@ class UpdateView:
     """The accepted updates of one round as `ClientResult`s, read from disk one at a time
     on each iteration (re-iterable; memory O(d) whatever the number of updates)."""
 
-    def __init__(self, store: StateStore, round_id: int, expected_numel: int | None,
-                 max_bytes: int) -> None:
+    def __init__(
+        self, store: StateStore, round_id: int, expected_numel: int | None, max_bytes: int
+    ) -> None:
         self.round_id = round_id
         self._root = store.root
         self._expected = expected_numel
@@ -181,9 +188,15 @@ class UpdateView:
         for row in self.rows:
             msg = read_recorded_update(self._root / row["path"], self._expected)
             scalars = dict(msg.record)
-            yield ClientResult(client_id=msg.device_id, round_id=msg.round_id, params=msg.params,
-                               num_samples=msg.num_samples, scalars=scalars, tensors=msg.tensors,
-                               group=msg.device_type)
+            yield ClientResult(
+                client_id=msg.device_id,
+                round_id=msg.round_id,
+                params=msg.params,
+                num_samples=msg.num_samples,
+                scalars=scalars,
+                tensors=msg.tensors,
+                group=msg.device_type,
+            )
 
 
 class StateStore:
@@ -196,15 +209,20 @@ class StateStore:
         (self.root / "updates").mkdir(exist_ok=True)
         self._lock = threading.RLock()
         try:
-            self._db = sqlite3.connect(self.root / "server.sqlite", check_same_thread=False,
-                                       isolation_level=None, timeout=30)
+            self._db = sqlite3.connect(
+                self.root / "server.sqlite",
+                check_same_thread=False,
+                isolation_level=None,
+                timeout=30,
+            )
             self._db.row_factory = sqlite3.Row
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._check_format()
             self._db.executescript(_SCHEMA)
-            self._db.execute("INSERT OR IGNORE INTO meta VALUES ('store_format', ?)",
-                             (json.dumps(STORE_FORMAT),))
+            self._db.execute(
+                "INSERT OR IGNORE INTO meta VALUES ('store_format', ?)", (json.dumps(STORE_FORMAT),)
+            )
         except sqlite3.DatabaseError as exc:
             raise ConfigError(f"server state {self.root} is not usable: {exc}") from exc
         self.transactions = 0  # write transactions committed (one fsync each)
@@ -218,7 +236,9 @@ class StateStore:
 
     def _check_format(self) -> None:
         """Refuse a store of another format (ConfigError) before anything is written."""
-        tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        tables = {
+            r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")
+        }
         if "meta" not in tables:
             return  # a new store
         row = self._db.execute("SELECT value FROM meta WHERE key='store_format'").fetchone()
@@ -229,7 +249,8 @@ class StateStore:
                 f"server state {self.root} is in store format {found} (written before wire "
                 f"protocol v{PROTOCOL_VERSION}); this server reads format {STORE_FORMAT}. Finish "
                 "that run with the release that started it, or start this one in a new --state "
-                "folder")
+                "folder"
+            )
 
     def close(self) -> None:
         self._stop_flush.set()
@@ -294,7 +315,9 @@ class StateStore:
         with self._tx() as db:
             db.execute(
                 "INSERT OR REPLACE INTO rounds (round_id, status, sampled, deadline, opened_at)"
-                " VALUES (?, 'open', ?, ?, ?)", (round_id, json.dumps(sampled), deadline, time.time()))
+                " VALUES (?, 'open', ?, ?, ?)",
+                (round_id, json.dumps(sampled), deadline, time.time()),
+            )
 
     def extend_deadline(self, round_id: int, deadline: float) -> None:
         with self._tx() as db:
@@ -303,19 +326,28 @@ class StateStore:
     def round(self, round_id: int) -> RoundRecord | None:
         with self._lock:
             row = self._db.execute("SELECT * FROM rounds WHERE round_id=?", (round_id,)).fetchone()
-            n = self._db.execute("SELECT COUNT(*) FROM updates WHERE round_id=?", (round_id,)).fetchone()[0]
+            n = self._db.execute(
+                "SELECT COUNT(*) FROM updates WHERE round_id=?", (round_id,)
+            ).fetchone()[0]
         if row is None:
             return None
-        return RoundRecord(row["round_id"], row["status"], json.loads(row["sampled"]), row["deadline"], n)
+        return RoundRecord(
+            row["round_id"], row["status"], json.loads(row["sampled"]), row["deadline"], n
+        )
 
     def close_round(self, round_id: int, new_state: ServerState) -> None:
         """Persist the state after `round_id` (file first), then mark the round closed."""
         name = f"state_r{new_state.round_id:06d}.st"
         write_atomic(self.root / "models" / name, server_state_to_bytes(new_state))
         with self._tx() as db:
-            n = db.execute("SELECT COUNT(*) FROM updates WHERE round_id=?", (round_id,)).fetchone()[0]
-            db.execute("UPDATE rounds SET status='closed', closed_at=?, accepted=?, state_file=?"
-                       " WHERE round_id=?", (time.time(), n, name, round_id))
+            n = db.execute("SELECT COUNT(*) FROM updates WHERE round_id=?", (round_id,)).fetchone()[
+                0
+            ]
+            db.execute(
+                "UPDATE rounds SET status='closed', closed_at=?, accepted=?, state_file=?"
+                " WHERE round_id=?",
+                (time.time(), n, name, round_id),
+            )
             db.execute("INSERT OR REPLACE INTO meta VALUES ('state_file', ?)", (json.dumps(name),))
         # Keep the previous state file as a fallback; older ones are no longer referenced.
         for old in (self.root / "models").glob("state_r*.st"):
@@ -325,8 +357,10 @@ class StateStore:
     # ------------------------------------------------------------------ devices
     def register_device(self, device_id: str, device_type: str, source: str) -> None:
         with self._tx() as db:
-            db.execute("INSERT OR IGNORE INTO devices (device_id, device_type, source)"
-                       " VALUES (?, ?, ?)", (device_id, device_type, source))
+            db.execute(
+                "INSERT OR IGNORE INTO devices (device_id, device_type, source) VALUES (?, ?, ?)",
+                (device_id, device_type, source),
+            )
 
     def devices(self) -> dict[str, str]:
         with self._lock:
@@ -335,8 +369,10 @@ class StateStore:
 
     def set_online(self, device_id: str, online: bool) -> None:
         with self._tx() as db:
-            db.execute("UPDATE devices SET online=?, last_seen=? WHERE device_id=?",
-                       (int(online), time.time(), device_id))
+            db.execute(
+                "UPDATE devices SET online=?, last_seen=? WHERE device_id=?",
+                (int(online), time.time(), device_id),
+            )
 
     def online_devices(self) -> list[str]:
         with self._lock:
@@ -346,8 +382,12 @@ class StateStore:
     # ------------------------------------------------------------------ updates
     def has_update(self, round_id: int, device_id: str) -> bool:
         with self._lock:
-            return self._db.execute("SELECT 1 FROM updates WHERE round_id=? AND device_id=?",
-                                    (round_id, device_id)).fetchone() is not None
+            return (
+                self._db.execute(
+                    "SELECT 1 FROM updates WHERE round_id=? AND device_id=?", (round_id, device_id)
+                ).fetchone()
+                is not None
+            )
 
     def record_update(self, msg: Uplink, payload: bytes) -> bool:
         """Durably record an accepted update; False when (round, device) is already on record."""
@@ -367,8 +407,17 @@ class StateStore:
         record = json.dumps(msg.record, sort_keys=True)
         db.execute(
             "INSERT INTO updates VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (msg.round_id, msg.device_id, msg.device_type, rel, nbytes, msg.num_samples,
-             record, time.time()))
+            (
+                msg.round_id,
+                msg.device_id,
+                msg.device_type,
+                rel,
+                nbytes,
+                msg.num_samples,
+                record,
+                time.time(),
+            ),
+        )
         db.execute(
             "INSERT INTO clients (device_id, num_samples, record,"
             " rounds_reported, last_round, relative_fa, relative_fr) VALUES (?,?,?,1,?,?,?)"
@@ -376,30 +425,43 @@ class StateStore:
             " record=excluded.record,"
             " rounds_reported=rounds_reported+1, last_round=excluded.last_round,"
             " relative_fa=excluded.relative_fa, relative_fr=excluded.relative_fr",
-            (msg.device_id, msg.num_samples, record, msg.round_id,
-             msg.relative_fa, msg.relative_fr))
+            (
+                msg.device_id,
+                msg.num_samples,
+                record,
+                msg.round_id,
+                msg.relative_fa,
+                msg.relative_fr,
+            ),
+        )
 
     def record_decline(self, round_id: int, device_id: str, reason: str) -> bool:
         """A sampled device said it cannot train this round; False when already on record."""
         with self._tx() as db:
-            cur = db.execute("INSERT OR IGNORE INTO declines VALUES (?, ?, ?, ?)",
-                             (round_id, device_id, reason[:500], time.time()))
+            cur = db.execute(
+                "INSERT OR IGNORE INTO declines VALUES (?, ?, ?, ?)",
+                (round_id, device_id, reason[:500], time.time()),
+            )
             return cur.rowcount == 1
 
     def declines(self, round_id: int) -> dict[str, str]:
         with self._lock:
-            rows = self._db.execute("SELECT device_id, reason FROM declines WHERE round_id=?",
-                                    (round_id,)).fetchall()
+            rows = self._db.execute(
+                "SELECT device_id, reason FROM declines WHERE round_id=?", (round_id,)
+            ).fetchall()
         return {r[0]: r[1] for r in rows}
 
     def update_rows(self, round_id: int) -> list[dict[str, Any]]:
         with self._lock:
-            rows = self._db.execute("SELECT * FROM updates WHERE round_id=? ORDER BY received_at,"
-                                    " device_id", (round_id,)).fetchall()
+            rows = self._db.execute(
+                "SELECT * FROM updates WHERE round_id=? ORDER BY received_at, device_id",
+                (round_id,),
+            ).fetchall()
         return [dict(r) for r in rows]
 
-    def updates(self, round_id: int, expected_numel: int | None = None,
-                max_bytes: int = DEFAULT_MAX_BYTES) -> UpdateView:
+    def updates(
+        self, round_id: int, expected_numel: int | None = None, max_bytes: int = DEFAULT_MAX_BYTES
+    ) -> UpdateView:
         return UpdateView(self, round_id, expected_numel, max_bytes)
 
     def clients(self) -> dict[str, dict[str, Any]]:
@@ -416,15 +478,17 @@ class StateStore:
                 d.rmdir()
 
     # ------------------------------------------------------------------ rejections
-    def count_rejection(self, reason: str, device_id: str | None, round_id: int | None,
-                        detail: str) -> None:
+    def count_rejection(
+        self, reason: str, device_id: str | None, round_id: int | None, detail: str
+    ) -> None:
         """Count one refused message. In memory only: the writer thread commits the batch
         within REJECTION_FLUSH_S, so this never waits for the disk."""
         with self._pending_lock:
             self._pending.add(reason, device_id, round_id, detail, time.time())
             if self._flusher is None and not self._stop_flush.is_set():
-                self._flusher = threading.Thread(target=self._flush_loop, daemon=True,
-                                                 name="wakefl-rejection-writer")
+                self._flusher = threading.Thread(
+                    target=self._flush_loop, daemon=True, name="wakefl-rejection-writer"
+                )
                 self._flusher.start()
         self._has_pending.set()
 
@@ -449,12 +513,19 @@ class StateStore:
                 return
             try:
                 with self._tx() as db:
-                    db.executemany("INSERT INTO rejections VALUES (?, ?) ON CONFLICT(reason)"
-                                   " DO UPDATE SET count=count+excluded.count", batch.counts.items())
-                    db.executemany("INSERT INTO rejection_log VALUES (?, ?, ?, ?, ?)",
-                                   batch.log_rows + batch.summary_rows())
-                    db.executemany("UPDATE clients SET rejected=rejected+? WHERE device_id=?",
-                                   [(n, d) for d, n in batch.by_device.items()])
+                    db.executemany(
+                        "INSERT INTO rejections VALUES (?, ?) ON CONFLICT(reason)"
+                        " DO UPDATE SET count=count+excluded.count",
+                        batch.counts.items(),
+                    )
+                    db.executemany(
+                        "INSERT INTO rejection_log VALUES (?, ?, ?, ?, ?)",
+                        batch.log_rows + batch.summary_rows(),
+                    )
+                    db.executemany(
+                        "UPDATE clients SET rejected=rejected+? WHERE device_id=?",
+                        [(n, d) for d, n in batch.by_device.items()],
+                    )
             except BaseException:
                 with self._pending_lock:
                     batch.merge(self._pending)
@@ -483,11 +554,13 @@ class _PendingRejections:
         self.log_rows: list[tuple[float, str, str | None, int | None, str]] = []
         self.unlogged: dict[str, int] = {}
 
-    def add(self, reason: str, device_id: str | None, round_id: int | None, detail: str,
-            at: float) -> None:
+    def add(
+        self, reason: str, device_id: str | None, round_id: int | None, detail: str, at: float
+    ) -> None:
         self.counts[reason] = self.counts.get(reason, 0) + 1
-        if device_id is not None and (device_id in self.by_device
-                                      or len(self.by_device) < MAX_DEVICES_PER_FLUSH):
+        if device_id is not None and (
+            device_id in self.by_device or len(self.by_device) < MAX_DEVICES_PER_FLUSH
+        ):
             self.by_device[device_id] = self.by_device.get(device_id, 0) + 1
         if len(self.log_rows) < MAX_LOG_ROWS_PER_FLUSH:
             self.log_rows.append((at, reason, device_id, round_id, detail[:500]))
@@ -496,8 +569,17 @@ class _PendingRejections:
 
     def summary_rows(self) -> list[tuple[float, str, str | None, int | None, str]]:
         now = time.time()
-        return [(now, reason, None, None, f"{n} more rejection(s) of this reason in this batch, "
-                 "counted but not logged one by one") for reason, n in self.unlogged.items()]
+        return [
+            (
+                now,
+                reason,
+                None,
+                None,
+                f"{n} more rejection(s) of this reason in this batch, "
+                "counted but not logged one by one",
+            )
+            for reason, n in self.unlogged.items()
+        ]
 
     def merge(self, newer: _PendingRejections) -> None:
         """Add the rejections counted after this batch (a failed write keeps both)."""

@@ -30,7 +30,9 @@ def tiny_corpus(tmp_path_factory: pytest.TempPathFactory):
         return Path(env)
     from wakefl.tools.corpus_build import build_corpus
 
-    return build_corpus(tmp_path_factory.mktemp("tiny_corpus"), seed=0, profile="tiny", progress=False)
+    return build_corpus(
+        tmp_path_factory.mktemp("tiny_corpus"), seed=0, profile="tiny", progress=False
+    )
 
 
 # --- a real mosquitto on 127.0.0.1 for MQTT tests (server/device) -----------------------
@@ -50,6 +52,7 @@ def mqtt_broker(tmp_path):
 
 # --- wake-word model and edge runtime fixtures -------------------------------------------
 
+
 def espeak_wav(path: Path, text: str) -> Path:
     """Real speech from espeak-ng (22.05 kHz 16-bit mono WAV)."""
     if shutil.which("espeak-ng") is None:
@@ -60,8 +63,10 @@ def espeak_wav(path: Path, text: str) -> Path:
 
 @pytest.fixture(scope="session")
 def hey_nova_wav(tmp_path_factory) -> Path:
-    return espeak_wav(tmp_path_factory.mktemp("speech") / "hey_nova.wav",
-                      "hey nova. turn on the kitchen lights, please. hey nova")
+    return espeak_wav(
+        tmp_path_factory.mktemp("speech") / "hey_nova.wav",
+        "hey nova. turn on the kitchen lights, please. hey nova",
+    )
 
 
 @pytest.fixture(scope="session")
@@ -75,8 +80,9 @@ def tiny_kws_model():
     torch.manual_seed(1234)
     model = KwsCnn(ModelConfig(width=0.25)).eval()
     cfg = model.cfg
-    probe = torch.from_numpy(synthetic_calibration_windows(cfg.window_samples, cfg.sample_rate,
-                                                           n=24, seed=7))
+    probe = torch.from_numpy(
+        synthetic_calibration_windows(cfg.window_samples, cfg.sample_rate, n=24, seed=7)
+    )
     with torch.no_grad():
         logits = model(probe)
         d = logits[:, 1] - logits[:, 0]
@@ -102,29 +108,36 @@ def tiny_kws_onnx(tiny_kws_model, tmp_path_factory) -> Path:
 # training, CLI subprocesses, large exports). Whole modules marked with `pytestmark` and
 # Self-FL's own convergence tests carry the marker in their files.
 SLOW_FIXTURES = frozenset({"tiny_corpus", "mqtt_broker"})
-SLOW_MODULES = frozenset({
-    "test_broker_security.py",  # a TLS-configured mosquitto per test
-    "test_device_client.py",  # devices training the CNN against a real broker
-})
-SLOW_TESTS = frozenset({
-    "test_corpus_build.py::test_same_seed_gives_byte_identical_corpus",
-    "test_edge_runtime.py::test_cli_edge_detect",
-    "test_edge_runtime.py::test_events_do_not_depend_on_chunking_or_format",
-    "test_kws_model.py::test_frontend_matches_librosa_on_speech",
-    "test_onnx_export.py::test_cli_model_info_and_export",
-    "test_onnx_export.py::test_int8_size_and_agreement",
-    "test_pretrain.py::test_batches_depend_only_on_seed_and_step",
-    "test_pretrain.py::test_corpus_has_streams_per_split_and_an_unseen_voices_corpus",
-    "test_pretrain.py::test_publish_writes_fp16_weights_config_and_card",
-    "test_pretrain.py::test_train_checkpoint_resume_equals_uninterrupted_run",
-    "test_server.py::test_broker_queue_overflow_is_reported_by_the_server",
-})
+SLOW_MODULES = frozenset(
+    {
+        "test_broker_security.py",  # a TLS-configured mosquitto per test
+        "test_device_client.py",  # devices training the CNN against a real broker
+    }
+)
+SLOW_TESTS = frozenset(
+    {
+        "test_corpus_build.py::test_same_seed_gives_byte_identical_corpus",
+        "test_edge_runtime.py::test_cli_edge_detect",
+        "test_edge_runtime.py::test_events_do_not_depend_on_chunking_or_format",
+        "test_kws_model.py::test_frontend_matches_librosa_on_speech",
+        "test_onnx_export.py::test_cli_model_info_and_export",
+        "test_onnx_export.py::test_int8_size_and_agreement",
+        "test_pretrain.py::test_batches_depend_only_on_seed_and_step",
+        "test_pretrain.py::test_corpus_has_streams_per_split_and_an_unseen_voices_corpus",
+        "test_pretrain.py::test_publish_writes_fp16_weights_config_and_card",
+        "test_pretrain.py::test_train_checkpoint_resume_equals_uninterrupted_run",
+        "test_server.py::test_broker_queue_overflow_is_reported_by_the_server",
+    }
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         module = item.path.name
         name = getattr(item, "originalname", item.name)  # one entry covers every parameter
-        if (module in SLOW_MODULES or f"{module}::{name}" in SLOW_TESTS
-                or SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))):
+        if (
+            module in SLOW_MODULES
+            or f"{module}::{name}" in SLOW_TESTS
+            or SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))
+        ):
             item.add_marker(pytest.mark.slow)

@@ -57,8 +57,13 @@ def gen(seed: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def run_rounds(strategy: Strategy, problems: list[LocalProblem], rounds: int, seed: int = 0,
-               init: Tensor | None = None):
+def run_rounds(
+    strategy: Strategy,
+    problems: list[LocalProblem],
+    rounds: int,
+    seed: int = 0,
+    init: Tensor | None = None,
+):
     """A minimal in-process federation: all clients every round."""
     dim = problems[0].z.numel()
     server = strategy.init_server(torch.zeros(dim, dtype=D) if init is None else init)
@@ -71,8 +76,9 @@ def run_rounds(strategy: Strategy, problems: list[LocalProblem], rounds: int, se
             result, states[k] = strategy.client_update(instr, states[k], problem, g)
             results.append(result)
         server = strategy.aggregate(server, iter(results), 1.0)
-    personal = [strategy.personalized_params(server, s, p, g)
-                for s, p in zip(states, problems, strict=True)]
+    personal = [
+        strategy.personalized_params(server, s, p, g) for s, p in zip(states, problems, strict=True)
+    ]
     return server, states, personal
 
 
@@ -113,8 +119,9 @@ def test_ditto_personal_model_is_prox_closed_form():
         w = instr.global_params
         expected = (p.z / p.s2 + lam * w) / (1 / p.s2 + lam)
         torch.testing.assert_close(state.tensors["personal"], expected, rtol=0, atol=1e-10)
-        assert torch.equal(strategy.personalized_params(server, state, p, gen()),
-                           state.tensors["personal"])
+        assert torch.equal(
+            strategy.personalized_params(server, state, p, gen()), state.tensors["personal"]
+        )
 
 
 def test_ditto_e_and_w_differ_only_in_weights():
@@ -122,8 +129,9 @@ def test_ditto_e_and_w_differ_only_in_weights():
     s_w, _, _ = run_rounds(BASELINES["ditto-w"](lr=0.5, local_steps=200), problems(), 1)
     torch.testing.assert_close(s_e.global_params, zs().mean(0), rtol=0, atol=1e-10)
     n = torch.tensor(N, dtype=D)
-    torch.testing.assert_close(s_w.global_params, (n[:, None] * zs()).sum(0) / n.sum(),
-                               rtol=0, atol=1e-10)
+    torch.testing.assert_close(
+        s_w.global_params, (n[:, None] * zs()).sum(0) / n.sum(), rtol=0, atol=1e-10
+    )
 
 
 def test_pfedme_inner_solution_is_prox_closed_form():
@@ -139,8 +147,7 @@ def test_pfedme_fixed_point_with_one_local_round():
     # R = 1, exact inner solve: w' = w - beta eta lam mean_k (w - z_k)/(1 + lam s2_k), so
     # the fixed point is the mean of z_k weighted by 1/(1 + lam s2_k).
     lam = 1.0
-    strategy = PFedMe(lam=lam, personal_lr=0.3, inner_steps=150, lr=0.5, local_steps=1,
-                      beta=1.5)
+    strategy = PFedMe(lam=lam, personal_lr=0.3, inner_steps=150, lr=0.5, local_steps=1, beta=1.5)
     server, states, _ = run_rounds(strategy, problems(), rounds=150)
     a = 1 / (1 + lam * torch.tensor(S2, dtype=D))
     expected = (a[:, None] * zs()).sum(0) / a.sum()
@@ -161,14 +168,14 @@ def test_perfedavg_first_order_fixed_point_and_adaptation():
     expected = (c[:, None] * zs()).sum(0) / c.sum()
     torch.testing.assert_close(server.global_params, expected, rtol=0, atol=1e-9)
     for p, v in zip(problems(), personal, strict=True):
-        torch.testing.assert_close(v, expected - alpha * (expected - p.z) / p.s2,
-                                   rtol=0, atol=1e-9)
+        torch.testing.assert_close(v, expected - alpha * (expected - p.z) / p.s2, rtol=0, atol=1e-9)
 
 
 def test_local_only_reaches_each_local_optimum_and_keeps_global():
     init = torch.tensor([0.5, 0.5], dtype=D)
-    server, _, personal = run_rounds(LocalOnly(lr=0.2, local_steps=100), problems(),
-                                     rounds=3, init=init)
+    server, _, personal = run_rounds(
+        LocalOnly(lr=0.2, local_steps=100), problems(), rounds=3, init=init
+    )
     assert torch.equal(server.global_params, init)
     for p, v in zip(problems(), personal, strict=True):
         torch.testing.assert_close(v, p.z, rtol=0, atol=1e-10)
@@ -188,11 +195,13 @@ def test_pfedvem_posterior_matches_gaussian_closed_form():
     # mu* = (z/s2 + kw w/rho2)/(1/s2 + kw/rho2), sigma*^2 = kw/(1/s2 + kw/rho2).
     dim, kw, rho2, s2 = 64, 0.5, 2.0, 1.0
     p = Quadratic(torch.full((dim,), 1.0), s2=s2, n=30)
-    strategy = PFedVEM(lr=0.02, local_steps=1500, mc_samples=2, init_std=0.3,
-                       init_prior_var=rho2, kl_weight=kw)
+    strategy = PFedVEM(
+        lr=0.02, local_steps=1500, mc_samples=2, init_std=0.3, init_prior_var=rho2, kl_weight=kw
+    )
     server = strategy.init_server(torch.zeros(dim, dtype=D))
-    result, state = strategy.client_update(strategy.configure_client(server, "a", 1),
-                                           ClientState(), p, gen(3))
+    result, state = strategy.client_update(
+        strategy.configure_client(server, "a", 1), ClientState(), p, gen(3)
+    )
     mu, sigma = state.tensors["mu"], torch.nn.functional.softplus(state.tensors["pi"])
     prec = 1 / s2 + kw / rho2
     assert abs(float(mu.mean()) - (1.0 / s2) / prec) < 0.02
@@ -210,8 +219,9 @@ def test_pfedvem_server_head_is_confidence_weighted_and_base_sample_weighted():
     g = gen(1)
     params = [torch.randn(dim, generator=g, dtype=D) for _ in range(4)]
     taus, ns = [0.5, 2.0, 7.0, 1.5], [3, 10, 1, 20]
-    results = [ClientResult(f"c{k}", 1, params[k], ns[k], scalars={"tau": taus[k]})
-               for k in range(4)]
+    results = [
+        ClientResult(f"c{k}", 1, params[k], ns[k], scalars={"tau": taus[k]}) for k in range(4)
+    ]
     new = strategy.aggregate(server, (r for r in results), 0.5)
     P = torch.stack(params)
     n, t = torch.tensor(ns, dtype=D), torch.tensor(taus, dtype=D)
@@ -225,12 +235,15 @@ def test_pfedvem_head_slice_trains_base_like_sgd():
     p = Quadratic([1.0, 2.0, 3.0, 4.0], s2=1.0, n=10)
     strategy = PFedVEM(head=slice(2, None), lr=0.1, local_steps=7, kl_weight=0.1)
     server = strategy.init_server(torch.zeros(4, dtype=D))
-    result, state = strategy.client_update(strategy.configure_client(server, "a", 1),
-                                           ClientState(), p, gen())
-    torch.testing.assert_close(result.params[:2], p.z[:2] * (1 - 0.9 ** 7))
+    result, state = strategy.client_update(
+        strategy.configure_client(server, "a", 1), ClientState(), p, gen()
+    )
+    torch.testing.assert_close(result.params[:2], p.z[:2] * (1 - 0.9**7))
     assert state.tensors["mu"].shape == (2,)
     pers = strategy.personalized_params(server, state, p, gen())
-    assert torch.equal(pers[2:], state.tensors["mu"]) and torch.equal(pers[:2], server.global_params[:2])
+    assert torch.equal(pers[2:], state.tensors["mu"]) and torch.equal(
+        pers[:2], server.global_params[:2]
+    )
 
 
 # ---------------------------------------------------------------- streaming aggregation
@@ -240,12 +253,17 @@ def test_streaming_aggregate_equals_batch_and_reads_results_once(name):
     dim = 50
     g = gen(7)
     server = strategy.init_server(torch.randn(dim, generator=g, dtype=torch.float32))
-    results = [ClientResult(f"c{k}", 1, torch.randn(dim, generator=g), 5 + 13 * k,
-                            scalars={"tau": 0.5 + k}) for k in range(9)]
+    results = [
+        ClientResult(
+            f"c{k}", 1, torch.randn(dim, generator=g), 5 + 13 * k, scalars={"tau": 0.5 + k}
+        )
+        for k in range(9)
+    ]
     new = strategy.aggregate(server, (r for r in results), 1.0)  # a one-shot iterator
     P = torch.stack([r.params for r in results]).double()
-    w = torch.tensor([r.num_samples if strategy.weighting == "samples" else 1
-                      for r in results], dtype=D)
+    w = torch.tensor(
+        [r.num_samples if strategy.weighting == "samples" else 1 for r in results], dtype=D
+    )
     if name == "pfedvem":
         w = torch.tensor([r.scalars["tau"] for r in results], dtype=D)  # head = everything
     mean = (w[:, None] * P).sum(0) / w.sum()
@@ -288,8 +306,12 @@ def test_non_finite_inputs_are_refused(name):
     # A corrupted global model coming down is refused too.
     bad_server = type(server)(round_id=1, global_params=torch.tensor([1.0, float("inf")], dtype=D))
     with pytest.raises(NonFiniteError):
-        strategy.client_update(strategy.configure_client(bad_server, "a", 2), ClientState(),
-                               Quadratic([0.0, 0.0], 1.0, 5), gen())
+        strategy.client_update(
+            strategy.configure_client(bad_server, "a", 2),
+            ClientState(),
+            Quadratic([0.0, 0.0], 1.0, 5),
+            gen(),
+        )
 
 
 @pytest.mark.parametrize("name", sorted(BASELINES))
@@ -322,7 +344,10 @@ def test_bad_hyperparameters_are_refused():
     with pytest.raises(ValueError):
         PFedVEM(head=slice(0, 4, 2)).client_update(
             PFedVEM().configure_client(PFedVEM().init_server(torch.zeros(4)), "a", 1),
-            ClientState(), Quadratic([0.0] * 4, 1.0, 3), gen())
+            ClientState(),
+            Quadratic([0.0] * 4, 1.0, 3),
+            gen(),
+        )
 
 
 # ---------------------------------------------------------------- determinism
@@ -350,17 +375,32 @@ def test_registry_constructs_named_strategies():
 def test_baselines_run_in_the_core_simulation_with_gaussian_problems():
     sim = pytest.importorskip("wakefl.sdk.selffl.simulation")
     gp = pytest.importorskip("wakefl.sdk.selffl.gaussian_problem")
-    probs = {f"c{k}": gp.GaussianLocalProblem(z, s2, n) for k, (z, s2, n)
-             in enumerate(zip(Z, S2, N, strict=True))}
-    out = sim.run_simulation(BASELINES["fedavg-w"](lr=0.5, local_steps=200), probs,
-                             torch.zeros(2, dtype=D), rounds=1, activity_rate=1.0, seed=0)
+    probs = {
+        f"c{k}": gp.GaussianLocalProblem(z, s2, n)
+        for k, (z, s2, n) in enumerate(zip(Z, S2, N, strict=True))
+    }
+    out = sim.run_simulation(
+        BASELINES["fedavg-w"](lr=0.5, local_steps=200),
+        probs,
+        torch.zeros(2, dtype=D),
+        rounds=1,
+        activity_rate=1.0,
+        seed=0,
+    )
     n = torch.tensor(N, dtype=D)
-    torch.testing.assert_close(out.server.global_params, (n[:, None] * zs()).sum(0) / n.sum(),
-                               rtol=0, atol=1e-10)
+    torch.testing.assert_close(
+        out.server.global_params, (n[:, None] * zs()).sum(0) / n.sum(), rtol=0, atol=1e-10
+    )
     for name, make in BASELINES.items():
         kwargs = {"kl_weight": 1.0} if name == "pfedvem" else {}
-        a = sim.run_simulation(make(local_steps=3, **kwargs), probs, torch.zeros(2, dtype=D),
-                               rounds=3, activity_rate=0.5, seed=4)
+        a = sim.run_simulation(
+            make(local_steps=3, **kwargs),
+            probs,
+            torch.zeros(2, dtype=D),
+            rounds=3,
+            activity_rate=0.5,
+            seed=4,
+        )
         assert torch.isfinite(a.server.global_params).all(), name
 
 
@@ -372,8 +412,9 @@ def test_pfedvem_stays_finite_after_a_confident_round():
     strategy = PFedVEM(lr=0.05, local_steps=50, init_std=0.01, kl_weight=1.0)
     server = strategy.init_server(torch.zeros(dim, dtype=D))
     state = ClientState(scalars={"rho_sq": 1e-4})
-    result, new_state = strategy.client_update(strategy.configure_client(server, "a", 1),
-                                               state, p, gen(5))
+    result, new_state = strategy.client_update(
+        strategy.configure_client(server, "a", 1), state, p, gen(5)
+    )
     mu = new_state.tensors["mu"]
     sigma = torch.nn.functional.softplus(new_state.tensors["pi"])
     assert torch.isfinite(result.params).all() and bool((sigma > 0).all())

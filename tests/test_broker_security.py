@@ -62,8 +62,12 @@ def test_acl_pins_each_device_to_its_own_topics(secure_broker):
         srv.publish(topics.ack(FLEET, "dev-b"), b"ack-for-b")
         srv.publish(topics.downlink(FLEET), b"down")
         # denied: a posing as b on b's uplink, a writing the downlink or b's ack
-        for topic in (topics.uplink(FLEET, "dev-b"), topics.downlink(FLEET),
-                      topics.ack(FLEET, "dev-b"), topics.hello(FLEET, "dev-b")):
+        for topic in (
+            topics.uplink(FLEET, "dev-b"),
+            topics.downlink(FLEET),
+            topics.ack(FLEET, "dev-b"),
+            topics.hello(FLEET, "dev-b"),
+        ):
             with pytest.raises(PublishError) as info:
                 a.publish(topic, b"forged")
             assert info.value.code == 0x87
@@ -72,7 +76,10 @@ def test_acl_pins_each_device_to_its_own_topics(secure_broker):
     finally:
         for link in (a, b, srv):
             link.close()
-    assert sorted(srv_up) == [("wakefl/secure/up/dev-a", b"from-a"), ("wakefl/secure/up/dev-b", b"from-b")]
+    assert sorted(srv_up) == [
+        ("wakefl/secure/up/dev-a", b"from-a"),
+        ("wakefl/secure/up/dev-b", b"from-b"),
+    ]
     assert b_acks == [("wakefl/secure/ack/dev-b", b"ack-for-b")]
     assert b_down == [("wakefl/secure/down", b"down")]
     # a read only the downlink: neither b's ack nor b's (nor its own) uplink
@@ -93,8 +100,10 @@ def test_wrong_password_plain_tcp_and_unknown_ca_are_refused(secure_broker, tmp_
 
     ensure_ca(other_ca, "127.0.0.1")
     with pytest.raises(ProtocolError):  # a server certificate this CA did not sign
-        MqttLink(f"mqtts://dev-a:{a_cfg['password']}@{url.host}:{url.port}?ca={other_ca / 'ca.crt'}",
-                 "dev-a").connect(3)
+        MqttLink(
+            f"mqtts://dev-a:{a_cfg['password']}@{url.host}:{url.port}?ca={other_ca / 'ca.crt'}",
+            "dev-a",
+        ).connect(3)
 
 
 def test_stolen_device_password_cannot_take_over_another_client_id(secure_broker):

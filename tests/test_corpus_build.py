@@ -33,16 +33,24 @@ def _digest(folder: Path) -> dict[str, str]:
 def test_same_seed_gives_byte_identical_corpus(tmp_path: Path) -> None:
     # Separate speech caches: both builds synthesize from scratch, so the engines'
     # determinism is checked too, not only the cache.
-    m1 = build_corpus(tmp_path / "a", seed=3, profile=MICRO, progress=False, tts_cache_dir=tmp_path / "tts1")
-    m2 = build_corpus(tmp_path / "b", seed=3, profile=MICRO, progress=False, tts_cache_dir=tmp_path / "tts2")
+    m1 = build_corpus(
+        tmp_path / "a", seed=3, profile=MICRO, progress=False, tts_cache_dir=tmp_path / "tts1"
+    )
+    m2 = build_corpus(
+        tmp_path / "b", seed=3, profile=MICRO, progress=False, tts_cache_dir=tmp_path / "tts2"
+    )
     d1, d2 = _digest(m1.parent), _digest(m2.parent)
     assert "manifest.csv" in d1 and len(d1) > 30
     assert d1 == d2
     # A rebuild in place gives the same bytes again.
-    build_corpus(tmp_path / "a", seed=3, profile=MICRO, progress=False, tts_cache_dir=tmp_path / "tts1")
+    build_corpus(
+        tmp_path / "a", seed=3, profile=MICRO, progress=False, tts_cache_dir=tmp_path / "tts1"
+    )
     assert _digest(m1.parent) == d1
     # Another seed gives other audio.
-    m3 = build_corpus(tmp_path / "c", seed=4, profile=MICRO, progress=False, tts_cache_dir=tmp_path / "tts1")
+    m3 = build_corpus(
+        tmp_path / "c", seed=4, profile=MICRO, progress=False, tts_cache_dir=tmp_path / "tts1"
+    )
     d3 = _digest(m3.parent)
     wavs = [k for k in d1 if k.endswith(".wav") and k in d3]
     assert sum(d1[k] != d3[k] for k in wavs) > 0.9 * len(wavs)
@@ -71,7 +79,12 @@ def test_every_file_decodes_at_16k_mono_with_its_duration(tiny_corpus: Path) -> 
     rows = read_manifest(tiny_corpus)
     for r in rows:
         info = sf.info(str(r.resolve(tiny_corpus)))
-        assert (info.samplerate, info.channels, info.subtype, info.format) == (16000, 1, "PCM_16", "WAV")
+        assert (info.samplerate, info.channels, info.subtype, info.format) == (
+            16000,
+            1,
+            "PCM_16",
+            "WAV",
+        )
         assert info.frames == round(r.duration_s * 16000), r.path
         if r.kind == "clip":
             assert info.frames == CLIP_SAMPLES
@@ -108,7 +121,9 @@ def test_device_types_differ_measurably(tiny_corpus: Path) -> None:
     assert nearest_centroid_accuracy(feats, rows) > 0.4
     devices = sorted({r.device_type for r in rows})
     centroids = {
-        d: np.mean([feats[r.path] for r in rows if r.split == "train" and r.device_type == d], axis=0)
+        d: np.mean(
+            [feats[r.path] for r in rows if r.split == "train" and r.device_type == d], axis=0
+        )
         for d in devices
     }
     # The narrowband device (D) has far less energy above 4 kHz than the phone (B).

@@ -19,7 +19,9 @@ from wakefl.tools.corpus_import import import_recordings
 
 
 def _espeak(text: str) -> tuple[np.ndarray, int]:
-    out = subprocess.run(["espeak-ng", "-v", "en-us", "--stdout", text], capture_output=True, check=True)
+    out = subprocess.run(
+        ["espeak-ng", "-v", "en-us", "--stdout", text], capture_output=True, check=True
+    )
     return sf.read(io.BytesIO(out.stdout), dtype="float32")
 
 
@@ -34,7 +36,11 @@ def recordings(tmp_path_factory: pytest.TempPathFactory) -> Path:
     sf.write(src / "pos_stereo.flac", np.stack([up, 0.5 * up], axis=1), 2 * sr)
     sf.write(src / "neg.ogg", sentence, sr, format="OGG", subtype="VORBIS")
     sf.write(src / "neg_long.wav", np.tile(sentence, 6), sr)  # > 10 s: becomes a stream
-    sf.write(src / "neg_3s.wav", np.concatenate([np.zeros(sr), sentence[: len(phrase)], np.zeros(sr)]), sr)
+    sf.write(
+        src / "neg_3s.wav",
+        np.concatenate([np.zeros(sr), sentence[: len(phrase)], np.zeros(sr)]),
+        sr,
+    )
     sf.write(src / "short.wav", phrase[: int(0.1 * sr)], sr)
     (src / "corrupt.wav").write_bytes(b"RIFF\x10\x00\x00\x00WAVEjunk" + bytes(range(200)))
     (src / "empty.wav").write_bytes(b"")
@@ -76,7 +82,9 @@ EXPECTED_BAD = {
 
 def test_report_lists_every_bad_file_with_its_reason(recordings: Path, tmp_path: Path) -> None:
     out = tmp_path / "imp"
-    res = import_recordings(recordings, recordings / "list.csv", out, max_bad_share=0.9, progress=False)
+    res = import_recordings(
+        recordings, recordings / "list.csv", out, max_bad_share=0.9, progress=False
+    )
     report = json.loads(res.report.read_text())
     assert report["rows"] == 13 and report["imported"] == 5 and report["bad"] == 8
     reasons = {e["path"]: e["detail"] for e in report["bad_files"]}
@@ -112,7 +120,9 @@ def test_report_lists_every_bad_file_with_its_reason(recordings: Path, tmp_path:
 def test_import_fails_loudly_above_the_bad_share(recordings: Path, tmp_path: Path) -> None:
     out = tmp_path / "imp"
     with pytest.raises(WakeflError, match=r"8 of 13 files are bad") as exc:
-        import_recordings(recordings, recordings / "list.csv", out, max_bad_share=0.1, progress=False)
+        import_recordings(
+            recordings, recordings / "list.csv", out, max_bad_share=0.1, progress=False
+        )
     assert "corrupt.wav" in str(exc.value)
     assert (out / "import_report.json").is_file()
     assert not (out / "manifest.csv").exists()
@@ -138,7 +148,7 @@ def test_cli_import(recordings: Path, tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 def _trimmed_phrase() -> np.ndarray:
-    """"hey nova" from espeak-ng at 16 kHz, without its leading and trailing silence."""
+    """ "hey nova" from espeak-ng at 16 kHz, without its leading and trailing silence."""
     import librosa
 
     x, sr = _espeak("hey nova")
@@ -167,8 +177,13 @@ def test_long_positives_are_cropped_around_the_phrase_not_the_loud_music(tmp_pat
     src = tmp_path / "src"
     src.mkdir()
     placed, rows = {}, []
-    cases = [("music", music_like, 4.0, 0.6), ("music", music_like, 6.0, 4.1), ("music", music_like, 5.0, 2.2),
-             ("alarm", alarm_tones, 4.5, 3.0), ("alarm", alarm_tones, 7.0, 0.9)]
+    cases = [
+        ("music", music_like, 4.0, 0.6),
+        ("music", music_like, 6.0, 4.1),
+        ("music", music_like, 5.0, 2.2),
+        ("alarm", alarm_tones, 4.5, 3.0),
+        ("alarm", alarm_tones, 7.0, 0.9),
+    ]
     for i, (kind, make, seconds, offset) in enumerate(cases):
         # Background twice as loud (RMS) as the speech: the loudest 1.5 s is not the phrase.
         x = 2.0 * level * make(np.random.default_rng(i), int(seconds * 16000))
@@ -178,10 +193,18 @@ def test_long_positives_are_cropped_around_the_phrase_not_the_loud_music(tmp_pat
         sf.write(src / name, np.clip(x, -1, 1).astype(np.float32), 16000, subtype="PCM_16")
         placed[name] = (offset, offset + phrase.size / 16000)
         rows.append((name, "1", "A", "playback", f"spk{i}", "test", "", ""))
-    sf.write(src / "marked.wav", np.clip(2.0 * level * music_like(np.random.default_rng(9), 12 * 16000), -1, 1), 16000)
+    sf.write(
+        src / "marked.wav",
+        np.clip(2.0 * level * music_like(np.random.default_rng(9), 12 * 16000), -1, 1),
+        16000,
+    )
     rows.append(("marked.wav", "1", "A", "playback", "spk9", "test", "7.25", "8.0"))
     out = tmp_path / "out"
-    _write_csv(src / "list.csv", ["path", "label", "device_type", "state", "speaker", "split", "onset_s", "offset_s"], rows)
+    _write_csv(
+        src / "list.csv",
+        ["path", "label", "device_type", "state", "speaker", "split", "onset_s", "offset_s"],
+        rows,
+    )
     import_recordings(src, src / "list.csv", out, progress=False)
     report = _report_rows(out)
     for name, (a, b) in placed.items():
@@ -200,10 +223,22 @@ def test_short_clips_are_padded_with_the_files_background(tmp_path: Path) -> Non
     src = tmp_path / "src"
     src.mkdir()
     sf.write(src / "noisy.wav", noisy, 16000, subtype="PCM_16")
-    sf.write(src / "clean.wav", np.concatenate([np.zeros(800, np.float32), phrase]), 16000, subtype="PCM_16")
-    _write_csv(src / "list.csv", ["path", "label", "device_type"], [("noisy.wav", 1, "A"), ("clean.wav", 1, "A")])
+    sf.write(
+        src / "clean.wav",
+        np.concatenate([np.zeros(800, np.float32), phrase]),
+        16000,
+        subtype="PCM_16",
+    )
+    _write_csv(
+        src / "list.csv",
+        ["path", "label", "device_type"],
+        [("noisy.wav", 1, "A"), ("clean.wav", 1, "A")],
+    )
     res = import_recordings(src, src / "list.csv", tmp_path / "out", progress=False)
-    clips = {r.path.split("_", 1)[1]: sf.read(str(r.resolve(res.manifest)))[0] for r in read_manifest(res.manifest)}
+    clips = {
+        r.path.split("_", 1)[1]: sf.read(str(r.resolve(res.manifest)))[0]
+        for r in read_manifest(res.manifest)
+    }
     pad = (24000 - noisy.size) // 2
     edge = clips["noisy.wav"][: pad - 10]
     assert np.count_nonzero(edge == 0.0) < 0.05 * edge.size  # not digital silence
@@ -214,7 +249,9 @@ def test_short_clips_are_padded_with_the_files_background(tmp_path: Path) -> Non
     assert "background" in _report_rows(tmp_path / "out")["clean.wav"]["detail"]
 
 
-def test_names_are_normalized_and_only_ambiguity_is_refused(recordings: Path, tmp_path: Path) -> None:
+def test_names_are_normalized_and_only_ambiguity_is_refused(
+    recordings: Path, tmp_path: Path
+) -> None:
     from wakefl.tools.evaluation import bootstrap_units
 
     rows = [
@@ -225,14 +262,30 @@ def test_names_are_normalized_and_only_ambiguity_is_refused(recordings: Path, tm
         ("neg_long.wav", "0", "phone", "Normal", "background", "validation"),
         ("silent.wav", "0", "phone", "sleeping", "x", "train"),
     ]
-    _write_csv(tmp_path / "list.csv", ["path", "label", "device_type", "state", "speaker", "split"], rows)
+    _write_csv(
+        tmp_path / "list.csv", ["path", "label", "device_type", "state", "speaker", "split"], rows
+    )
     (tmp_path / "sub").mkdir()
-    sf.write(tmp_path / "sub" / "bg.wav", np.random.default_rng(1).standard_normal(8000).astype(np.float32) * 0.05, 16000)
-    res = import_recordings(recordings, tmp_path / "list.csv", tmp_path / "out", max_bad_share=0.6, progress=False)
+    sf.write(
+        tmp_path / "sub" / "bg.wav",
+        np.random.default_rng(1).standard_normal(8000).astype(np.float32) * 0.05,
+        16000,
+    )
+    res = import_recordings(
+        recordings, tmp_path / "list.csv", tmp_path / "out", max_bad_share=0.6, progress=False
+    )
     got = {r.path.split("_", 1)[1].rsplit(".", 1)[0]: r for r in read_manifest(res.manifest)}
-    assert (got["pos_22k"].state, got["pos_22k"].split, got["pos_22k"].speaker) == ("playback", "test", "alice-smith")
+    assert (got["pos_22k"].state, got["pos_22k"].split, got["pos_22k"].speaker) == (
+        "playback",
+        "test",
+        "alice-smith",
+    )
     # The same speaker without a split takes the split of its other rows.
-    assert (got["pos_stereo"].speaker, got["pos_stereo"].split, got["pos_stereo"].state) == ("alice-smith", "test", "alarm")
+    assert (got["pos_stereo"].speaker, got["pos_stereo"].split, got["pos_stereo"].state) == (
+        "alice-smith",
+        "test",
+        "alarm",
+    )
     assert got["neg_long"].speaker.startswith("nospeech-") and got["neg_long"].split == "val"
     bad = {e["path"]: e["detail"] for e in res.bad}
     assert "ambiguous" in bad["neg.ogg"] and "ambiguous" in bad["neg_3s.wav"]
@@ -242,34 +295,66 @@ def test_names_are_normalized_and_only_ambiguity_is_refused(recordings: Path, tm
 
 
 def test_speaker_leakage_is_refused_unless_allowed(recordings: Path, tmp_path: Path) -> None:
-    rows = [("pos_22k.wav", "1", "phone", "", "bob", "train"), ("neg.ogg", "0", "phone", "", "Bob", "test")]
-    _write_csv(tmp_path / "list.csv", ["path", "label", "device_type", "state", "speaker", "split"], rows)
-    with pytest.raises(WakeflError, match=r"1 speaker\(s\) appear in more than one split.*bob: test \(line 3\), train \(line 2\).*--allow-speaker-leakage"):
+    rows = [
+        ("pos_22k.wav", "1", "phone", "", "bob", "train"),
+        ("neg.ogg", "0", "phone", "", "Bob", "test"),
+    ]
+    _write_csv(
+        tmp_path / "list.csv", ["path", "label", "device_type", "state", "speaker", "split"], rows
+    )
+    with pytest.raises(
+        WakeflError,
+        match=r"1 speaker\(s\) appear in more than one split.*bob: test \(line 3\), train \(line 2\).*--allow-speaker-leakage",
+    ):
         import_recordings(recordings, tmp_path / "list.csv", tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
-    res = import_recordings(recordings, tmp_path / "list.csv", tmp_path / "out", progress=False,
-                            allow_speaker_leakage=True)
+    res = import_recordings(
+        recordings,
+        tmp_path / "list.csv",
+        tmp_path / "out",
+        progress=False,
+        allow_speaker_leakage=True,
+    )
     assert {r.split for r in read_manifest(res.manifest)} == {"train", "test"}
 
 
-def test_failed_import_leaves_only_its_report_and_force_replaces(recordings: Path, tmp_path: Path) -> None:
+def test_failed_import_leaves_only_its_report_and_force_replaces(
+    recordings: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "out"
     with pytest.raises(WakeflError):
-        import_recordings(recordings, recordings / "list.csv", out, max_bad_share=0.1, progress=False)
+        import_recordings(
+            recordings, recordings / "list.csv", out, max_bad_share=0.1, progress=False
+        )
     assert sorted(p.name for p in out.iterdir()) == ["import_report.csv", "import_report.json"]
     assert json.loads((out / "import_report.json").read_text())["status"] == "failed"
     # The retry is not refused: a failed import's folder is replaced.
-    res = import_recordings(recordings, recordings / "list.csv", out, max_bad_share=0.9, progress=False)
+    res = import_recordings(
+        recordings, recordings / "list.csv", out, max_bad_share=0.9, progress=False
+    )
     assert res.n_ok == 5 and (out / "clips").is_dir()
     with pytest.raises(WakeflError, match="holds a previous import; pass --force"):
-        import_recordings(recordings, recordings / "list.csv", out, max_bad_share=0.9, progress=False)
+        import_recordings(
+            recordings, recordings / "list.csv", out, max_bad_share=0.9, progress=False
+        )
     (out / "stale.txt").write_text("left by an old run")
-    import_recordings(recordings, recordings / "list.csv", out, max_bad_share=0.9, progress=False, force=True)
+    import_recordings(
+        recordings, recordings / "list.csv", out, max_bad_share=0.9, progress=False, force=True
+    )
     assert not (out / "stale.txt").exists() and (out / "manifest.csv").is_file()
     other = tmp_path / "mine"
     other.mkdir()
     (other / "notes.txt").write_text("not an import")
     with pytest.raises(WakeflError, match="holds no previous import"):
-        import_recordings(recordings, recordings / "list.csv", other, max_bad_share=0.9, progress=False, force=True)
+        import_recordings(
+            recordings,
+            recordings / "list.csv",
+            other,
+            max_bad_share=0.9,
+            progress=False,
+            force=True,
+        )
     assert (other / "notes.txt").is_file()
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folders left
+    assert not [
+        p for p in tmp_path.iterdir() if p.name.startswith(".")
+    ]  # no temporary folders left

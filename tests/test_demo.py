@@ -16,13 +16,31 @@ TYPES = ["A", "B", "C", "D", "E"]
 
 
 def test_demo_smallest_setting_writes_a_report_per_device_type(tmp_path, tiny_corpus):
-    env = dict(os.environ, WAKEFL_CACHE=str(tmp_path / "cache"), PYTHONUNBUFFERED="1",
-               OMP_NUM_THREADS="1")
+    env = dict(
+        os.environ, WAKEFL_CACHE=str(tmp_path / "cache"), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1"
+    )
     workdir = tmp_path / "demo"
     proc = subprocess.run(
-        [sys.executable, "-m", "wakefl.tools.cli", "demo", "--manifest", str(tiny_corpus),
-         "--width", "0.125", "--rounds", "2", "--warm-epochs", "2", "--workdir", str(workdir)],
-        capture_output=True, text=True, env=env, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "wakefl.tools.cli",
+            "demo",
+            "--manifest",
+            str(tiny_corpus),
+            "--width",
+            "0.125",
+            "--rounds",
+            "2",
+            "--warm-epochs",
+            "2",
+            "--workdir",
+            str(workdir),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
@@ -38,8 +56,11 @@ def test_demo_smallest_setting_writes_a_report_per_device_type(tmp_path, tiny_co
         assert f"| {t}      | global" in summary and f"| {t}      | personalized" in summary
     rows = json.loads((report / "results.json").read_text())["rows"]
     for t in TYPES:
-        own = [r for r in rows if r["candidate"] == f"personal-{t}" and r["device_type"] == t
-               and r["state"] == "all"]
+        own = [
+            r
+            for r in rows
+            if r["candidate"] == f"personal-{t}" and r["device_type"] == t and r["state"] == "all"
+        ]
         assert len(own) == 1 and own[0]["n_positive"] > 0 and own[0]["n_negative"] > 0
         assert any(r["candidate"] == "global" and r["device_type"] == t for r in rows)
     assert list(report.glob("*.png")), "DET curves missing"
@@ -49,9 +70,19 @@ def test_demo_smallest_setting_writes_a_report_per_device_type(tmp_path, tiny_co
 
 def test_demo_refuses_bad_arguments_cleanly(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "wakefl.tools.cli", "demo", "--manifest",
-         str(tmp_path / "missing.csv"), "--workdir", str(tmp_path / "w")],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "wakefl.tools.cli",
+            "demo",
+            "--manifest",
+            str(tmp_path / "missing.csv"),
+            "--workdir",
+            str(tmp_path / "w"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2
     assert "does not exist" in proc.stderr and "Traceback" not in proc.stderr

@@ -33,7 +33,9 @@ class ToneDataset(Dataset):
         t = np.arange(CFG.window_samples) / CFG.sample_rate
         self.labels = np.array([i % 2 for i in range(n)], dtype=np.int64)
         self.waves = [
-            (0.05 * g.standard_normal(t.size) + 0.3 * lab * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
+            (0.05 * g.standard_normal(t.size) + 0.3 * lab * np.sin(2 * np.pi * 440 * t)).astype(
+                np.float32
+            )
             for lab in self.labels
         ]
 
@@ -72,24 +74,56 @@ class FakeServer:
     def _hello(self, topic, payload):
         self.hellos.put(messages.decode_as(payload, messages.Hello))
 
-    def downlink(self, round_id: int, sampled: list[str], final: bool = False,
-                 deadline_s: float = 60.0, run_id: str = "run1", args: dict | None = None) -> None:
+    def downlink(
+        self,
+        round_id: int,
+        sampled: list[str],
+        final: bool = False,
+        deadline_s: float = 60.0,
+        run_id: str = "run1",
+        args: dict | None = None,
+    ) -> None:
         msg = messages.Downlink(
-            fleet=self.fleet, run_id=run_id, round_id=round_id, global_params=self.initial,
+            fleet=self.fleet,
+            run_id=run_id,
+            round_id=round_id,
+            global_params=self.initial,
             model_config=CFG.to_dict(),
             instructions={d: {"sigma0_sq": 0.0, "others_precision": 0.0} for d in sampled},
-            hyperparameters={"strategy": "selffl", "strategy_args": args or ARGS, "ack_timeout_s": 1.0,
-                             "wire_dtype": "fp32"},
-            deadline=time.time() + deadline_s, final=final)
+            hyperparameters={
+                "strategy": "selffl",
+                "strategy_args": args or ARGS,
+                "ack_timeout_s": 1.0,
+                "wire_dtype": "fp32",
+            },
+            deadline=time.time() + deadline_s,
+            final=final,
+        )
         self.link.publish(topics.downlink(self.fleet), messages.encode(msg), retain=True)
 
-    def ack(self, device: str, round_id: int, accepted: bool = True, reason: str = "",
-            answers: str | None = None) -> None:
+    def ack(
+        self,
+        device: str,
+        round_id: int,
+        accepted: bool = True,
+        reason: str = "",
+        answers: str | None = None,
+    ) -> None:
         """Ack the device's latest uplink (or the message id `answers`)."""
         answers = self.last_id.get(device, "") if answers is None else answers
-        self.link.publish(topics.ack(self.fleet, device), messages.encode(
-            messages.Ack(fleet=self.fleet, device_id=device, round_id=round_id,
-                         accepted=accepted, reason=reason, answers=answers)))
+        self.link.publish(
+            topics.ack(self.fleet, device),
+            messages.encode(
+                messages.Ack(
+                    fleet=self.fleet,
+                    device_id=device,
+                    round_id=round_id,
+                    accepted=accepted,
+                    reason=reason,
+                    answers=answers,
+                )
+            ),
+        )
 
     def next_uplink(self, timeout: float = 30.0) -> messages.Uplink:
         return self.uplinks.get(timeout=timeout)
@@ -115,9 +149,17 @@ def _start(client: DeviceClient, **kw):
 
 
 def _client(tmp_path, broker, fleet, device="dev1", **kw) -> DeviceClient:
-    return DeviceClient(device, "A", ToneDataset(8, 1), tmp_path / device,
-                        validation=ToneDataset(8, 2), broker_url=broker.url, fleet=fleet,
-                        ack_timeout_s=1.0, **kw)
+    return DeviceClient(
+        device,
+        "A",
+        ToneDataset(8, 1),
+        tmp_path / device,
+        validation=ToneDataset(8, 2),
+        broker_url=broker.url,
+        fleet=fleet,
+        ack_timeout_s=1.0,
+        **kw,
+    )
 
 
 def test_round_trip_resend_and_run_end(tmp_path, broker):
@@ -128,7 +170,12 @@ def test_round_trip_resend_and_run_end(tmp_path, broker):
     th, out = _start(client)
     try:
         hello = server.hellos.get(timeout=20)
-        assert (hello.device_id, hello.device_type, hello.num_samples, hello.online) == ("dev1", "A", 8, True)
+        assert (hello.device_id, hello.device_type, hello.num_samples, hello.online) == (
+            "dev1",
+            "A",
+            8,
+            True,
+        )
 
         server.downlink(1, ["dev1"])
         up = server.next_uplink()
@@ -280,8 +327,9 @@ def test_acks_for_other_messages_are_ignored(tmp_path, broker):
         server.downlink(1, ["dev1"])
         up = server.next_uplink()
         mine = server.last_id["dev1"]
-        server.ack("dev1", 1, accepted=False, reason="malformed",
-                   answers=messages.message_id(b"garbage"))
+        server.ack(
+            "dev1", 1, accepted=False, reason="malformed", answers=messages.message_id(b"garbage")
+        )
         server.ack("dev1", 1, accepted=False, reason="stale_round", answers="")
         again = server.next_uplink(timeout=10)  # still pending: re-sent after the ack timeout
         assert torch.equal(again.params, up.params) and server.last_id["dev1"] == mine
@@ -378,9 +426,23 @@ def test_embedding_example_runs(tiny_corpus):
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[1] / "tools" / "examples" / "device_app.py"
-    res = subprocess.run([sys.executable, str(script), "--data", str(tiny_corpus), "--type", "B",
-                          "--width", "0.05", "--rounds", "1"],
-                         capture_output=True, text=True, timeout=240)
+    res = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--data",
+            str(tiny_corpus),
+            "--type",
+            "B",
+            "--width",
+            "0.05",
+            "--rounds",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "took part in 1 round(s); 1 update(s) accepted" in res.stdout, res.stdout
     assert "personal model exported" in res.stdout and "streamed" in res.stdout, res.stdout
@@ -396,9 +458,15 @@ def test_truncated_wav_in_local_data_is_refused_with_a_clear_error(tmp_path):
     (tmp_path / "clips").mkdir()
     rows = []
     for i in range(2):
-        sf.write(tmp_path / "clips" / f"c{i}.wav", np.full(24000, 0.1, np.float32), 16000,
-                 subtype="PCM_16")
-        rows.append(ManifestRow(f"clips/c{i}.wav", i % 2, "A", "normal", "s1", "train", 1.5, "clip"))
+        sf.write(
+            tmp_path / "clips" / f"c{i}.wav",
+            np.full(24000, 0.1, np.float32),
+            16000,
+            subtype="PCM_16",
+        )
+        rows.append(
+            ManifestRow(f"clips/c{i}.wav", i % 2, "A", "normal", "s1", "train", 1.5, "clip")
+        )
     manifest = write_manifest(rows, tmp_path / "manifest.csv")
     assert len(WakeWordDataset(manifest, "A", "train")) == 2
     whole = (tmp_path / "clips" / "c1.wav").read_bytes()

@@ -27,7 +27,10 @@ def _state(seed: int, d: int = 1000) -> DeviceState:
         device_type="A",
         fleet="default",
         client=ClientState(
-            tensors={"personal": torch.randn(d, generator=g), "var_mean": torch.randn(d, generator=g)},
+            tensors={
+                "personal": torch.randn(d, generator=g),
+                "var_mean": torch.randn(d, generator=g),
+            },
             scalars={"var_value": float(seed) + 0.5, "t_m": float(seed)},
         ),
         personal_params=torch.randn(d, generator=g),
@@ -39,8 +42,11 @@ def _state(seed: int, d: int = 1000) -> DeviceState:
         last_acked_round=seed,
         run_id="run-x",
         pending=PendingUpdate(
-            round_id=seed + 1, num_samples=12, scalars={"sigma_m_sq": 0.1 * seed},
-            tensors={"extra": torch.randn(3, generator=g)}, report={"relative_fa": 0.9},
+            round_id=seed + 1,
+            num_samples=12,
+            scalars={"sigma_m_sq": 0.1 * seed},
+            tensors={"extra": torch.randn(3, generator=g)},
+            report={"relative_fa": 0.9},
         ),
     )
 
@@ -54,7 +60,11 @@ def _assert_same(a: DeviceState, b: DeviceState) -> None:
     assert torch.equal(a.personal_params, b.personal_params)
     assert torch.equal(a.baseline_params, b.baseline_params)
     assert (a.participations, a.last_round, a.last_acked_round, a.run_id) == (
-        b.participations, b.last_round, b.last_acked_round, b.run_id)
+        b.participations,
+        b.last_round,
+        b.last_acked_round,
+        b.run_id,
+    )
     assert a.model_config == b.model_config
     assert (a.pending is None) == (b.pending is None)
     if a.pending is not None:

@@ -32,8 +32,11 @@ def _write_pcm(path, samples: np.ndarray, rate: int, width: int) -> None:
     frames = np.atleast_2d(samples.T).T
     scale = float(1 << (8 * width - 1))
     ints = np.clip(np.round(frames * scale), -scale, scale - 1).astype(np.int64)
-    raw = b"".join(int(v).to_bytes(width, "little", signed=True) for v in ints.reshape(-1)) \
-        if width == 3 else ints.astype({2: "<i2", 4: "<i4"}[width]).tobytes()
+    raw = (
+        b"".join(int(v).to_bytes(width, "little", signed=True) for v in ints.reshape(-1))
+        if width == 3
+        else ints.astype({2: "<i2", 4: "<i4"}[width]).tobytes()
+    )
     with wave.open(str(path), "wb") as w:
         w.setnchannels(frames.shape[1])
         w.setsampwidth(width)
@@ -126,7 +129,7 @@ def _events(det: StreamingDetector, audio: np.ndarray, chunk: int) -> list[Detec
     det.reset()
     out = []
     for i in range(0, audio.size, chunk):
-        out += det.push(audio[i:i + chunk])
+        out += det.push(audio[i : i + chunk])
     return out
 
 
@@ -137,8 +140,7 @@ def test_events_do_not_depend_on_chunking_or_format(tiny_kws_onnx, speech):
     whole = detect_audio(scorer, as_float, hop_s=0.1, smoothing=3, threshold=0.0)
     # An operating point that fires on some windows and not on others.
     threshold = float(np.quantile(whole.scores, 0.7))
-    det = StreamingDetector(scorer, hop_s=0.1, threshold=threshold, smoothing=3,
-                            refractory_s=0.5)
+    det = StreamingDetector(scorer, hop_s=0.1, threshold=threshold, smoothing=3, refractory_s=0.5)
     reference = _events(det, as_float, as_float.size)
     assert 1 <= len(reference) < len(whole.scores)
     gaps = np.diff([e.time_s for e in reference])
@@ -147,8 +149,9 @@ def test_events_do_not_depend_on_chunking_or_format(tiny_kws_onnx, speech):
         for audio in (pcm, as_float):
             got = _events(det, audio, chunk)
             assert [e.time_s for e in got] == [e.time_s for e in reference], (chunk, audio.dtype)
-            np.testing.assert_allclose([e.score for e in got], [e.score for e in reference],
-                                       atol=1e-6)
+            np.testing.assert_allclose(
+                [e.score for e in got], [e.score for e in reference], atol=1e-6
+            )
 
 
 def test_smoothing_threshold_and_refractory_logic():
@@ -162,19 +165,17 @@ def test_smoothing_threshold_and_refractory_logic():
             return (np.abs(windows[:, -1600:]).max(axis=1) > 0.5).astype(np.float32)
 
     audio = np.zeros(6 * SR, np.float32)
-    audio[int(2.05 * SR):int(2.45 * SR)] = 0.9  # burst A, 400 ms
-    audio[int(4.0 * SR):int(4.1 * SR)] = 0.9  # burst B, 100 ms
-    res = detect_audio(LoudTail(), audio, hop_s=0.1, threshold=0.5, smoothing=3,
-                       refractory_s=1.0)
+    audio[int(2.05 * SR) : int(2.45 * SR)] = 0.9  # burst A, 400 ms
+    audio[int(4.0 * SR) : int(4.1 * SR)] = 0.9  # burst B, 100 ms
+    res = detect_audio(LoudTail(), audio, hop_s=0.1, threshold=0.5, smoothing=3, refractory_s=1.0)
     assert np.allclose(res.times_s, np.arange(1.0, 6.0 + 1e-9, 0.1))
     # Raw fires at 2.1..2.5 s; the 3-point average reaches 2/3 first at 2.2 s.
     assert [round(e.time_s, 6) for e in res.events] == [2.2]
     i = int(np.argmin(np.abs(res.times_s - 2.2)))
-    assert res.scores[i] == pytest.approx(np.mean(res.raw_scores[i - 2:i + 1]))
+    assert res.scores[i] == pytest.approx(np.mean(res.raw_scores[i - 2 : i + 1]))
     # Burst B: one raw hit at 4.1 s averages to 1/3 < 0.5 with smoothing; without
     # smoothing it fires, and a short refractory lets burst A fire at every hop.
-    res1 = detect_audio(LoudTail(), audio, hop_s=0.1, threshold=0.5, smoothing=1,
-                        refractory_s=0.0)
+    res1 = detect_audio(LoudTail(), audio, hop_s=0.1, threshold=0.5, smoothing=1, refractory_s=0.0)
     assert [round(e.time_s, 6) for e in res1.events] == [2.1, 2.2, 2.3, 2.4, 2.5, 4.1]
 
 
@@ -205,15 +206,29 @@ def test_short_file_is_scored_once(tiny_kws_onnx, tmp_path, speech):
 
 def _edge_cli(*args: str) -> subprocess.CompletedProcess:
     # torch is blocked: detection must work on a device without it.
-    code = ("import sys; sys.modules['torch'] = None; from wakefl.tools.cli import main; "
-            "sys.exit(main(sys.argv[1:]))")
-    return subprocess.run([sys.executable, "-c", code, "edge", "detect", *args],
-                          capture_output=True, text=True, timeout=60)
+    code = (
+        "import sys; sys.modules['torch'] = None; from wakefl.tools.cli import main; "
+        "sys.exit(main(sys.argv[1:]))"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code, "edge", "detect", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_cli_edge_detect(tiny_kws_onnx, hey_nova_wav, tmp_path):
-    r = _edge_cli("--model", str(tiny_kws_onnx), str(hey_nova_wav), "--threshold", "0",
-                  "--hop", "0.05", "--json")
+    r = _edge_cli(
+        "--model",
+        str(tiny_kws_onnx),
+        str(hey_nova_wav),
+        "--threshold",
+        "0",
+        "--hop",
+        "0.05",
+        "--json",
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["events"] and out["events"][0]["time_s"] == pytest.approx(1.5)
@@ -221,8 +236,7 @@ def test_cli_edge_detect(tiny_kws_onnx, hey_nova_wav, tmp_path):
 
     (corrupt := tmp_path / "corrupt.wav").write_bytes(b"RIFF\x10\x00\x00\x00WAVEjunkjunk")
     (empty := tmp_path / "empty.wav").write_bytes(b"")
-    for bad, needle in ((corrupt, "corrupt"), (empty, "empty"),
-                        (tmp_path / "none.wav", "no such")):
+    for bad, needle in ((corrupt, "corrupt"), (empty, "empty"), (tmp_path / "none.wav", "no such")):
         r = _edge_cli("--model", str(tiny_kws_onnx), str(bad), "--json")
         assert r.returncode != 0 and needle in r.stderr and "Traceback" not in r.stderr
     r = _edge_cli("--model", str(tmp_path / "none.onnx"), str(hey_nova_wav))

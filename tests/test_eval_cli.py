@@ -25,11 +25,19 @@ from wakefl.tools.model_scoring import detection_times, load_scorer, stream_post
 
 WIDTH = 0.125
 ROW_KEYS = {
-    "candidate": str, "device_type": str, "state": str, "fr": (float, type(None)),
-    "fa": (float, type(None)), "fa_per_hour": (float, type(None)),
-    "relative_fa": (float, type(None)), "relative_fr": (float, type(None)),
-    "relative_fa_ci": dict, "n_positive": int, "n_negative": int,
-    "fa_per_hour_saturated": bool, "baseline_fa_per_hour_saturated": bool,
+    "candidate": str,
+    "device_type": str,
+    "state": str,
+    "fr": (float, type(None)),
+    "fa": (float, type(None)),
+    "fa_per_hour": (float, type(None)),
+    "relative_fa": (float, type(None)),
+    "relative_fr": (float, type(None)),
+    "relative_fa_ci": dict,
+    "n_positive": int,
+    "n_negative": int,
+    "fa_per_hour_saturated": bool,
+    "baseline_fa_per_hour_saturated": bool,
 }
 
 
@@ -45,8 +53,11 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     save_model(KwsCnn(ModelConfig(width=WIDTH)), d / "other.safetensors")
     save_model(KwsCnn(ModelConfig(width=WIDTH, n_mels=32)), d / "mels32.safetensors")
     return {
-        "base": d / "base.onnx", "base_torch": d / "base.safetensors", "same": d / "same.onnx",
-        "other": d / "other.safetensors", "mels32": d / "mels32.safetensors",
+        "base": d / "base.onnx",
+        "base_torch": d / "base.safetensors",
+        "same": d / "same.onnx",
+        "other": d / "other.safetensors",
+        "mels32": d / "mels32.safetensors",
     }
 
 
@@ -67,9 +78,18 @@ def _no_nan(text: str) -> dict:
 def test_eval_identical_candidate_schema_and_report(models, tiny_corpus, tmp_path, capsys):
     report = tmp_path / "report"
     rc, out, err = _eval(
-        capsys, "--baseline", str(models["base"]), "--candidate", str(models["same"]),
-        "--candidate", str(models["other"]), "--manifest", str(tiny_corpus), "--json",
-        "--report", str(report),
+        capsys,
+        "--baseline",
+        str(models["base"]),
+        "--candidate",
+        str(models["same"]),
+        "--candidate",
+        str(models["other"]),
+        "--manifest",
+        str(tiny_corpus),
+        "--json",
+        "--report",
+        str(report),
     )
     assert rc == 0, err
     rows = _no_nan(out)["rows"]
@@ -97,12 +117,22 @@ def test_eval_identical_candidate_schema_and_report(models, tiny_corpus, tmp_pat
         whole = next(r for r in same if r["device_type"] == d and r["state"] == "all")
         assert whole["relative_fa"] == 1.0 and whole["relative_fr"] == 1.0
         # Counts behind the figure: every test clip of the device type.
-        clips = [m for m in manifest if m.split == "test" and m.kind == "clip" and (d == "all" or m.device_type == d)]
+        clips = [
+            m
+            for m in manifest
+            if m.split == "test" and m.kind == "clip" and (d == "all" or m.device_type == d)
+        ]
         assert whole["n_positive"] == sum(m.label for m in clips)
         assert whole["n_negative"] == sum(1 - m.label for m in clips)
-        streams = [m for m in manifest if m.split == "test" and m.kind == "stream" and (d == "all" or m.device_type == d)]
+        streams = [
+            m
+            for m in manifest
+            if m.split == "test" and m.kind == "stream" and (d == "all" or m.device_type == d)
+        ]
         assert whole["stream_hours"] == pytest.approx(sum(m.duration_s for m in streams) / 3600)
-        assert whole["fa_per_hour"] == pytest.approx(whole["false_accept_events"] / whole["stream_hours"])
+        assert whole["fa_per_hour"] == pytest.approx(
+            whole["false_accept_events"] / whole["stream_hours"]
+        )
 
     # The other candidate: its figures agree with its own counts, and its FR is matched.
     for r in (r for r in rows if r["candidate"] == "other" and r["state"] == "all"):
@@ -126,7 +156,9 @@ def test_torch_and_onnx_scorers_agree(models, tiny_corpus):
     from wakefl.tools.model_scoring import score_clips
 
     onnx = score_clips(load_scorer(models["base"]), rows, tiny_corpus.parent, progress=False)
-    torch_scores = score_clips(load_scorer(models["base_torch"]), rows, tiny_corpus.parent, progress=False)
+    torch_scores = score_clips(
+        load_scorer(models["base_torch"]), rows, tiny_corpus.parent, progress=False
+    )
     np.testing.assert_allclose(onnx, torch_scores, atol=1e-4)
 
 
@@ -165,7 +197,9 @@ def test_stream_false_accepts_per_hour_on_known_bursts():
     post = stream_posteriors(scorer, wave, hop_s=0.25, smoothing=1, refractory_s=3.0)
     assert scorer.windows_scored == 2 * scored
     assert detection_times(post, 0.5) == events and detection_times(post, 0.95) == []
-    direct = detect_audio(_BurstScorer(), wave, hop_s=0.25, threshold=0.5, smoothing=1, refractory_s=3.0)
+    direct = detect_audio(
+        _BurstScorer(), wave, hop_s=0.25, threshold=0.5, smoothing=1, refractory_s=3.0
+    )
     assert [e.time_s for e in direct.events] == events
 
 
@@ -185,42 +219,122 @@ def _expect_error(capsys, needle: str, *args: str) -> str:
 
 def test_errors_are_clear(models, tiny_corpus, tmp_path, capsys):
     base, other, manifest = str(models["base"]), str(models["other"]), str(tiny_corpus)
-    _expect_error(capsys, "model file not found", "--baseline", str(tmp_path / "nope.onnx"),
-                  "--candidate", other, "--manifest", manifest)
-    _expect_error(capsys, "model file not found", "--baseline", base,
-                  "--candidate", str(tmp_path / "nope.safetensors"), "--manifest", manifest)
-    _expect_error(capsys, "manifest not found", "--baseline", base, "--candidate", other,
-                  "--manifest", str(tmp_path / "none.csv"))
-    err = _expect_error(capsys, "different frontend", "--baseline", base,
-                        "--candidate", str(models["mels32"]), "--manifest", manifest)
+    _expect_error(
+        capsys,
+        "model file not found",
+        "--baseline",
+        str(tmp_path / "nope.onnx"),
+        "--candidate",
+        other,
+        "--manifest",
+        manifest,
+    )
+    _expect_error(
+        capsys,
+        "model file not found",
+        "--baseline",
+        base,
+        "--candidate",
+        str(tmp_path / "nope.safetensors"),
+        "--manifest",
+        manifest,
+    )
+    _expect_error(
+        capsys,
+        "manifest not found",
+        "--baseline",
+        base,
+        "--candidate",
+        other,
+        "--manifest",
+        str(tmp_path / "none.csv"),
+    )
+    err = _expect_error(
+        capsys,
+        "different frontend",
+        "--baseline",
+        base,
+        "--candidate",
+        str(models["mels32"]),
+        "--manifest",
+        manifest,
+    )
     assert "n_mels" in err
 
     rows = read_manifest(tiny_corpus)
     no_test = _write_manifest([r for r in rows if r.split != "test"], tmp_path / "a")
-    _expect_error(capsys, "no clips in split 'test'", "--baseline", base, "--candidate", other,
-                  "--manifest", str(no_test))
+    _expect_error(
+        capsys,
+        "no clips in split 'test'",
+        "--baseline",
+        base,
+        "--candidate",
+        other,
+        "--manifest",
+        str(no_test),
+    )
     no_pos = _write_manifest(
         [r for r in rows if not (r.split == "test" and r.device_type == "A" and r.label == 1)],
         tmp_path / "b",
     )
-    _expect_error(capsys, "device type 'A' has no wake-word clips", "--baseline", base,
-                  "--candidate", other, "--manifest", str(no_pos))
-    lost = [replace(r, path="clips/missing.wav") if i == 0 else r
-            for i, r in enumerate(r for r in rows if r.split == "test" and r.kind == "clip")]
+    _expect_error(
+        capsys,
+        "device type 'A' has no wake-word clips",
+        "--baseline",
+        base,
+        "--candidate",
+        other,
+        "--manifest",
+        str(no_pos),
+    )
+    lost = [
+        replace(r, path="clips/missing.wav") if i == 0 else r
+        for i, r in enumerate(r for r in rows if r.split == "test" and r.kind == "clip")
+    ]
     (tmp_path / "c").mkdir()
     (tmp_path / "c" / "clips").symlink_to(tiny_corpus.parent / "clips")
     missing_clip = _write_manifest(lost, tmp_path / "c")
-    _expect_error(capsys, "not found", "--baseline", base, "--candidate", other,
-                  "--manifest", str(missing_clip))
-    _expect_error(capsys, "--target-fr", "--baseline", base, "--candidate", other,
-                  "--manifest", manifest, "--target-fr", "1.5")
+    _expect_error(
+        capsys,
+        "not found",
+        "--baseline",
+        base,
+        "--candidate",
+        other,
+        "--manifest",
+        str(missing_clip),
+    )
+    _expect_error(
+        capsys,
+        "--target-fr",
+        "--baseline",
+        base,
+        "--candidate",
+        other,
+        "--manifest",
+        manifest,
+        "--target-fr",
+        "1.5",
+    )
 
 
 def test_cli_process_exits_nonzero_without_traceback(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "wakefl.tools.cli", "eval", "--baseline", str(tmp_path / "b.onnx"),
-         "--candidate", str(tmp_path / "c.onnx"), "--manifest", str(tmp_path / "m.csv")],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "wakefl.tools.cli",
+            "eval",
+            "--baseline",
+            str(tmp_path / "b.onnx"),
+            "--candidate",
+            str(tmp_path / "c.onnx"),
+            "--manifest",
+            str(tmp_path / "m.csv"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode != 0
     assert "wakefl: error: manifest not found" in proc.stderr
@@ -264,36 +378,67 @@ def test_eval_and_study_give_identical_rows_on_the_same_scores(models, tiny_corp
     compared = 0
     for d in sorted({r.device_type for r in clips}):
         rows = [r for r in clips if r.device_type == d]
-        ev = EvalSet(d, None, np.array([r.label for r in rows]), np.array([r.state for r in rows]),
-                     bootstrap_units([r.speaker for r in rows]),
-                     score_clips(base, rows, tiny_corpus.parent, progress=False))
+        ev = EvalSet(
+            d,
+            None,
+            np.array([r.label for r in rows]),
+            np.array([r.state for r in rows]),
+            bootstrap_units([r.speaker for r in rows]),
+            score_clips(base, rows, tiny_corpus.parent, progress=False),
+        )
         cand = score_clips(other, rows, tiny_corpus.parent, progress=False)
         states = ["all", *sorted({r.state for r in rows})]
-        study = relative_records(ev, cand, states, settings.target_fr, settings.n_boot, settings.seed)
+        study = relative_records(
+            ev, cand, states, settings.target_fr, settings.n_boot, settings.seed
+        )
         for row in (r for r in result.rows if r["device_type"] == d):
             rec = study[row["state"]]
             ci = row["relative_fa_ci"]
-            ours = {"relative_fa": row["relative_fa"], "relative_fr": row["relative_fr"],
-                    "candidate_fr": row["fr"], "candidate_fa": row["fa"],
-                    "baseline_fr": row["baseline_fr"], "baseline_fa": row["baseline_fa"],
-                    "relative_fa_ci": [None if isinstance(b, str) else b for b in (ci["lower"], ci["upper"])]}
+            ours = {
+                "relative_fa": row["relative_fa"],
+                "relative_fr": row["relative_fr"],
+                "candidate_fr": row["fr"],
+                "candidate_fa": row["fa"],
+                "baseline_fr": row["baseline_fr"],
+                "baseline_fa": row["baseline_fa"],
+                "relative_fa_ci": [
+                    None if isinstance(b, str) else b for b in (ci["lower"], ci["upper"])
+                ],
+            }
             for key, value in ours.items():
                 want = rec[key]
-                got = [None if v is None else round(v, 6) for v in value] if key == "relative_fa_ci" \
+                got = (
+                    [None if v is None else round(v, 6) for v in value]
+                    if key == "relative_fa_ci"
                     else (None if value is None else round(value, 6))
+                )
                 assert got == want, (d, row["state"], key)
             assert (row["n_positive"], row["n_negative"]) == (rec["n_positive"], rec["n_negative"])
             compared += 1
     assert compared == sum(1 for r in result.rows if r["device_type"] != "all")
 
 
-def test_fixed_threshold_reports_the_baseline_at_it_and_flags_saturation(models, tiny_corpus, tmp_path, capsys):
+def test_fixed_threshold_reports_the_baseline_at_it_and_flags_saturation(
+    models, tiny_corpus, tmp_path, capsys
+):
     from wakefl.sdk.wake_metrics import fa_at, fr_at
     from wakefl.tools.model_scoring import score_clips
 
     report = tmp_path / "report"
-    rc, out, err = _eval(capsys, "--baseline", str(models["base"]), "--candidate", str(models["other"]),
-                         "--manifest", str(tiny_corpus), "--threshold", "0", "--json", "--report", str(report))
+    rc, out, err = _eval(
+        capsys,
+        "--baseline",
+        str(models["base"]),
+        "--candidate",
+        str(models["other"]),
+        "--manifest",
+        str(tiny_corpus),
+        "--threshold",
+        "0",
+        "--json",
+        "--report",
+        str(report),
+    )
     assert rc == 0, err
     rows = _no_nan(out)["rows"]
     clips = [r for r in read_manifest(tiny_corpus) if r.split == "test" and r.kind == "clip"]
@@ -316,10 +461,14 @@ def test_thresholds_file_and_model_card(models, tiny_corpus, tmp_path, capsys):
     common = ("--candidate", str(models["other"]), "--manifest", str(tiny_corpus), "--json")
     table = tmp_path / "thr.csv"
     table.write_text("device_type,threshold\nA,0.45\n*,0.5\n")
-    rc, out, err = _eval(capsys, "--baseline", str(models["base"]), "--thresholds", str(table), *common)
+    rc, out, err = _eval(
+        capsys, "--baseline", str(models["base"]), "--thresholds", str(table), *common
+    )
     assert rc == 0, err
     doc = _no_nan(out)
-    by_device = {r["device_type"]: r["baseline_threshold"] for r in doc["rows"] if r["state"] == "all"}
+    by_device = {
+        r["device_type"]: r["baseline_threshold"] for r in doc["rows"] if r["state"] == "all"
+    }
     assert by_device.pop("A") == 0.45 and set(by_device.values()) == {0.5}
     assert "all" not in by_device  # A and the rest ship different thresholds: no pooled row
     assert doc["summary"]["pooled_rows_skipped"]["candidates"] == ["other"]
@@ -327,15 +476,29 @@ def test_thresholds_file_and_model_card(models, tiny_corpus, tmp_path, capsys):
     card_dir = tmp_path / "card"
     card_dir.mkdir()
     shutil.copy(models["base"], card_dir / "base.onnx")
-    _expect_error(capsys, "has no model card", "--baseline", str(card_dir / "base.onnx"),
-                  "--at-shipped-threshold", *common)
+    _expect_error(
+        capsys,
+        "has no model card",
+        "--baseline",
+        str(card_dir / "base.onnx"),
+        "--at-shipped-threshold",
+        *common,
+    )
     (card_dir / "base.json").write_text(json.dumps({"shipped_threshold": 0.52}))
-    rc, out, err = _eval(capsys, "--baseline", str(card_dir / "base.onnx"), "--at-shipped-threshold", *common)
+    rc, out, err = _eval(
+        capsys, "--baseline", str(card_dir / "base.onnx"), "--at-shipped-threshold", *common
+    )
     assert rc == 0, err
     assert {r["baseline_threshold"] for r in _no_nan(out)["rows"]} == {0.52}
     (card_dir / "base.json").write_text(json.dumps({"shipped_threshold": 7}))
-    _expect_error(capsys, "must be a number in [0, 1]", "--baseline", str(card_dir / "base.onnx"),
-                  "--at-shipped-threshold", *common)
+    _expect_error(
+        capsys,
+        "must be a number in [0, 1]",
+        "--baseline",
+        str(card_dir / "base.onnx"),
+        "--at-shipped-threshold",
+        *common,
+    )
 
 
 def test_pairing_scores_each_model_on_its_own_device_type(models, tiny_corpus, tmp_path, capsys):
@@ -345,28 +508,74 @@ def test_pairing_scores_each_model_on_its_own_device_type(models, tiny_corpus, t
 
     pairing = tmp_path / "pairs.csv"
     pairing.write_text(f"model,device_type\n{models['other']},B\n")
-    rc, out, err = _eval(capsys, "--baseline", str(models["base"]), "--candidate", f"{models['same']}:A",
-                         "--pairing", str(pairing), "--manifest", str(tiny_corpus), "--json", "--seed", "5")
+    rc, out, err = _eval(
+        capsys,
+        "--baseline",
+        str(models["base"]),
+        "--candidate",
+        f"{models['same']}:A",
+        "--pairing",
+        str(pairing),
+        "--manifest",
+        str(tiny_corpus),
+        "--json",
+        "--seed",
+        "5",
+    )
     assert rc == 0, err
     rows = _no_nan(out)["rows"]
-    assert {(r["candidate"], r["device_type"]) for r in rows} == {("same", "A"), ("other", "B"), ("paired", "all")}
+    assert {(r["candidate"], r["device_type"]) for r in rows} == {
+        ("same", "A"),
+        ("other", "B"),
+        ("paired", "all"),
+    }
     pooled = next(r for r in rows if r["candidate"] == "paired" and r["state"] == "all")
-    clips = [r for r in read_manifest(tiny_corpus)
-             if r.split == "test" and r.kind == "clip" and r.device_type in "AB"]
+    clips = [
+        r
+        for r in read_manifest(tiny_corpus)
+        if r.split == "test" and r.kind == "clip" and r.device_type in "AB"
+    ]
     labels = np.array([r.label for r in clips])
     base = score_clips(load_scorer(models["base"]), clips, tiny_corpus.parent, progress=False)
     same = score_clips(load_scorer(models["same"]), clips, tiny_corpus.parent, progress=False)
     other = score_clips(load_scorer(models["other"]), clips, tiny_corpus.parent, progress=False)
     own = np.where(np.array([r.device_type for r in clips]) == "A", same, other)
-    _, cells = relative_by_subset(base, own, labels, bootstrap_units([r.speaker for r in clips]),
-                                  {"all": np.ones(labels.size, bool)}, 0.05, 40, 5)
+    _, cells = relative_by_subset(
+        base,
+        own,
+        labels,
+        bootstrap_units([r.speaker for r in clips]),
+        {"all": np.ones(labels.size, bool)},
+        0.05,
+        40,
+        5,
+    )
     assert pooled["relative_fa"] == cells["all"].relative_fa
     assert pooled["n_positive"] == int(labels.sum()) and pooled["models"] == {
-        "A": f"{models['same']}", "B": str(models["other"])}
+        "A": f"{models['same']}",
+        "B": str(models["other"]),
+    }
     streams = [r for r in _test_streams(tiny_corpus) if r.device_type in "AB"]
     assert pooled["stream_hours"] == pytest.approx(sum(r.duration_s for r in streams) / 3600)
-    _expect_error(capsys, "two candidates are paired with device type 'A'", "--baseline",
-                  str(models["base"]), "--candidate", f"{models['same']}:A", "--candidate",
-                  f"{models['other']}:A", "--manifest", str(tiny_corpus))
-    _expect_error(capsys, "which has no clips", "--baseline", str(models["base"]), "--candidate",
-                  f"{models['same']}:Z", "--manifest", str(tiny_corpus))
+    _expect_error(
+        capsys,
+        "two candidates are paired with device type 'A'",
+        "--baseline",
+        str(models["base"]),
+        "--candidate",
+        f"{models['same']}:A",
+        "--candidate",
+        f"{models['other']}:A",
+        "--manifest",
+        str(tiny_corpus),
+    )
+    _expect_error(
+        capsys,
+        "which has no clips",
+        "--baseline",
+        str(models["base"]),
+        "--candidate",
+        f"{models['same']}:Z",
+        "--manifest",
+        str(tiny_corpus),
+    )

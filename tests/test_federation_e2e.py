@@ -30,8 +30,9 @@ STRATEGY_ARGS = ("lr=0.05", "batch_size=4", "l_max=3", "warmup_steps=2")
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               CUDA_VISIBLE_DEVICES="")
+    env.update(
+        OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1", CUDA_VISIBLE_DEVICES=""
+    )
     return env
 
 
@@ -42,8 +43,12 @@ class Proc:
         self.name = name
         self.log = logdir / f"{name}.log"
         with open(self.log, "wb") as out:
-            self.p = subprocess.Popen([sys.executable, "-m", "wakefl.tools.cli", *args],
-                                      stdout=out, stderr=subprocess.STDOUT, env=_env())
+            self.p = subprocess.Popen(
+                [sys.executable, "-m", "wakefl.tools.cli", *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=_env(),
+            )
 
     def text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -57,8 +62,10 @@ class Proc:
             if self.p.poll() is not None:
                 break
             time.sleep(0.1)
-        raise AssertionError(f"{self.name}: no {pattern!r} within {timeout} s "
-                             f"(exit {self.p.poll()}):\n{self.text()[-3000:]}")
+        raise AssertionError(
+            f"{self.name}: no {pattern!r} within {timeout} s "
+            f"(exit {self.p.poll()}):\n{self.text()[-3000:]}"
+        )
 
     def finish(self, timeout: float) -> int:
         try:
@@ -66,8 +73,9 @@ class Proc:
         except subprocess.TimeoutExpired:
             self.p.kill()
             self.p.wait()
-            raise AssertionError(f"{self.name} did not exit within {timeout} s:\n"
-                                 f"{self.text()[-3000:]}") from None
+            raise AssertionError(
+                f"{self.name} did not exit within {timeout} s:\n{self.text()[-3000:]}"
+            ) from None
 
     def kill(self) -> None:
         if self.p.poll() is None:
@@ -75,23 +83,64 @@ class Proc:
             self.p.wait()
 
 
-def _federation(tmp_path: Path, broker: ManagedBroker, manifest: Path, rounds: int,
-                round_timeout: float, verbose: bool = False) -> tuple[Proc, dict[str, Proc]]:
+def _federation(
+    tmp_path: Path,
+    broker: ManagedBroker,
+    manifest: Path,
+    rounds: int,
+    round_timeout: float,
+    verbose: bool = False,
+) -> tuple[Proc, dict[str, Proc]]:
     logs = tmp_path / "logs"
     logs.mkdir()
     devices = ",".join(f"dev{t}:{t}" for t in TYPES)
-    server_args = ["server", "--broker", broker.url, "--state", str(tmp_path / "server"),
-                   "--rounds", str(rounds), "--width", WIDTH, "--devices", devices,
-                   "--round-timeout", str(round_timeout), "--ack-timeout", "3",
-                   "--group-by", "device_type", "--start-timeout", "120"]
+    server_args = [
+        "server",
+        "--broker",
+        broker.url,
+        "--state",
+        str(tmp_path / "server"),
+        "--rounds",
+        str(rounds),
+        "--width",
+        WIDTH,
+        "--devices",
+        devices,
+        "--round-timeout",
+        str(round_timeout),
+        "--ack-timeout",
+        "3",
+        "--group-by",
+        "device_type",
+        "--start-timeout",
+        "120",
+    ]
     for a in STRATEGY_ARGS:
         server_args += ["--strategy-arg", a]
     server = Proc("server", server_args, logs)
     devs = {
-        t: Proc(f"dev{t}", ["device", "--id", f"dev{t}", "--type", t, "--data", str(manifest),
-                            "--broker", broker.url, "--state", str(tmp_path / f"dev{t}"),
-                            "--width", WIDTH, "--idle-timeout", "120",
-                            *(["--verbose"] if verbose else [])], logs)
+        t: Proc(
+            f"dev{t}",
+            [
+                "device",
+                "--id",
+                f"dev{t}",
+                "--type",
+                t,
+                "--data",
+                str(manifest),
+                "--broker",
+                broker.url,
+                "--state",
+                str(tmp_path / f"dev{t}"),
+                "--width",
+                WIDTH,
+                "--idle-timeout",
+                "120",
+                *(["--verbose"] if verbose else []),
+            ],
+            logs,
+        )
         for t in TYPES
     }
     return server, devs
@@ -145,8 +194,9 @@ def test_run_completes_and_a_killed_device_does_not_hang_the_round(tmp_path, bro
 
 
 def test_clients_reconnect_after_a_broker_restart(tmp_path, broker, tiny_corpus):
-    server, devs = _federation(tmp_path, broker, tiny_corpus, rounds=3, round_timeout=60,
-                               verbose=True)
+    server, devs = _federation(
+        tmp_path, broker, tiny_corpus, rounds=3, round_timeout=60, verbose=True
+    )
     try:
         server.wait_for(r"round 1/3: closed by all with 5/5 updates", 120)
         server.wait_for(r"round 2/3: sampled 5", 60)

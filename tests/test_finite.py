@@ -23,8 +23,9 @@ def test_plus_and_minus_inf_together_are_found():
     assert not all_finite(x)
 
 
-@pytest.mark.parametrize("dtype,value", [(torch.float32, 3e38), (torch.float16, 6e4),
-                                         (torch.float64, 1.5e308)])
+@pytest.mark.parametrize(
+    "dtype,value", [(torch.float32, 3e38), (torch.float16, 6e4), (torch.float64, 1.5e308)]
+)
 def test_finite_entries_whose_sum_overflows_are_finite(dtype, value):
     x = torch.full((1000,), value, dtype=dtype)
     assert not torch.isfinite(x.sum())  # the fast path cannot decide this one

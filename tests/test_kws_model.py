@@ -36,9 +36,20 @@ def test_frontend_matches_librosa_on_speech(hey_nova_wav):
     assert y.size == cfg.window_samples and np.abs(y).max() > 0.1
     ours = LogMelFrontend(cfg)(torch.from_numpy(y)[None])[0].numpy()
     mel = librosa.feature.melspectrogram(
-        y=y.astype(np.float64), sr=cfg.sample_rate, n_fft=cfg.n_fft, win_length=cfg.win_length,
-        hop_length=cfg.hop_length, center=True, pad_mode="reflect", power=2.0,
-        n_mels=cfg.n_mels, fmin=cfg.f_min, fmax=cfg.sample_rate / 2, htk=False, norm="slaney")
+        y=y.astype(np.float64),
+        sr=cfg.sample_rate,
+        n_fft=cfg.n_fft,
+        win_length=cfg.win_length,
+        hop_length=cfg.hop_length,
+        center=True,
+        pad_mode="reflect",
+        power=2.0,
+        n_mels=cfg.n_mels,
+        fmin=cfg.f_min,
+        fmax=cfg.sample_rate / 2,
+        htk=False,
+        norm="slaney",
+    )
     ref = np.log(mel + LOG_FLOOR)
     assert ours.shape == ref.shape == (cfg.n_mels, cfg.n_frames)
     assert np.abs(ours - ref).max() <= LOG_MEL_TOL

@@ -125,8 +125,9 @@ def test_train_supervised_learns_and_is_deterministic():
     accuracy = float(((scores > 0.5) == data.tensors[1].numpy()).mean())
     assert accuracy > 0.9
     c = tiny_model(seed=3)
-    train_supervised(c, data, epochs=1, lr=0.02, batch_size=16, seed=6, progress=False,
-                     optimizer="sgd")
+    train_supervised(
+        c, data, epochs=1, lr=0.02, batch_size=16, seed=6, progress=False, optimizer="sgd"
+    )
     assert not torch.equal(flat_trainable(a), flat_trainable(c))
 
 
@@ -134,8 +135,15 @@ def test_train_supervised_refuses_non_finite_loss():
     x = torch.randn(16, FEATURES)
     x[3, 0] = float("nan")
     with pytest.raises(NonFiniteError, match="loss"):
-        train_supervised(tiny_model(), TensorDataset(x, torch.zeros(16, dtype=torch.long)),
-                         epochs=1, lr=0.01, batch_size=16, seed=0, progress=False)
+        train_supervised(
+            tiny_model(),
+            TensorDataset(x, torch.zeros(16, dtype=torch.long)),
+            epochs=1,
+            lr=0.01,
+            batch_size=16,
+            seed=0,
+            progress=False,
+        )
 
 
 def test_predict_scores_on_waves_and_dataset_agree_with_softmax():
@@ -172,7 +180,8 @@ def test_fedavg_over_torch_problems_lowers_the_loss():
         results = []
         for k, p in enumerate(problems):
             res, states[k] = strategy.client_update(
-                strategy.configure_client(server, f"c{k}", r), states[k], p, g)
+                strategy.configure_client(server, f"c{k}", r), states[k], p, g
+            )
             results.append(res)
         server = strategy.aggregate(server, results, 1.0)
     assert pooled_loss(server.global_params) < 0.8 * start
@@ -192,14 +201,14 @@ def test_wake_word_cnn_through_the_bridge():
     params = flat.get_flat_params(model)
     assert torch.equal(problem.initial_params(), params)  # same vector layout as the model's
     grad = problem.gradient(params, torch.Generator().manual_seed(1))
-    torch.testing.assert_close(grad, autograd_mean_loss(model, waves, labels), rtol=1e-4,
-                               atol=1e-6)
+    torch.testing.assert_close(grad, autograd_mean_loss(model, waves, labels), rtol=1e-4, atol=1e-6)
     # pFedVEM personalizes exactly the model's head range.
     head = flat.head_slice(model)
     strategy = BASELINES["pfedvem"](head=head, local_steps=1, mc_samples=1)
     server = strategy.init_server(params)
-    result, state = strategy.client_update(strategy.configure_client(server, "a", 1),
-                                           ClientState(), problem, torch.Generator())
+    result, state = strategy.client_update(
+        strategy.configure_client(server, "a", 1), ClientState(), problem, torch.Generator()
+    )
     assert state.tensors["mu"].numel() == head.stop - head.start
     assert result.params.shape == params.shape and result.scalars["tau"] > 0
     scores = predict_scores(model, waves, batch_size=2)

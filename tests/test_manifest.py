@@ -70,7 +70,9 @@ def test_bad_files(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="already listed"):
         read_manifest(_write(tmp_path, GOOD, GOOD))
     with pytest.raises(ConfigError, match="label"):
-        write_manifest([ManifestRow("a.wav", 3, "A", "normal", "s", "train", 1.5, "clip")], tmp_path / "m.csv")
+        write_manifest(
+            [ManifestRow("a.wav", 3, "A", "normal", "s", "train", 1.5, "clip")], tmp_path / "m.csv"
+        )
 
 
 def test_dataset_shapes_labels_and_augmentation(tiny_corpus: Path) -> None:

@@ -19,10 +19,19 @@ from wakefl.sdk.selffl import SelfFL
 
 def _uplink(d: int = 1000, **kw) -> M.Uplink:
     g = torch.Generator().manual_seed(0)
-    base = dict(fleet="f1", run_id="run1", device_id="dev-a", device_type="speaker", round_id=3,
-                params=torch.randn(d, generator=g), num_samples=120,
-                record={"sigma_sq": 0.25, "local_steps": 17.0, "has_variance": 1.0},
-                relative_fa=0.9, relative_fr=None, tensors={"personal": torch.randn(d, generator=g)})
+    base = dict(
+        fleet="f1",
+        run_id="run1",
+        device_id="dev-a",
+        device_type="speaker",
+        round_id=3,
+        params=torch.randn(d, generator=g),
+        num_samples=120,
+        record={"sigma_sq": 0.25, "local_steps": 17.0, "has_variance": 1.0},
+        relative_fa=0.9,
+        relative_fr=None,
+        tensors={"personal": torch.randn(d, generator=g)},
+    )
     base.update(kw)
     return M.Uplink(**base)
 
@@ -49,7 +58,11 @@ def test_uplink_round_trip_fp32_is_exact():
     assert torch.equal(back.params, up.params)
     assert torch.equal(back.tensors["personal"], up.tensors["personal"])
     assert (back.device_id, back.round_id, back.record["sigma_sq"], back.record["local_steps"]) == (
-        "dev-a", 3, 0.25, 17)
+        "dev-a",
+        3,
+        0.25,
+        17,
+    )
     assert back.relative_fa == 0.9 and back.relative_fr is None
     assert back.record == {"sigma_sq": 0.25, "local_steps": 17.0, "has_variance": 1.0}
     # checked against the strategy's schema too
@@ -75,10 +88,17 @@ def test_header_length_with_pickle_like_first_byte_is_accepted():
 
 
 def test_downlink_and_ack_and_hello_round_trip():
-    down = M.Downlink(fleet="f1", run_id="run1", round_id=2, global_params=torch.arange(10.0),
-                      model_config={"width": 0.25},
-                      instructions={"dev-a": {"others_precision": 3.5, "sigma0_sq": 0.5}},
-                      hyperparameters={"lr": 0.01}, deadline=1.7e9, final=False)
+    down = M.Downlink(
+        fleet="f1",
+        run_id="run1",
+        round_id=2,
+        global_params=torch.arange(10.0),
+        model_config={"width": 0.25},
+        instructions={"dev-a": {"others_precision": 3.5, "sigma0_sq": 0.5}},
+        hyperparameters={"lr": 0.01},
+        deadline=1.7e9,
+        final=False,
+    )
     back = M.decode(M.encode(down), expected_numel=10)
     assert back.instructions == down.instructions and back.model_config == {"width": 0.25}
     checked = M.decode(M.encode(down), downlink_schema=SelfFL.downlink_schema)
@@ -117,9 +137,21 @@ def test_wrong_protocol_version_rejected():
 
 def test_wrong_shape_and_dtype_rejected():
     assert _reason(M.encode(_uplink(d=999)), expected_numel=1000) == "shape"
-    meta = json.loads(json.dumps({"v": M.PROTOCOL_VERSION, "kind": "up", "fleet": "f1", "run_id": "r", "device_id": "a",
-                                  "device_type": "t", "round_id": 1,
-                                  "num_samples": 1, "record": {"sigma_sq": 0.1}}))
+    meta = json.loads(
+        json.dumps(
+            {
+                "v": M.PROTOCOL_VERSION,
+                "kind": "up",
+                "fleet": "f1",
+                "run_id": "r",
+                "device_id": "a",
+                "device_type": "t",
+                "round_id": 1,
+                "num_samples": 1,
+                "record": {"sigma_sq": 0.1},
+            }
+        )
+    )
     two_d = _frame_from_body(_body(meta, {"params": torch.zeros(10, 100)}))
     assert _reason(two_d) == "shape"
     ints = _frame_from_body(_body(meta, {"params": torch.zeros(1000, dtype=torch.int32)}))
@@ -129,17 +161,27 @@ def test_wrong_shape_and_dtype_rejected():
 
 
 def test_non_finite_tensor_and_scalar_rejected():
-    meta = {"v": M.PROTOCOL_VERSION, "kind": "up", "fleet": "f1", "run_id": "r", "device_id": "a",
-            "device_type": "t", "round_id": 1, "num_samples": 1,
-            "record": {"sigma_sq": 0.1, "local_steps": 1}}
+    meta = {
+        "v": M.PROTOCOL_VERSION,
+        "kind": "up",
+        "fleet": "f1",
+        "run_id": "r",
+        "device_id": "a",
+        "device_type": "t",
+        "round_id": 1,
+        "num_samples": 1,
+        "record": {"sigma_sq": 0.1, "local_steps": 1},
+    }
     bad = torch.zeros(100)
     bad[7] = float("nan")
     assert _reason(_frame_from_body(_body(meta, {"params": bad}))) == "non_finite"
     bad[7] = float("inf")
     assert _reason(_frame_from_body(_body(meta, {"params": bad}))) == "non_finite"
     # JSON's non-standard Infinity token in a scalar
-    body = st_save({"params": torch.zeros(100)},
-                   metadata={"wakefl": json.dumps({**meta, "record": {"sigma_sq": float("inf")}})})
+    body = st_save(
+        {"params": torch.zeros(100)},
+        metadata={"wakefl": json.dumps({**meta, "record": {"sigma_sq": float("inf")}})},
+    )
     assert _reason(_frame_from_body(body)) == "non_finite"
     # and the sender refuses to emit them, fp16 overflow included
     with pytest.raises(ProtocolError):
@@ -195,8 +237,17 @@ def _record(**entries) -> dict:
 
 def _raw_uplink_meta(**fields) -> bytes:
     """A frame whose JSON fields are written by hand (values json.dumps would emit)."""
-    meta = {"v": M.PROTOCOL_VERSION, "kind": "up", "fleet": "f1", "run_id": "r", "device_id": "a",
-            "device_type": "t", "round_id": 1, "num_samples": 1, "record": _record()}
+    meta = {
+        "v": M.PROTOCOL_VERSION,
+        "kind": "up",
+        "fleet": "f1",
+        "run_id": "r",
+        "device_id": "a",
+        "device_type": "t",
+        "round_id": 1,
+        "num_samples": 1,
+        "record": _record(),
+    }
     meta.update(fields)
     return _frame_from_body(_body(meta, {"params": torch.zeros(8)}))
 
@@ -206,47 +257,79 @@ def _raw_meta_text(text: str) -> bytes:
     return _frame_from_body(st_save({"params": torch.zeros(8)}, metadata={"wakefl": text}))
 
 
-@pytest.mark.parametrize("field,value", [
-    ("num_samples", 2**63), ("num_samples", 10**9 + 1), ("num_samples", -1),
-    ("record", _record(local_steps=2**64)), ("round_id", 2**31), ("round_id", 0),
-    ("record", _record(sigma_sq=1e31)), ("record", _record(sigma_sq=-0.5)),
-    ("record", _record(sigma_sq=10**400)), ("record", _record(local_steps=10**7 + 1)),
-    ("record", _record(has_variance=2)),
-    ("relative_fa", 1e7), ("relative_fr", -1.0), ("record", {"x": 1e300}),
-    ("record", {f"k{i}": 0.0 for i in range(300)}),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("num_samples", 2**63),
+        ("num_samples", 10**9 + 1),
+        ("num_samples", -1),
+        ("record", _record(local_steps=2**64)),
+        ("round_id", 2**31),
+        ("round_id", 0),
+        ("record", _record(sigma_sq=1e31)),
+        ("record", _record(sigma_sq=-0.5)),
+        ("record", _record(sigma_sq=10**400)),
+        ("record", _record(local_steps=10**7 + 1)),
+        ("record", _record(has_variance=2)),
+        ("relative_fa", 1e7),
+        ("relative_fr", -1.0),
+        ("record", {"x": 1e300}),
+        ("record", {f"k{i}": 0.0 for i in range(300)}),
+    ],
+)
 def test_absurd_scalar_fields_are_out_of_range(field, value):
     # every record entry is bounded whatever the strategy; its schema bounds it further
-    assert _reason(_raw_uplink_meta(**{field: value}),
-                   uplink_schema=SelfFL.uplink_schema) == "out_of_range"
+    assert (
+        _reason(_raw_uplink_meta(**{field: value}), uplink_schema=SelfFL.uplink_schema)
+        == "out_of_range"
+    )
 
 
 def test_records_hold_only_what_the_strategy_declares():
     schema = SelfFL.uplink_schema
     assert _reason(_raw_uplink_meta(record=_record(nonce=1.0)), uplink_schema=schema) == "malformed"
     assert _reason(_raw_uplink_meta(record={"sigma_sq": 0.1}), uplink_schema=schema) == "malformed"
-    assert _reason(_raw_uplink_meta(record=_record(local_steps=1.5)), uplink_schema=schema) == "malformed"
-    assert _reason(_raw_uplink_meta(record=_record(sigma_sq="0.1")), uplink_schema=schema) == "malformed"
+    assert (
+        _reason(_raw_uplink_meta(record=_record(local_steps=1.5)), uplink_schema=schema)
+        == "malformed"
+    )
+    assert (
+        _reason(_raw_uplink_meta(record=_record(sigma_sq="0.1")), uplink_schema=schema)
+        == "malformed"
+    )
     assert _reason(_raw_uplink_meta(record=[0.1]), uplink_schema=schema) == "malformed"
     assert M.decode(_raw_uplink_meta(record=_record(nonce=1.0))).record["nonce"] == 1.0  # no schema
-    down = M.Downlink(fleet="f1", run_id="run1", round_id=2, global_params=torch.zeros(4),
-                      model_config={}, instructions={"dev-a": {"sigma0_sq": -1.0,
-                                                               "others_precision": 0.0}},
-                      hyperparameters={}, deadline=1.7e9)
+    down = M.Downlink(
+        fleet="f1",
+        run_id="run1",
+        round_id=2,
+        global_params=torch.zeros(4),
+        model_config={},
+        instructions={"dev-a": {"sigma0_sq": -1.0, "others_precision": 0.0}},
+        hyperparameters={},
+        deadline=1.7e9,
+    )
     assert _reason(M.encode(down), downlink_schema=SelfFL.downlink_schema) == "out_of_range"
 
 
 def test_in_range_extremes_are_accepted():
-    up = M.decode(_raw_uplink_meta(num_samples=M.MAX_NUM_SAMPLES,
-                                   record=_record(local_steps=M.MAX_LOCAL_STEPS, sigma_sq=0.0),
-                                   round_id=M.MAX_ROUND_ID, relative_fa=0.0),
-                  uplink_schema=SelfFL.uplink_schema)
+    up = M.decode(
+        _raw_uplink_meta(
+            num_samples=M.MAX_NUM_SAMPLES,
+            record=_record(local_steps=M.MAX_LOCAL_STEPS, sigma_sq=0.0),
+            round_id=M.MAX_ROUND_ID,
+            relative_fa=0.0,
+        ),
+        uplink_schema=SelfFL.uplink_schema,
+    )
     assert (up.num_samples, up.record["local_steps"], up.round_id) == (10**9, 10**7, 2**31 - 1)
 
 
 def test_crafted_json_is_refused_not_raised():
-    base = (f'{{"v":{M.PROTOCOL_VERSION},"kind":"up","fleet":"f1","run_id":"r","device_id":"a",'
-            '"device_type":"t","round_id":1,"record":{"sigma_sq":0.1,"local_steps":1},')
+    base = (
+        f'{{"v":{M.PROTOCOL_VERSION},"kind":"up","fleet":"f1","run_id":"r","device_id":"a",'
+        '"device_type":"t","round_id":1,"record":{"sigma_sq":0.1,"local_steps":1},'
+    )
     cases = {
         "nested": base + '"num_samples":1,"record":' + "[" * 100000 + "]" * 100000 + "}",
         "digits": base + '"num_samples":' + "9" * 5000 + "}",

@@ -24,7 +24,7 @@ def speech_windows(hey_nova_wav) -> np.ndarray:
     repetition, so the model sees speech, silence and levels in between."""
     x = load_audio(hey_nova_wav, 16000)
     x = np.concatenate([np.zeros(8000, np.float32), x, 0.3 * x])
-    return np.stack([x[i:i + 24000] for i in range(0, x.size - 24000 + 1, 1600)])
+    return np.stack([x[i : i + 24000] for i in range(0, x.size - 24000 + 1, 1600)])
 
 
 def test_single_file_with_metadata(tiny_kws_onnx):
@@ -53,8 +53,12 @@ def test_onnxruntime_matches_torch_on_speech(tiny_kws_model, tiny_kws_onnx, spee
 
 
 def test_int8_size_and_agreement(tiny_kws_model, tiny_kws_onnx, speech_windows, tmp_path):
-    int8_path = export_onnx(tiny_kws_model, tmp_path / "tiny_int8.onnx", int8=True,
-                            calibration_windows=speech_windows[::3])
+    int8_path = export_onnx(
+        tiny_kws_model,
+        tmp_path / "tiny_int8.onnx",
+        int8=True,
+        calibration_windows=speech_windows[::3],
+    )
     assert not (tmp_path / "tiny_int8.onnx.data").exists()
     fp32_size, int8_size = tiny_kws_onnx.stat().st_size, int8_path.stat().st_size
     assert int8_size < 0.6 * fp32_size
@@ -63,8 +67,10 @@ def test_int8_size_and_agreement(tiny_kws_model, tiny_kws_onnx, speech_windows, 
     p32 = OnnxScorer(tiny_kws_onnx).score(speech_windows)
     p8 = q.score(speech_windows)
     differ = float(np.mean((p32 >= 0.5) != (p8 >= 0.5)))
-    print(f"\nint8: {int8_size} B vs fp32 {fp32_size} B; decisions differ at 0.5 on "
-          f"{differ:.1%} of {len(p32)} windows; max |dp| {np.abs(p32 - p8).max():.3f}")
+    print(
+        f"\nint8: {int8_size} B vs fp32 {fp32_size} B; decisions differ at 0.5 on "
+        f"{differ:.1%} of {len(p32)} windows; max |dp| {np.abs(p32 - p8).max():.3f}"
+    )
     assert differ <= 0.1
 
 
@@ -72,8 +78,12 @@ def test_export_refuses_bad_output(tiny_kws_model, tmp_path):
     with pytest.raises(ConfigError, match=".onnx"):
         export_onnx(tiny_kws_model, tmp_path / "m.bin")
     with pytest.raises(ConfigError, match="calibration"):
-        export_onnx(tiny_kws_model, tmp_path / "m.onnx", int8=True,
-                    calibration_windows=np.zeros((2, 100), np.float32))
+        export_onnx(
+            tiny_kws_model,
+            tmp_path / "m.onnx",
+            int8=True,
+            calibration_windows=np.zeros((2, 100), np.float32),
+        )
 
 
 def test_cli_model_info_and_export(tmp_path, tiny_kws_model, capsys):
@@ -88,7 +98,15 @@ def test_cli_model_info_and_export(tmp_path, tiny_kws_model, capsys):
     assert json.loads(capsys.readouterr().out)["bytes"] == out.stat().st_size
     assert OnnxScorer(out).score(np.zeros((2, 24000), np.float32)).shape == (2,)
 
-    rc = main(["model", "export", "--weights", str(tmp_path / "nope.safetensors"),
-               "--out", str(tmp_path / "x.onnx")])
+    rc = main(
+        [
+            "model",
+            "export",
+            "--weights",
+            str(tmp_path / "nope.safetensors"),
+            "--out",
+            str(tmp_path / "x.onnx"),
+        ]
+    )
     err = capsys.readouterr().err
     assert rc != 0 and "not found" in err and "Traceback" not in err

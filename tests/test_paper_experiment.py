@@ -27,8 +27,16 @@ from wakefl.tools.paper_experiment import (
 )
 from wakefl.tools.paper_report import ci_side, format_cell, render_markdown
 
-ROW_KEYS = {"setting", "method", "model", "device_type", "state", "relative_fa", "relative_fr",
-            "relative_fa_ci"}
+ROW_KEYS = {
+    "setting",
+    "method",
+    "model",
+    "device_type",
+    "state",
+    "relative_fa",
+    "relative_fr",
+    "relative_fa_ci",
+}
 DEVICE_TYPES = ["A", "B", "C", "D", "E"]
 
 
@@ -58,20 +66,34 @@ def test_profile_overrides_and_selection_score():
 def test_format_cell():
     row = {"relative_fa": 0.9234, "relative_fa_ci": [0.81, None], "note": ""}
     assert format_cell(row) == "0.92 [0.81, unbounded]"
-    assert format_cell({"relative_fa": None, "relative_fa_ci": [None, None],
-                        "note": "diverged: lr=0.05: NaN"}) == "diverged"
+    assert (
+        format_cell(
+            {"relative_fa": None, "relative_fa_ci": [None, None], "note": "diverged: lr=0.05: NaN"}
+        )
+        == "diverged"
+    )
     assert format_cell(None) == "n/a"
 
 
 def test_format_cell_marks_intervals_that_exclude_one():
-    assert format_cell({"relative_fa": 0.7, "relative_fa_ci": [0.5, 0.9], "note": ""}) == \
-        "0.70 [0.50, 0.90]↓"
-    assert format_cell({"relative_fa": 1.6, "relative_fa_ci": [1.2, None], "note": ""}) == \
-        "1.60 [1.20, unbounded]↑"
-    assert format_cell({"relative_fa": 0.9, "relative_fa_ci": [0.7, 1.1], "note": ""}) == \
-        "0.90 [0.70, 1.10]"
-    assert [ci_side(c) for c in ([0.1, 0.99], [1.01, None], [None, None], [0.9, 1.0])] == \
-        ["below", "above", "includes 1", "includes 1"]
+    assert (
+        format_cell({"relative_fa": 0.7, "relative_fa_ci": [0.5, 0.9], "note": ""})
+        == "0.70 [0.50, 0.90]↓"
+    )
+    assert (
+        format_cell({"relative_fa": 1.6, "relative_fa_ci": [1.2, None], "note": ""})
+        == "1.60 [1.20, unbounded]↑"
+    )
+    assert (
+        format_cell({"relative_fa": 0.9, "relative_fa_ci": [0.7, 1.1], "note": ""})
+        == "0.90 [0.70, 1.10]"
+    )
+    assert [ci_side(c) for c in ([0.1, 0.99], [1.01, None], [None, None], [0.9, 1.0])] == [
+        "below",
+        "above",
+        "includes 1",
+        "includes 1",
+    ]
 
 
 def test_background_clips_are_their_own_bootstrap_units():
@@ -110,9 +132,16 @@ def test_tiny_study_end_to_end(tiny_corpus: Path, tmp_path: Path):
     from wakefl.tools.cli import main
 
     cache = tmp_path / "cache"
-    result = run_paper_study(tmp_path / "run1", profile="tiny", seed=0, rounds=2,
-                             manifest=tiny_corpus, cache_dir=cache, progress=False,
-                             log=lambda _m: None)
+    result = run_paper_study(
+        tmp_path / "run1",
+        profile="tiny",
+        seed=0,
+        rounds=2,
+        manifest=tiny_corpus,
+        cache_dir=cache,
+        progress=False,
+        log=lambda _m: None,
+    )
     cfg, rows = result["config"], result["rows"]
     assert cfg["device_types"] == DEVICE_TYPES
     assert cfg["settings"] == ["full-participation", "sampling-0.25", "sampling-0.1"]
@@ -127,15 +156,21 @@ def test_tiny_study_end_to_end(tiny_corpus: Path, tmp_path: Path):
             lo, hi = row["relative_fa_ci"]
             assert lo is None or lo <= row["relative_fa"] + 1e-9 or hi is None
     # Every method and device type is present, for both models where the method has both.
-    full = {(r["method"], r["model"], r["device_type"]) for r in rows
-            if r["setting"] == "full-participation" and r["state"] == "all"}
+    full = {
+        (r["method"], r["model"], r["device_type"])
+        for r in rows
+        if r["setting"] == "full-participation" and r["state"] == "all"
+    }
     for m in METHODS:
         for dt in DEVICE_TYPES:
             assert (m, "personalized", dt) in full
             assert ((m, "global", dt) in full) == (m not in NO_GLOBAL)
     for setting in ("sampling-0.25", "sampling-0.1"):
-        cells = {(r["method"], r["model"], r["device_type"], r["state"]) for r in rows
-                 if r["setting"] == setting}
+        cells = {
+            (r["method"], r["model"], r["device_type"], r["state"])
+            for r in rows
+            if r["setting"] == setting
+        }
         assert len(cells) == 2 * 2 * 5 * 4  # levels x models x device types x states
     for row in rows:
         if row["relative_fa"] is not None:
@@ -144,13 +179,17 @@ def test_tiny_study_end_to_end(tiny_corpus: Path, tmp_path: Path):
     # Self-FL against the best other method, per variant, model and device type.
     comps = result["comparisons"]
     assert {(c["method"], c["model"], c["device_type"]) for c in comps} == {
-        (m, model, dt) for m in ("selffl", "selffl-alg2") for model in ("global", "personalized")
-        for dt in DEVICE_TYPES}
+        (m, model, dt)
+        for m in ("selffl", "selffl-alg2")
+        for model in ("global", "personalized")
+        for dt in DEVICE_TYPES
+    }
     assert all(not c["best_other"].startswith("selffl") for c in comps)
     # With matched FR the candidate's FR stays at the baseline's wherever scores allow it
     # (the match is made on all of a device type's clips, the "all" rows).
-    matched = [r["relative_fr"] for r in rows if r["relative_fr"] is not None
-               and r["state"] == "all"]
+    matched = [
+        r["relative_fr"] for r in rows if r["relative_fr"] is not None and r["state"] == "all"
+    ]
     assert matched and sum(abs(v - 1.0) < 1e-9 for v in matched) > len(matched) / 2
     # The state rows share the device type's thresholds: their false accepts add up.
     by_cell: dict[tuple, dict[str, dict]] = {}
@@ -161,28 +200,49 @@ def test_tiny_study_end_to_end(tiny_corpus: Path, tmp_path: Path):
         if cell["all"]["relative_fa"] is None or "baseline_fa_count" not in cell["all"]:
             continue
         for field in ("baseline_fa_count", "candidate_fa_count", "n_negative"):
-            assert sum(cell[s].get(field, 0) for s in ("normal", "playback", "alarm")) == \
-                cell["all"][field]
+            assert (
+                sum(cell[s].get(field, 0) for s in ("normal", "playback", "alarm"))
+                == cell["all"][field]
+            )
     # Self-FL's step counts: one per client and round it took part in.
-    steps = [s for s in result["step_counts"] if s["setting"] == "full-participation"
-             and s["method"] == "selffl"]
-    assert {(s["client"], s["round"]) for s in steps} == {(d, r) for d in DEVICE_TYPES
-                                                          for r in (1, 2)}
+    steps = [
+        s
+        for s in result["step_counts"]
+        if s["setting"] == "full-participation" and s["method"] == "selffl"
+    ]
+    assert {(s["client"], s["round"]) for s in steps} == {
+        (d, r) for d in DEVICE_TYPES for r in (1, 2)
+    }
     assert all(1 <= s["local_steps"] <= cfg["profile"]["l_max"] for s in steps)
     assert all(s["sigma_sq"] >= 0 and s["sigma0_sq"] >= 0 for s in steps)
-    sampled = [s for s in result["step_counts"] if s["setting"] == "sampling-0.25"
-               and s["method"] == "selffl-client"]
+    sampled = [
+        s
+        for s in result["step_counts"]
+        if s["setting"] == "sampling-0.25" and s["method"] == "selffl-client"
+    ]
     assert len(sampled) == 5 * cfg["profile"]["sampling_rounds"]  # 5 of 20 per round
 
     out1 = tmp_path / "run1"
     md = (out1 / "results.md").read_text()
-    for heading in ("Table 2a", "Table 2b", "Table 5", "Table 6", "Tuning", "Comparison with",
-                    "What the test cells hold", "against the best other method",
-                    "Why the shape differs"):
+    for heading in (
+        "Table 2a",
+        "Table 2b",
+        "Table 5",
+        "Table 6",
+        "Tuning",
+        "Comparison with",
+        "What the test cells hold",
+        "against the best other method",
+        "Why the shape differs",
+    ):
         assert heading in md
     assert "reduced width and rounds" in md
-    for fig in ("fig11_steps_full_participation.png", "fig12_steps_sampling.png",
-                "det_full-participation_global_A.png", "det_full-participation_personalized_E.png"):
+    for fig in (
+        "fig11_steps_full_participation.png",
+        "fig12_steps_sampling.png",
+        "det_full-participation_global_A.png",
+        "det_full-participation_personalized_E.png",
+    ):
         assert (out1 / fig).stat().st_size > 1000
     assert json.loads((out1 / "results.json").read_text())["rows"] == rows
     assert render_markdown(result, None) == render_markdown(json.loads(json.dumps(result)), None)
@@ -191,14 +251,33 @@ def test_tiny_study_end_to_end(tiny_corpus: Path, tmp_path: Path):
     # must reproduce every Self-FL cell bit for bit.
     buf = io.StringIO()
     with redirect_stdout(buf):
-        code = main(["experiment", "paper", "--profile", "tiny", "--out", str(tmp_path / "run2"),
-                     "--rounds", "2", "--manifest", str(tiny_corpus), "--cache-dir", str(cache),
-                     "--methods", "selffl", "--json"])
+        code = main(
+            [
+                "experiment",
+                "paper",
+                "--profile",
+                "tiny",
+                "--out",
+                str(tmp_path / "run2"),
+                "--rounds",
+                "2",
+                "--manifest",
+                str(tiny_corpus),
+                "--cache-dir",
+                str(cache),
+                "--methods",
+                "selffl",
+                "--json",
+            ]
+        )
     assert code == 0
     again = json.loads(buf.getvalue())
     assert again["config"]["methods"] == ["selffl"]
-    first = sorted(json.dumps(r, sort_keys=True) for r in rows if r["method"].startswith("selffl")
-                    and r["method"] != "selffl-alg2")
+    first = sorted(
+        json.dumps(r, sort_keys=True)
+        for r in rows
+        if r["method"].startswith("selffl") and r["method"] != "selffl-alg2"
+    )
     second = sorted(json.dumps(r, sort_keys=True) for r in again["rows"])
     assert first == second
 
@@ -206,8 +285,20 @@ def test_tiny_study_end_to_end(tiny_corpus: Path, tmp_path: Path):
 def test_cli_rejects_unknown_method(tiny_corpus: Path, tmp_path: Path, capsys):
     from wakefl.tools.cli import main
 
-    code = main(["experiment", "paper", "--profile", "tiny", "--out", str(tmp_path),
-                 "--manifest", str(tiny_corpus), "--methods", "selffl,fedprox"])
+    code = main(
+        [
+            "experiment",
+            "paper",
+            "--profile",
+            "tiny",
+            "--out",
+            str(tmp_path),
+            "--manifest",
+            str(tiny_corpus),
+            "--methods",
+            "selffl,fedprox",
+        ]
+    )
     assert code == 2
     assert "unknown method(s) fedprox" in capsys.readouterr().err
 
@@ -222,16 +313,31 @@ def test_selffl_ablations_are_valid_self_fl_hyperparameters():
     with pytest.raises(ConfigError, match="ablation"):
         run_paper_study("unused", profile="tiny", selffl_ablations=("nope",), log=lambda _m: None)
     with pytest.raises(ConfigError, match="ablations need"):
-        run_paper_study("unused", profile="tiny", methods=("fedavg-w",), sampling_rates=(),
-                        selffl_ablations=("paper-rules",), log=lambda _m: None)
+        run_paper_study(
+            "unused",
+            profile="tiny",
+            methods=("fedavg-w",),
+            sampling_rates=(),
+            selffl_ablations=("paper-rules",),
+            log=lambda _m: None,
+        )
 
 
 @pytest.mark.slow  # trains Self-FL twice per setting on the tiny corpus
 def test_selffl_ablation_rows_in_settings_of_their_own(tiny_corpus: Path, tmp_path: Path):
-    result = run_paper_study(tmp_path / "run", profile="tiny", seed=0, rounds=1,
-                             manifest=tiny_corpus, cache_dir=tmp_path / "cache", progress=False,
-                             methods=("selffl",), sampling_rates=(0.25,),
-                             selffl_ablations=("paper-rules",), log=lambda _m: None)
+    result = run_paper_study(
+        tmp_path / "run",
+        profile="tiny",
+        seed=0,
+        rounds=1,
+        manifest=tiny_corpus,
+        cache_dir=tmp_path / "cache",
+        progress=False,
+        methods=("selffl",),
+        sampling_rates=(0.25,),
+        selffl_ablations=("paper-rules",),
+        log=lambda _m: None,
+    )
     cfg = result["config"]
     assert cfg["selffl_ablations"] == {"paper-rules": SELFFL_ABLATIONS["paper-rules"]}
     assert cfg["settings"] == ["full-participation", "sampling-0.25"]
@@ -240,6 +346,13 @@ def test_selffl_ablation_rows_in_settings_of_their_own(tiny_corpus: Path, tmp_pa
     assert ("ablation-sampling-0.25", "selffl-client+paper-rules") in methods
     assert cfg["method_labels"]["selffl-client+paper-rules"] == "Self-FL client-level, paper-rules"
     # the main settings' rows are the same as without the ablation
-    main = {(r["setting"], r["method"]) for r in result["rows"] if not r["setting"].startswith("ablation")}
-    assert main == {("full-participation", "selffl"), ("sampling-0.25", "selffl-client"),
-                    ("sampling-0.25", "selffl-cluster")}
+    main = {
+        (r["setting"], r["method"])
+        for r in result["rows"]
+        if not r["setting"].startswith("ablation")
+    }
+    assert main == {
+        ("full-participation", "selffl"),
+        ("sampling-0.25", "selffl-client"),
+        ("sampling-0.25", "selffl-cluster"),
+    }

@@ -31,15 +31,27 @@ from wakefl.tools.pretrain import (
 )
 from wakefl.tools.wave_augment import AugmentBank, augment_window, fit_window
 
-SETTINGS = PretrainSettings(width=0.25, samples=16 * 6, batch_size=16, eval_every_steps=3,
-                            warmup_steps=2, threads=1, val_stream_seconds=6.0)
+SETTINGS = PretrainSettings(
+    width=0.25,
+    samples=16 * 6,
+    batch_size=16,
+    eval_every_steps=3,
+    warmup_steps=2,
+    threads=1,
+    val_stream_seconds=6.0,
+)
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("pretrain-micro")
-    return build_corpus(out, seed=0, profile="pretrain-micro", progress=False,
-                        tts_cache_dir=tmp_path_factory.getbasetemp() / "tts")
+    return build_corpus(
+        out,
+        seed=0,
+        profile="pretrain-micro",
+        progress=False,
+        tts_cache_dir=tmp_path_factory.getbasetemp() / "tts",
+    )
 
 
 def _speakers(path: Path) -> list[dict[str, str]]:
@@ -57,12 +69,15 @@ def test_corpus_has_streams_per_split_and_an_unseen_voices_corpus(corpus: Path) 
     assert unseen and all(r.split == "test" for r in unseen)
     assert any(r.label == 1 for r in unseen) and any(r.kind == "stream" for r in unseen)
     seen_voices = {(s["engine"], s["voice"]) for s in _speakers(corpus.parent / "speakers.csv")}
-    unseen_voices = {(s["engine"], s["voice"]) for s in _speakers(corpus.parent / "unseen" / "speakers.csv")}
+    unseen_voices = {
+        (s["engine"], s["voice"]) for s in _speakers(corpus.parent / "unseen" / "speakers.csv")
+    }
     # Whole voice families and the Pico engine stay out of the main corpus.
     assert not seen_voices & unseen_voices
     assert any(e == "pico" for e, _ in unseen_voices)
     assert {r.speaker for r in unseen if r.kind == "clip" and r.label == 1} <= {
-        s["speaker"] for s in _speakers(corpus.parent / "unseen" / "speakers.csv")}
+        s["speaker"] for s in _speakers(corpus.parent / "unseen" / "speakers.csv")
+    }
 
 
 def test_augmentation_keeps_length_and_is_deterministic() -> None:
@@ -103,7 +118,9 @@ def test_event_counting_follows_the_streaming_detector() -> None:
             return np.clip(np.abs(windows).max(axis=1), 0, 1)
 
     rng = np.random.default_rng(3)
-    wave = (rng.random(16000 * 20) < 0.0004).astype(np.float32) * rng.uniform(0.3, 1.0, 16000 * 20).astype(np.float32)
+    wave = (rng.random(16000 * 20) < 0.0004).astype(np.float32) * rng.uniform(
+        0.3, 1.0, 16000 * 20
+    ).astype(np.float32)
     res = detect_audio(Scorer(), wave, hop_s=0.1, threshold=0.5, smoothing=3, refractory_s=1.0)
     sc = smoothed(res.raw_scores, 3)
     assert np.allclose(sc, res.scores)
@@ -134,8 +151,13 @@ def test_train_checkpoint_resume_equals_uninterrupted_run(corpus: Path, tmp_path
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], rtol=1e-5, atol=1e-6)
     with pytest.raises(ConfigError, match="width"):
-        pretrain(corpus, tmp_path / "b", PretrainSettings(width=0.5, samples=96, batch_size=16),
-                 resume=True, progress=False)
+        pretrain(
+            corpus,
+            tmp_path / "b",
+            PretrainSettings(width=0.5, samples=96, batch_size=16),
+            resume=True,
+            progress=False,
+        )
 
 
 def test_publish_writes_fp16_weights_config_and_card(corpus: Path, tmp_path: Path) -> None:

@@ -29,7 +29,10 @@ def _two_pass(xs: list[torch.Tensor]) -> float:
 
 def test_running_variance_matches_two_pass_on_random_data():
     g = torch.Generator().manual_seed(1)
-    xs = [torch.randn(500, generator=g, dtype=torch.float64) * (1 + i % 3) + i * 0.1 for i in range(60)]
+    xs = [
+        torch.randn(500, generator=g, dtype=torch.float64) * (1 + i % 3) + i * 0.1
+        for i in range(60)
+    ]
     rv = RunningVariance()
     for t, x in enumerate(xs, start=1):
         got = rv.update(x)
@@ -159,7 +162,11 @@ def test_smooth_with_activity_rate():
 
 def test_cluster_level_aggregation_keeps_inactive_representatives():
     reps = {"speaker": Representative(torch.tensor([5.0]), 0.5)}
-    updates = [("tv", torch.tensor([1.0]), 0.1), ("tv", torch.tensor([3.0]), 0.3), ("car", torch.tensor([0.0]), 0.2)]
+    updates = [
+        ("tv", torch.tensor([1.0]), 0.1),
+        ("tv", torch.tensor([3.0]), 0.3),
+        ("car", torch.tensor([0.0]), 0.2),
+    ]
     out = update_representatives(reps, updates, sigma0_sq=0.1)
     assert set(out) == {"speaker", "tv", "car"}
     w1, w2 = 1 / 0.2, 1 / 0.4
@@ -196,9 +203,12 @@ def test_hyperparameter_errors_are_one_type_for_self_fl_and_the_baselines():
     from wakefl.sdk.selffl import HyperparameterError, SelfFL
     from wakefl.sdk.selffl.baselines import FedAvg
 
-    for build in (lambda: SelfFL(lr=-1.0), lambda: FedAvg(lr=-1.0),
-                  lambda: local_steps(0.01, 0, 0.1, 1.0, 40, 7),
-                  lambda: smooth(torch.zeros(1), torch.zeros(1), 1.5)):
+    for build in (
+        lambda: SelfFL(lr=-1.0),
+        lambda: FedAvg(lr=-1.0),
+        lambda: local_steps(0.01, 0, 0.1, 1.0, 40, 7),
+        lambda: smooth(torch.zeros(1), torch.zeros(1), 1.5),
+    ):
         with pytest.raises(HyperparameterError) as caught:
             build()
         # Both the project's configuration error and Python's usual bad-argument error.
@@ -220,15 +230,18 @@ def test_eqn10_factor_is_bounded_and_never_extrapolates_past_the_bound():
     glob, pers = torch.tensor([1.0, -1.0]), torch.tensor([3.0, 0.0])
     # w_m / S_-m = (1 / 0.1) / (10 / 3) = 3: the paper extrapolates three times the distance
     assert eqn10_factor(0.05, 10 / 3, sigma0_sq=0.05) == pytest.approx(3.0)
-    torch.testing.assert_close(initial_point(glob, pers, 0.05, 10 / 3, sigma0_sq=0.05),
-                               glob - 3.0 * (pers - glob))
+    torch.testing.assert_close(
+        initial_point(glob, pers, 0.05, 10 / 3, sigma0_sq=0.05), glob - 3.0 * (pers - glob)
+    )
     # bounded at 1: theta_init = 2 theta - theta_m, as far from the global as theta_m is
     bounded = initial_point(glob, pers, 0.05, 10 / 3, sigma0_sq=0.05, max_factor=1.0)
     torch.testing.assert_close(bounded, 2 * glob - pers)
     assert float((bounded - glob).norm()) == pytest.approx(float((pers - glob).norm()))
     # below the bound the paper's factor is kept
-    torch.testing.assert_close(initial_point(glob, pers, 0.05, 40.0, sigma0_sq=0.05, max_factor=1.0),
-                               glob - 0.25 * (pers - glob))
+    torch.testing.assert_close(
+        initial_point(glob, pers, 0.05, 40.0, sigma0_sq=0.05, max_factor=1.0),
+        glob - 0.25 * (pers - glob),
+    )
     assert eqn10_factor(0.05, 1e-6, sigma0_sq=0.05, max_factor=0.5) == 0.5
     assert eqn10_factor(0.0, 2.0, sigma0_sq=0.0, max_factor=1.0) == 0.0  # w_m = inf: the global
     with pytest.raises(ConfigError):
@@ -243,7 +256,10 @@ def test_eqn10_factor_from_the_realised_share_removes_exactly_that_share():
     a = w_m / (w_m + s_others)
     assert eqn10_factor(0.1, s_others, sigma0_sq=0.3, share=a) == pytest.approx(w_m / s_others)
     # any share: g = a x_m + (1 - a) rest  =>  theta_init = rest
-    x_m, rest = torch.tensor([2.0, 5.0], dtype=torch.float64), torch.tensor([-1.0, 0.5], dtype=torch.float64)
+    x_m, rest = (
+        torch.tensor([2.0, 5.0], dtype=torch.float64),
+        torch.tensor([-1.0, 0.5], dtype=torch.float64),
+    )
     for a in (0.0, 0.05, 0.3, 0.5):
         g = a * x_m + (1 - a) * rest
         torch.testing.assert_close(initial_point(g, x_m, 0.1, 1.0, sigma0_sq=0.1, share=a), rest)

@@ -44,8 +44,14 @@ def test_algorithm2_converges_to_closed_forms_eqn2_eqn3():
     m, s0 = 5, 1.0
     problems, glob, personal, sig = _gaussian_fleet(m, s0, 50, 100, seed=4)
     lr = 0.02 * float(sig.min())
-    st = SelfFL(algorithm=2, lr=lr, l_max=100_000, intra_variance="problem", sigma0_sq=s0,
-                converge_steps=2500)
+    st = SelfFL(
+        algorithm=2,
+        lr=lr,
+        l_max=100_000,
+        intra_variance="problem",
+        sigma0_sq=s0,
+        converge_steps=2500,
+    )
     res = run_simulation(st, problems, torch.zeros(1, dtype=torch.float64), 6, 1.0, seed=0)
     # integer rounding of l moves the interpolation weight by at most ~lr/sigma^2 per step
     assert abs(float(res.server.global_params) - glob) < 1e-6
@@ -61,8 +67,13 @@ def test_algorithm1_lands_near_closed_forms():
     # to, not exactly at, Eqns 2-3; the gap is a small fraction of the spread.
     m, s0 = 5, 1.0
     problems, glob, personal, sig = _gaussian_fleet(m, s0, 50, 100, seed=4)
-    st = SelfFL(algorithm=1, lr=0.02 * float(sig.min()), l_max=100_000,
-                intra_variance="problem", sigma0_sq=s0)
+    st = SelfFL(
+        algorithm=1,
+        lr=0.02 * float(sig.min()),
+        l_max=100_000,
+        intra_variance="problem",
+        sigma0_sq=s0,
+    )
     res = run_simulation(st, problems, torch.zeros(1, dtype=torch.float64), 20, 1.0, seed=0)
     spread = float((personal - glob).abs().max())
     assert abs(float(res.server.global_params) - glob) < 0.05 * spread
@@ -119,7 +130,9 @@ def test_non_finite_refused_and_state_kept():
     st = SelfFL(lr=0.01)
     keep = torch.tensor([0.3])
     state = ClientState(tensors={"personal": keep}, scalars={"t_m": 1.0})
-    ins = ClientInstructions("a", 1, torch.tensor([0.0]), scalars={"sigma0_sq": 0.1, "others_precision": 1.0})
+    ins = ClientInstructions(
+        "a", 1, torch.tensor([0.0]), scalars={"sigma0_sq": 0.1, "others_precision": 1.0}
+    )
     with pytest.raises(NonFiniteError, match="NaN or Inf"):
         st.client_update(ins, state, _BrokenProblem(), torch.Generator())
     assert state.tensors["personal"] is keep and state.scalars == {"t_m": 1.0}
@@ -127,7 +140,9 @@ def test_non_finite_refused_and_state_kept():
     with pytest.raises(NonFiniteError):
         st.client_update(bad, state, GaussianLocalProblem(0.0, 0.1, 3), torch.Generator())
     server = st.init_server(torch.tensor([0.0]))
-    res, _ = st.client_update(ins, ClientState(), GaussianLocalProblem(1.0, 0.1, 3), torch.Generator())
+    res, _ = st.client_update(
+        ins, ClientState(), GaussianLocalProblem(1.0, 0.1, 3), torch.Generator()
+    )
     import dataclasses
 
     with pytest.raises(NonFiniteError):
@@ -145,7 +160,9 @@ class _WrongShapeProblem:
 def test_a_gradient_of_the_wrong_shape_is_refused():
     # Self-FL shares the baselines' SGD loop, which checks every gradient's shape: a
     # broadcastable but wrong gradient would otherwise silently reshape the model.
-    ins = ClientInstructions("a", 1, torch.tensor([0.0]), scalars={"sigma0_sq": 0.1, "others_precision": 1.0})
+    ins = ClientInstructions(
+        "a", 1, torch.tensor([0.0]), scalars={"sigma0_sq": 0.1, "others_precision": 1.0}
+    )
     with pytest.raises(ProtocolError, match="gradient of shape"):
         SelfFL(lr=0.01).client_update(ins, ClientState(), _WrongShapeProblem(), torch.Generator())
 
@@ -155,7 +172,9 @@ def _noisy_fleet(seed: int):
     problems = {}
     for i in range(8):
         samples = 1.0 + 0.5 * i + torch.randn(30, 1, generator=g, dtype=torch.float64) * 0.3
-        problems[f"c{i}"] = GaussianLocalProblem(samples.mean(0), 0.09 / 30, 30, samples=samples, batch_size=4)
+        problems[f"c{i}"] = GaussianLocalProblem(
+            samples.mean(0), 0.09 / 30, 30, samples=samples, batch_size=4
+        )
     return problems
 
 
@@ -164,7 +183,9 @@ def test_determinism_under_seed_and_sampling_counters():
     init = torch.zeros(1, dtype=torch.float64)
 
     def go(seed):
-        return run_simulation(SelfFL(lr=5e-4, l_max=30, warmup_steps=5), problems, init, 12, 0.25, seed)
+        return run_simulation(
+            SelfFL(lr=5e-4, l_max=30, warmup_steps=5), problems, init, 12, 0.25, seed
+        )
 
     a, b, c = go(1), go(1), go(2)
     assert torch.equal(a.server.global_params, b.server.global_params)
@@ -183,7 +204,9 @@ def test_cluster_variant_through_simulation():
     problems = _noisy_fleet(1)
     groups = {cid: ("low" if int(cid[1:]) < 4 else "high") for cid in problems}
     st = SelfFL(lr=5e-4, l_max=30, warmup_steps=5, cluster_by_group=True)
-    res = run_simulation(st, problems, torch.zeros(1, dtype=torch.float64), 10, 0.5, 3, groups=groups)
+    res = run_simulation(
+        st, problems, torch.zeros(1, dtype=torch.float64), 10, 0.5, 3, groups=groups
+    )
     reps = {k: v for k, v in res.server.tensors.items() if k.startswith("rep:")}
     assert set(reps) == {"rep:low", "rep:high"}
     assert float(reps["rep:low"]) < float(reps["rep:high"])
@@ -210,16 +233,24 @@ def test_personalized_params_leave_the_clients_own_precision_out_of_s_minus_m():
     s0 = res.server.scalars["sigma0_sq"]
     for cid in ("c0", "c5"):
         # Eqns 10 and 16 use S_-m: the precisions of every other client, not this one's.
-        want = sum(precision(s0, info["sigma_sq"]) for k, info in res.server.clients.items()
-                   if k != cid)
+        want = sum(
+            precision(s0, info["sigma_sq"]) for k, info in res.server.clients.items() if k != cid
+        )
         ins = st.configure_client(res.server, cid, res.server.round_id + 1)
         assert ins.scalars["others_precision"] == pytest.approx(want, rel=1e-12)
-        exact, _ = st.client_update(ins, res.clients[cid], problems[cid],
-                                    torch.Generator().manual_seed(9))
-        with_id = st.personalized_params(res.server, res.clients[cid], problems[cid],
-                                         torch.Generator().manual_seed(9), client_id=cid)
-        anonymous = st.personalized_params(res.server, res.clients[cid], problems[cid],
-                                           torch.Generator().manual_seed(9))
+        exact, _ = st.client_update(
+            ins, res.clients[cid], problems[cid], torch.Generator().manual_seed(9)
+        )
+        with_id = st.personalized_params(
+            res.server,
+            res.clients[cid],
+            problems[cid],
+            torch.Generator().manual_seed(9),
+            client_id=cid,
+        )
+        anonymous = st.personalized_params(
+            res.server, res.clients[cid], problems[cid], torch.Generator().manual_seed(9)
+        )
         assert torch.equal(with_id, exact.params)
         # Without the id the client's own precision is counted too: a different model.
         assert not torch.equal(anonymous, with_id)
@@ -227,8 +258,13 @@ def test_personalized_params_leave_the_clients_own_precision_out_of_s_minus_m():
 
 # ---- sparse participation and little data (docs/SELF_FL.md) ------------------------------
 
-PAPER_RULES = {"eqn10": "paper", "eqn10_max_factor": None, "step_rate_loss": "sum",
-               "early_variance": False, "max_local_epochs": None}
+PAPER_RULES = {
+    "eqn10": "paper",
+    "eqn10_max_factor": None,
+    "step_rate_loss": "sum",
+    "early_variance": False,
+    "max_local_epochs": None,
+}
 
 
 def test_early_variance_exists_after_the_first_round():
@@ -254,14 +290,20 @@ def test_early_variance_exists_after_the_first_round():
     paper = SelfFL(algorithm=1, lr=0.001, l_max=40, warmup_steps=8, early_variance=False)
     p1, pstate = paper.client_update(ins, ClientState(), prob, torch.Generator().manual_seed(0))
     assert p1.scalars["has_variance"] == 0.0
-    torch.testing.assert_close(p1.params, res1.params)  # the same training, only the bookkeeping differs
+    torch.testing.assert_close(
+        p1.params, res1.params
+    )  # the same training, only the bookkeeping differs
 
 
 def test_early_variance_algorithm2_uses_the_converge_phase():
     st = SelfFL(algorithm=2, lr=0.001, l_max=40, warmup_steps=4, converge_steps=6)
     prob = GaussianLocalProblem(torch.tensor([1.0], dtype=torch.float64), 0.05, 100)
-    ins = ClientInstructions("a", 1, torch.tensor([0.0], dtype=torch.float64),
-                             scalars={"sigma0_sq": 0.1, "others_precision": 5.0})
+    ins = ClientInstructions(
+        "a",
+        1,
+        torch.tensor([0.0], dtype=torch.float64),
+        scalars={"sigma0_sq": 0.1, "others_precision": 5.0},
+    )
     res, state = st.client_update(ins, ClientState(), prob, torch.Generator().manual_seed(0))
     r = 0.001 / 0.05
     mid, end = 1.0 - (1 - r) ** 7, 1.0 - (1 - r) ** 10
@@ -273,8 +315,12 @@ def test_step_count_follows_the_local_data_size():
     # 40 clips, B = 32: two minibatches an epoch, 2 epochs -> at most 4 steps
     st = SelfFL(lr=0.001, batch_size=32, l_max=20, warmup_steps=10)
     prob = GaussianLocalProblem(torch.tensor([1.0], dtype=torch.float64), 0.05, 40)
-    ins = ClientInstructions("a", 1, torch.tensor([0.0], dtype=torch.float64),
-                             scalars={"sigma0_sq": 0.1, "others_precision": 5.0})
+    ins = ClientInstructions(
+        "a",
+        1,
+        torch.tensor([0.0], dtype=torch.float64),
+        scalars={"sigma0_sq": 0.1, "others_precision": 5.0},
+    )
     gen = torch.Generator().manual_seed(0)
     res, state = st.client_update(ins, ClientState(), prob, gen)
     assert res.scalars["local_steps"] == 4
@@ -291,12 +337,17 @@ def test_step_count_follows_the_local_data_size():
 def test_paper_rules_switch_back_for_ablations():
     st = SelfFL(lr=0.0005, batch_size=4, l_max=10_000, **PAPER_RULES)
     prob = GaussianLocalProblem(torch.tensor([1.0], dtype=torch.float64), 0.05, 20)
-    state = ClientState(tensors={"personal": torch.tensor([3.0], dtype=torch.float64),
-                                 "rv_mean": torch.tensor([2.0], dtype=torch.float64)},
-                        scalars={"t_m": 2.0, "rv_count": 2.0, "rv_value": 0.01})
+    state = ClientState(
+        tensors={
+            "personal": torch.tensor([3.0], dtype=torch.float64),
+            "rv_mean": torch.tensor([2.0], dtype=torch.float64),
+        },
+        scalars={"t_m": 2.0, "rv_count": 2.0, "rv_value": 0.01},
+    )
     glob = torch.tensor([1.0], dtype=torch.float64)
-    ins = ClientInstructions("a", 3, glob, scalars={"sigma0_sq": 0.0, "others_precision": 20.0,
-                                                    "own_share": 0.1})
+    ins = ClientInstructions(
+        "a", 3, glob, scalars={"sigma0_sq": 0.0, "others_precision": 20.0, "own_share": 0.1}
+    )
     res, _ = st.client_update(ins, state, prob, torch.Generator().manual_seed(0))
     assert res.scalars["local_steps"] == local_steps(0.0005, 4, 0.01, 20.0, 10_000, 20, loss="sum")
     # unbounded paper factor w_m / S_-m = 100 / 20 = 5, the server's share ignored
@@ -316,8 +367,14 @@ def test_paper_rules_switch_back_for_ablations():
 def _result(cid, x, sigma_sq, group=""):
     from wakefl.sdk.selffl import ClientResult
 
-    return ClientResult(cid, 1, torch.tensor([float(x)], dtype=torch.float64), 10,
-                        scalars={"sigma_sq": sigma_sq, "has_variance": 1.0}, group=group)
+    return ClientResult(
+        cid,
+        1,
+        torch.tensor([float(x)], dtype=torch.float64),
+        10,
+        scalars={"sigma_sq": sigma_sq, "has_variance": 1.0},
+        group=group,
+    )
 
 
 def _remove(g, x, a):
@@ -338,8 +395,14 @@ def test_eqn10_share_under_sampling_removes_the_clients_upload_from_the_smoothed
     rest = 0.5 * 0.0 + 0.5 * (w_b * 3.0) / (w_a + w_b)  # everything but A's upload
     assert _remove(g1, 1.0, a1) == pytest.approx(rest / (1 - a1))
     ins = st.configure_client(server, "A", 2)
-    got = initial_point(server.global_params, torch.tensor([1.0], dtype=torch.float64), 0.1,
-                        ins.scalars["others_precision"], sigma0_sq=0.2, share=ins.scalars["own_share"])
+    got = initial_point(
+        server.global_params,
+        torch.tensor([1.0], dtype=torch.float64),
+        0.1,
+        ins.scalars["others_precision"],
+        sigma0_sq=0.2,
+        share=ins.scalars["own_share"],
+    )
     assert float(got) == pytest.approx(rest / (1 - a1))
     # round 2: C and D only; A's upload fades with the smoothing, (1 - C) per round
     server = st.aggregate(server, [_result("C", -1.0, 0.2), _result("D", 0.0, 0.2)], 0.5)
@@ -347,40 +410,74 @@ def test_eqn10_share_under_sampling_removes_the_clients_upload_from_the_smoothed
     assert a2 == pytest.approx(0.5 * a1)
     g2 = float(server.global_params)
     others = g2 - a2 * 1.0  # the rest, unnormalized
-    assert float(initial_point(server.global_params, torch.tensor([1.0], dtype=torch.float64), 0.1,
-                               1.0, sigma0_sq=0.2, share=a2)) == pytest.approx(others / (1 - a2))
+    assert float(
+        initial_point(
+            server.global_params,
+            torch.tensor([1.0], dtype=torch.float64),
+            0.1,
+            1.0,
+            sigma0_sq=0.2,
+            share=a2,
+        )
+    ) == pytest.approx(others / (1 - a2))
     assert "own_share" not in st.configure_client(server, "E", 3).scalars  # never uploaded
 
 
 def test_eqn10_share_in_cluster_mode_is_over_the_representatives():
     st = SelfFL(sigma0_sq=0.2, cluster_by_group=True, eqn10_max_factor=None)
     server = st.init_server(torch.tensor([0.0], dtype=torch.float64))
-    round1 = [_result("a1", 1.0, 0.1, "a"), _result("a2", 2.0, 0.3, "a"), _result("b1", 5.0, 0.2, "b")]
+    round1 = [
+        _result("a1", 1.0, 0.1, "a"),
+        _result("a2", 2.0, 0.3, "a"),
+        _result("b1", 5.0, 0.2, "b"),
+    ]
     server = st.aggregate(server, round1, 1.0)
     rep_a = server.tensors["rep:a"]
     w1, w2 = 1 / 0.3, 1 / 0.5
     assert float(rep_a) == pytest.approx((w1 * 1.0 + w2 * 2.0) / (w1 + w2))
     s0c = server.scalars["cluster_sigma0_sq"]
-    wa, wb = 1 / (s0c + server.scalars["rep_sigma_sq:a"]), 1 / (s0c + server.scalars["rep_sigma_sq:b"])
+    wa, wb = (
+        1 / (s0c + server.scalars["rep_sigma_sq:a"]),
+        1 / (s0c + server.scalars["rep_sigma_sq:b"]),
+    )
     share_a1 = w1 / (w1 + w2) * wa / (wa + wb)
     assert st.configure_client(server, "a1", 2).scalars["own_share"] == pytest.approx(share_a1)
     # the global without a1: a2's part of rep a and rep b, renormalized
     rest = (wa * (w2 * 2.0) / (w1 + w2) + wb * 5.0) / (wa + wb)
-    got = initial_point(server.global_params, torch.tensor([1.0], dtype=torch.float64), 0.1, 1.0,
-                        sigma0_sq=0.2, share=share_a1)
+    got = initial_point(
+        server.global_params,
+        torch.tensor([1.0], dtype=torch.float64),
+        0.1,
+        1.0,
+        sigma0_sq=0.2,
+        share=share_a1,
+    )
     assert float(got) == pytest.approx(rest / (1 - share_a1))
     # round 2: only a2 in cluster a: rep a is replaced, a1 no longer has a share in it;
     # b1 keeps its weight in rep b, times rep b's new weight in the global model
     server = st.aggregate(server, [_result("a2", 2.5, 0.3, "a")], 1 / 3)
     assert st.configure_client(server, "a1", 3).scalars["own_share"] == 0.0
     s0c = server.scalars["cluster_sigma0_sq"]
-    wa, wb = 1 / (s0c + server.scalars["rep_sigma_sq:a"]), 1 / (s0c + server.scalars["rep_sigma_sq:b"])
-    assert st.configure_client(server, "b1", 3).scalars["own_share"] == pytest.approx(wb / (wa + wb))
-    assert st.configure_client(server, "a2", 3).scalars["own_share"] == pytest.approx(wa / (wa + wb))
+    wa, wb = (
+        1 / (s0c + server.scalars["rep_sigma_sq:a"]),
+        1 / (s0c + server.scalars["rep_sigma_sq:b"]),
+    )
+    assert st.configure_client(server, "b1", 3).scalars["own_share"] == pytest.approx(
+        wb / (wa + wb)
+    )
+    assert st.configure_client(server, "a2", 3).scalars["own_share"] == pytest.approx(
+        wa / (wa + wb)
+    )
 
 
 def test_simulation_samples_floor_of_c_m():
     problems = _noisy_fleet(0)
-    res = run_simulation(SelfFL(lr=5e-4, l_max=30, warmup_steps=5), problems,
-                         torch.zeros(1, dtype=torch.float64), 3, 0.35, 1)
+    res = run_simulation(
+        SelfFL(lr=5e-4, l_max=30, warmup_steps=5),
+        problems,
+        torch.zeros(1, dtype=torch.float64),
+        3,
+        0.35,
+        1,
+    )
     assert all(len(r.sampled) == 2 for r in res.records)  # floor(2.8), not round(2.8) = 3

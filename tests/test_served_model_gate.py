@@ -17,7 +17,9 @@ from wakefl.sdk.served_model_gate import (
 )
 
 
-def _clips(rng: np.random.Generator, n_units: int = 12, pos_per_unit: int = 3, neg_per_unit: int = 8):
+def _clips(
+    rng: np.random.Generator, n_units: int = 12, pos_per_unit: int = 3, neg_per_unit: int = 8
+):
     """A device's validation clips: per unit (speaker) some wake words and other clips,
     with a latent per-clip feature that every model's score is built from."""
     labels, units = [], []
@@ -29,15 +31,22 @@ def _clips(rng: np.random.Generator, n_units: int = 12, pos_per_unit: int = 3, n
     return labels, np.array(units), feature
 
 
-def _model(feature: np.ndarray, labels: np.ndarray, rng: np.random.Generator, skill: float,
-           noise: float = 0.5) -> np.ndarray:
+def _model(
+    feature: np.ndarray,
+    labels: np.ndarray,
+    rng: np.random.Generator,
+    skill: float,
+    noise: float = 0.5,
+) -> np.ndarray:
     """A model's scores: the shared feature, plus `skill` times the label (a better
     model separates more), plus its own noise; squashed into (0, 1)."""
     z = feature + skill * labels + noise * rng.normal(size=feature.size)
     return 1.0 / (1.0 + np.exp(-z))
 
 
-def _label_flipped_scores(labels: np.ndarray, feature: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+def _label_flipped_scores(
+    labels: np.ndarray, feature: np.ndarray, rng: np.random.Generator
+) -> np.ndarray:
     """Scores of a logistic model trained (by gradient descent) on the clips' features with
     the labels flipped: the sabotage the issue names."""
     x = np.stack([feature, rng.normal(size=feature.size), np.ones(feature.size)], axis=1)
@@ -58,8 +67,14 @@ def test_a_sabotaged_personalized_model_is_never_served():
         anti = 1.0 - served  # anti-correlated with the served model
         glob = _model(feature, labels, rng, skill=-0.8)  # a global model that is worse too
         for bad in (flipped, anti):
-            d = decide_served_model(labels, served, {"personalized": bad, "global": glob},
-                                    units=units, n_boot=200, seed=seed)
+            d = decide_served_model(
+                labels,
+                served,
+                {"personalized": bad, "global": glob},
+                units=units,
+                n_boot=200,
+                seed=seed,
+            )
             assert d.serve != "personalized", d.reason
             cmp_ = next(c for c in d.comparisons if c.candidate == "personalized")
             assert cmp_.worse_beyond_noise
@@ -86,8 +101,9 @@ def test_the_better_of_two_candidates_is_served_and_ties_go_to_the_first():
     best = _model(feature, labels, rng, skill=3.0, noise=0.2)
     d = decide_served_model(labels, served, {"personalized": good, "global": best}, units=units)
     assert d.serve == "global" and set(d.admissible) == {"personalized", "global"}
-    twin = decide_served_model(labels, served, {"personalized": best, "global": best.copy()},
-                               units=units)
+    twin = decide_served_model(
+        labels, served, {"personalized": best, "global": best.copy()}, units=units
+    )
     assert twin.serve == "personalized"
 
 
@@ -98,16 +114,22 @@ def test_a_noisy_equal_model_follows_the_documented_rule_and_is_deterministic():
         labels, units, feature = _clips(rng)
         served = _model(feature, labels, rng, skill=0.5)
         equal = _model(feature, labels, rng, skill=0.5)  # same skill, its own noise
-        d = decide_served_model(labels, served, {"personalized": equal}, units=units,
-                                n_boot=200, seed=seed)
-        again = decide_served_model(labels, served, {"personalized": equal}, units=units,
-                                    n_boot=200, seed=seed)
+        d = decide_served_model(
+            labels, served, {"personalized": equal}, units=units, n_boot=200, seed=seed
+        )
+        again = decide_served_model(
+            labels, served, {"personalized": equal}, units=units, n_boot=200, seed=seed
+        )
         assert d == again
         c = d.comparisons[0]
         # The rule: switch iff not worse beyond the noise and no worse in the point figures.
         assert d.switched == (not c.worse_beyond_noise and c.no_worse_point)
-        assert c.no_worse_point == (c.relative_fa is not None and c.relative_fa <= 1
-                                    and c.relative_fr is not None and c.relative_fr <= 1)
+        assert c.no_worse_point == (
+            c.relative_fa is not None
+            and c.relative_fa <= 1
+            and c.relative_fr is not None
+            and c.relative_fr <= 1
+        )
         switched += d.switched
     assert 0 < switched < 12  # equal models go either way on the device's own clips
 
@@ -119,15 +141,17 @@ def test_the_baseline_guard_stops_drift_away_from_the_shipped_model():
     served = _model(feature, labels, rng, skill=-0.3)  # an earlier switch that drifted
     cand = _model(feature, labels, rng, skill=0.2)  # better than served, worse than baseline
     free = decide_served_model(labels, served, {"personalized": cand}, units=units, seed=1)
-    guarded = decide_served_model(labels, served, {"personalized": cand}, units=units, seed=1,
-                                  baseline_scores=baseline)
+    guarded = decide_served_model(
+        labels, served, {"personalized": cand}, units=units, seed=1, baseline_scores=baseline
+    )
     vs_base = next(c for c in guarded.comparisons if c.reference == "baseline")
     assert vs_base.worse_beyond_noise
     assert not guarded.switched
     assert free.comparisons[0] == guarded.comparisons[0]  # the same draws against the served
     # the baseline equal to the served model adds no comparison
-    same = decide_served_model(labels, served, {"personalized": cand}, units=units,
-                               baseline_scores=served.copy())
+    same = decide_served_model(
+        labels, served, {"personalized": cand}, units=units, baseline_scores=served.copy()
+    )
     assert {c.reference for c in same.comparisons} == {"served"}
 
 
@@ -177,10 +201,14 @@ def test_the_decision_serialises_for_the_uplink_and_the_summary():
     rng = np.random.default_rng(11)
     labels, units, feature = _clips(rng)
     served = _model(feature, labels, rng, skill=0.0)
-    d = decide_served_model(labels, served, {"personalized": 1.0 - served,
-                                             "global": _model(feature, labels, rng, skill=2.0)},
-                            units=units, baseline_scores=_model(feature, labels, rng, skill=0.3),
-                            n_boot=100)
+    d = decide_served_model(
+        labels,
+        served,
+        {"personalized": 1.0 - served, "global": _model(feature, labels, rng, skill=2.0)},
+        units=units,
+        baseline_scores=_model(feature, labels, rng, skill=0.3),
+        n_boot=100,
+    )
     doc = d.as_dict()
     text = json.dumps(doc, allow_nan=False)
     assert len(text) < 4000
@@ -189,7 +217,9 @@ def test_the_decision_serialises_for_the_uplink_and_the_summary():
     scalars = d.uplink_scalars()
     assert all(isinstance(v, float) and math.isfinite(v) for v in scalars.values())
     assert scalars["gate_switched"] == float(d.switched)
-    assert scalars["gate_choice"] == (0.0 if not d.switched else 1.0 + ["personalized", "global"].index(d.serve))
+    assert scalars["gate_choice"] == (
+        0.0 if not d.switched else 1.0 + ["personalized", "global"].index(d.serve)
+    )
     assert scalars["gate_personalized_admissible"] == 0.0
     from wakefl.sdk.selffl.records import check_record
 

@@ -50,8 +50,12 @@ class SimDevice:
         self._todo: M.Downlink | None = None
         host, port = url.removeprefix("mqtt://").split(":")
         c = paho.Client(CallbackAPIVersion.VERSION2, client_id=dev, protocol=paho.MQTTv5)
-        c.will_set(topics.hello(FLEET, dev), M.encode(M.Hello(FLEET, dev, typ, 10, online=False)), qos=1,
-                   retain=True)
+        c.will_set(
+            topics.hello(FLEET, dev),
+            M.encode(M.Hello(FLEET, dev, typ, 10, online=False)),
+            qos=1,
+            retain=True,
+        )
         c.on_connect = self._on_connect
         c.on_message = self._on_message
         c.reconnect_delay_set(0.2, 1)
@@ -66,8 +70,12 @@ class SimDevice:
 
     def _on_connect(self, client, userdata, flags, rc, props):
         client.subscribe([(topics.downlink(FLEET), 1), (topics.ack(FLEET, self.dev), 1)])
-        client.publish(topics.hello(FLEET, self.dev), M.encode(M.Hello(FLEET, self.dev, self.typ, 10)),
-                       qos=1, retain=True)
+        client.publish(
+            topics.hello(FLEET, self.dev),
+            M.encode(M.Hello(FLEET, self.dev, self.typ, 10)),
+            qos=1,
+            retain=True,
+        )
 
     def _on_message(self, client, userdata, msg):
         m = M.decode(msg.payload)
@@ -86,9 +94,16 @@ class SimDevice:
         idx = zlib.crc32(self.dev.encode()) % 5
         params = down.global_params + 0.3 * (idx - 2) + 0.05 * torch.randn(D, generator=g)
         sigma = 0.1 + 0.05 * idx
-        return M.Uplink(FLEET, down.run_id, self.dev, self.typ, down.round_id, params,
-                        num_samples=10 + idx,
-                        record={"has_variance": 1.0, "sigma_sq": sigma, "local_steps": 5 + idx})
+        return M.Uplink(
+            FLEET,
+            down.run_id,
+            self.dev,
+            self.typ,
+            down.round_id,
+            params,
+            num_samples=10 + idx,
+            record={"has_variance": 1.0, "sigma_sq": sigma, "local_steps": 5 + idx},
+        )
 
     def _work(self):
         last_sent = 0.0
@@ -137,9 +152,15 @@ def _wait(pred, timeout: float, what: str) -> None:
 
 def _server(broker, tmp_path, devices: dict[str, str], **kw) -> AggregationServer:
     strategy_args = kw.pop("strategy_args", {})
-    cfg = ServerConfig(broker_url=broker.url, state_dir=tmp_path / "server",
-                       initial_params=torch.zeros(D), fleet=FLEET, devices=devices,
-                       strategy_args=strategy_args, **kw)
+    cfg = ServerConfig(
+        broker_url=broker.url,
+        state_dir=tmp_path / "server",
+        initial_params=torch.zeros(D),
+        fleet=FLEET,
+        devices=devices,
+        strategy_args=strategy_args,
+        **kw,
+    )
     return AggregationServer(cfg, make_strategy("selffl", **strategy_args), progress=lambda s: None)
 
 
@@ -149,8 +170,13 @@ def _start(server: AggregationServer) -> threading.Thread:
     return t
 
 
-def _expected(devices: list[SimDevice], rounds: int, registry_size: int, cluster: bool,
-              order: dict[int, list[str]]) -> torch.Tensor:
+def _expected(
+    devices: list[SimDevice],
+    rounds: int,
+    registry_size: int,
+    cluster: bool,
+    order: dict[int, list[str]],
+) -> torch.Tensor:
     """The in-process strategy on the very updates the devices sent, in the server's order."""
     strat = make_strategy("selffl", cluster_by_group=cluster)
     state = strat.init_server(torch.zeros(D))
@@ -159,8 +185,9 @@ def _expected(devices: list[SimDevice], rounds: int, registry_size: int, cluster
         results = []
         for dev in order[r]:
             up = by_id[dev].sent[r]
-            results.append(ClientResult(dev, r, up.params, up.num_samples, dict(up.record), {},
-                                        up.device_type))
+            results.append(
+                ClientResult(dev, r, up.params, up.num_samples, dict(up.record), {}, up.device_type)
+            )
         state = strat.aggregate(state, results, len(results) / registry_size)
     return state.global_params
 
@@ -177,8 +204,14 @@ def _round_orders(state_dir: Path, rounds: int) -> dict[int, list[str]]:
 def test_aggregate_equals_in_process_strategy(mqtt_broker, tmp_path, cluster):
     reg = {"a": "speaker", "b": "speaker", "c": "tv"}
     devs = [SimDevice(mqtt_broker.url, d, t) for d, t in reg.items()]
-    srv = _server(mqtt_broker, tmp_path, reg, rounds=3, round_timeout=20,
-                  strategy_args={"cluster_by_group": True} if cluster else {})
+    srv = _server(
+        mqtt_broker,
+        tmp_path,
+        reg,
+        rounds=3,
+        round_timeout=20,
+        strategy_args={"cluster_by_group": True} if cluster else {},
+    )
     try:
         final = srv.run()
         _wait(lambda: all(d.final is not None for d in devs), 10, "the end announcement")
@@ -197,8 +230,9 @@ def test_every_rejection_kind_counted_while_round_completes(mqtt_broker, tmp_pat
     a, b = SimDevice(mqtt_broker.url, "a", "speaker"), SimDevice(mqtt_broker.url, "b", "tv")
     a.hold.clear()
     b.hold.clear()
-    srv = _server(mqtt_broker, tmp_path, reg, rounds=1, round_timeout=30, min_clients=2,
-                  max_bytes=64 * 1024)
+    srv = _server(
+        mqtt_broker, tmp_path, reg, rounds=1, round_timeout=30, min_clients=2, max_bytes=64 * 1024
+    )
     thread = _start(srv)
     evil = paho.Client(CallbackAPIVersion.VERSION2, client_id="evil", protocol=paho.MQTTv5)
     host, port = mqtt_broker.url.removeprefix("mqtt://").split(":")
@@ -210,9 +244,16 @@ def test_every_rejection_kind_counted_while_round_completes(mqtt_broker, tmp_pat
         good = a.update_for(down)
 
         def up(dev="evil", typ="speaker", **kw):
-            fields = dict(fleet=FLEET, run_id=down.run_id, device_id=dev, device_type=typ,
-                          round_id=1, params=torch.ones(D), num_samples=1,
-                          record={"sigma_sq": 0.1, "has_variance": 1.0, "local_steps": 1})
+            fields = dict(
+                fleet=FLEET,
+                run_id=down.run_id,
+                device_id=dev,
+                device_type=typ,
+                round_id=1,
+                params=torch.ones(D),
+                num_samples=1,
+                record={"sigma_sq": 0.1, "has_variance": 1.0, "local_steps": 1},
+            )
             fields.update(kw)
             return M.Uplink(**fields)
 
@@ -281,18 +322,43 @@ def test_silent_device_round_closes_at_deadline(mqtt_broker, tmp_path):
 def _cli_server(broker_url: str, state: Path, init: Path, rounds: int) -> subprocess.Popen:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.Popen(
-        [sys.executable, "-m", "wakefl.tools.cli", "server", "--broker", broker_url, "--state",
-         str(state), "--fleet", FLEET, "--devices", "a:speaker,b:speaker,c:tv", "--rounds",
-         str(rounds), "--round-timeout", "60", "--init-model", str(init), "--ack-timeout", "2"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "wakefl.tools.cli",
+            "server",
+            "--broker",
+            broker_url,
+            "--state",
+            str(state),
+            "--fleet",
+            FLEET,
+            "--devices",
+            "a:speaker,b:speaker,c:tv",
+            "--rounds",
+            str(rounds),
+            "--round-timeout",
+            "60",
+            "--init-model",
+            str(init),
+            "--ack-timeout",
+            "2",
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def test_server_sigkill_mid_round_resumes_without_losing_updates(mqtt_broker, tmp_path):
     init = tmp_path / "init.safetensors"
     save_file({"params": torch.zeros(D)}, str(init))
     state = tmp_path / "server"
-    devs = [SimDevice(mqtt_broker.url, d, t) for d, t in
-            {"a": "speaker", "b": "speaker", "c": "tv"}.items()]
+    devs = [
+        SimDevice(mqtt_broker.url, d, t)
+        for d, t in {"a": "speaker", "b": "speaker", "c": "tv"}.items()
+    ]
     c = devs[2]
     c.hold_from = 2
     c.hold.clear()
@@ -365,10 +431,19 @@ def test_recorded_update_reads_back_what_was_received(tmp_path, wire_dtype):
     from wakefl.server.state_store import read_recorded_update
 
     g = torch.Generator().manual_seed(3)
-    up = M.Uplink(fleet="f", run_id="r", device_id="d1", device_type="A", round_id=2,
-                  params=torch.randn(1000, generator=g), num_samples=40,
-                  record={"sigma_sq": 0.25, "local_steps": 7}, relative_fa=0.9, relative_fr=1.0,
-                  tensors={"converged": torch.randn(1000, generator=g)})
+    up = M.Uplink(
+        fleet="f",
+        run_id="r",
+        device_id="d1",
+        device_type="A",
+        round_id=2,
+        params=torch.randn(1000, generator=g),
+        num_samples=40,
+        record={"sigma_sq": 0.25, "local_steps": 7},
+        relative_fa=0.9,
+        relative_fr=1.0,
+        tensors={"converged": torch.randn(1000, generator=g)},
+    )
     frame = M.encode(up, wire_dtype=wire_dtype)
     path = tmp_path / "u.bin"
     path.write_bytes(frame)
@@ -377,7 +452,11 @@ def test_recorded_update_reads_back_what_was_received(tmp_path, wire_dtype):
     assert torch.equal(fast.params, full.params) and fast.params.dtype == torch.float32
     assert torch.equal(fast.tensors["converged"], full.tensors["converged"])
     assert (fast.device_id, fast.round_id, fast.record, fast.num_samples) == (
-        "d1", 2, {"sigma_sq": 0.25, "local_steps": 7}, 40)
+        "d1",
+        2,
+        {"sigma_sq": 0.25, "local_steps": 7},
+        40,
+    )
     path.write_bytes(frame[: len(frame) // 2])  # truncated by a disk fault
     with pytest.raises(ConfigError):
         read_recorded_update(path, expected_numel=1000)
@@ -418,11 +497,23 @@ def _raw_uplink(down: M.Downlink, dev: str, typ: str, text_fields: str) -> bytes
 
     from safetensors.torch import save as st_save
 
-    meta = (json.dumps({"v": M.PROTOCOL_VERSION, "kind": "up", "fleet": FLEET,
-                        "run_id": down.run_id, "device_id": dev, "device_type": typ,
-                        "round_id": down.round_id,
-                        "record": {"sigma_sq": 0.1, "has_variance": 1, "local_steps": 1}})[:-1]
-            + "," + text_fields + "}")
+    meta = (
+        json.dumps(
+            {
+                "v": M.PROTOCOL_VERSION,
+                "kind": "up",
+                "fleet": FLEET,
+                "run_id": down.run_id,
+                "device_id": dev,
+                "device_type": typ,
+                "round_id": down.round_id,
+                "record": {"sigma_sq": 0.1, "has_variance": 1, "local_steps": 1},
+            }
+        )[:-1]
+        + ","
+        + text_fields
+        + "}"
+    )
     body = st_save({"params": torch.zeros(D)}, metadata={"wakefl": meta})
     return M.MAGIC + hashlib.sha256(body).digest() + body
 
@@ -452,11 +543,13 @@ def test_crafted_uplinks_are_counted_acked_and_never_crash(mqtt_broker, tmp_path
         down = a._todo
         up_evil = topics.uplink(FLEET, "evil")
         crafted = {
-            "nested": _raw_uplink(down, "evil", "speaker", '"num_samples":1,"scalars":'
-                                  + "[" * 100000 + "]" * 100000),
+            "nested": _raw_uplink(
+                down, "evil", "speaker", '"num_samples":1,"scalars":' + "[" * 100000 + "]" * 100000
+            ),
             "digits": _raw_uplink(down, "evil", "speaker", '"num_samples":' + "9" * 5000),
-            "int_1e309": _raw_uplink(down, "evil", "speaker",
-                                     '"num_samples":1,"relative_fa":1' + "0" * 309),
+            "int_1e309": _raw_uplink(
+                down, "evil", "speaker", '"num_samples":1,"relative_fa":1' + "0" * 309
+            ),
             "num_samples_2_63": _raw_uplink(down, "evil", "speaker", f'"num_samples":{2**63}'),
         }
         for payload in crafted.values():
@@ -502,7 +595,11 @@ def test_updates_queued_while_server_was_down_are_accepted_after_restart(mqtt_br
     finally:
         _close_all(devs)
     assert "stale_round" not in srv2.rejections, dict(srv2.rejections)
-    assert srv2.reports[0].closed_by == "all" and sorted(srv2.reports[0].reported) == ["a", "b", "c"]
+    assert srv2.reports[0].closed_by == "all" and sorted(srv2.reports[0].reported) == [
+        "a",
+        "b",
+        "c",
+    ]
     assert 1 in b.acked and wall < 30
 
 
@@ -520,9 +617,16 @@ class _HostileDevice(SimDevice):
             params = torch.full((D,), self.fill) * torch.tensor([1.0, -1.0]).repeat(D // 2)
         else:
             params = down.global_params + self.scale * (honest.params - down.global_params)
-        return M.Uplink(FLEET, down.run_id, self.dev, self.typ, down.round_id, params,
-                        num_samples=honest.num_samples,
-                        record={**honest.record, "has_variance": 1.0, "sigma_sq": 0.0})
+        return M.Uplink(
+            FLEET,
+            down.run_id,
+            self.dev,
+            self.typ,
+            down.round_id,
+            params,
+            num_samples=honest.num_samples,
+            record={**honest.record, "has_variance": 1.0, "sigma_sq": 0.0},
+        )
 
 
 @pytest.mark.parametrize("attack", [{"fill": 3e38}, {"scale": 1e6}])
@@ -539,8 +643,10 @@ def test_one_hostile_update_cannot_move_the_global_model(mqtt_broker, tmp_path, 
     assert all(r.screened.get("evil", "").startswith("refuse") for r in srv.reports)
     assert srv.rejections["outlier"] == 2
     # the run as if evil had sent nothing (same registry size, so the same activity rate)
-    order = {r: [d for d in rows if d != "evil"]
-             for r, rows in _round_orders(tmp_path / "server", 2).items()}
+    order = {
+        r: [d for d in rows if d != "evil"]
+        for r, rows in _round_orders(tmp_path / "server", 2).items()
+    }
     want = _expected(devs, 2, len(reg), False, order)
     torch.testing.assert_close(final.global_params, want, rtol=0, atol=1e-6)
     assert float(final.global_params.abs().max()) < 10
@@ -554,14 +660,26 @@ class _DecliningDevice(SimDevice):
                 down, self._todo = self._todo, None
             if down is not None and down.round_id not in self.sent:
                 self.sent[down.round_id] = None  # type: ignore[assignment]
-                self.client.publish(topics.uplink(FLEET, self.dev), M.encode(
-                    M.Decline(FLEET, down.run_id, self.dev, down.round_id, "local data unreadable")), qos=1)
+                self.client.publish(
+                    topics.uplink(FLEET, self.dev),
+                    M.encode(
+                        M.Decline(
+                            FLEET, down.run_id, self.dev, down.round_id, "local data unreadable"
+                        )
+                    ),
+                    qos=1,
+                )
 
 
-def test_declining_device_lets_the_round_close_without_waiting_for_the_deadline(mqtt_broker, tmp_path):
+def test_declining_device_lets_the_round_close_without_waiting_for_the_deadline(
+    mqtt_broker, tmp_path
+):
     reg = {"a": "speaker", "b": "tv", "broken": "tv"}
-    devs = [SimDevice(mqtt_broker.url, "a", "speaker"), SimDevice(mqtt_broker.url, "b", "tv"),
-            _DecliningDevice(mqtt_broker.url, "broken", "tv")]
+    devs = [
+        SimDevice(mqtt_broker.url, "a", "speaker"),
+        SimDevice(mqtt_broker.url, "b", "tv"),
+        _DecliningDevice(mqtt_broker.url, "broken", "tv"),
+    ]
     srv = _server(mqtt_broker, tmp_path, reg, rounds=2, round_timeout=60)
     try:
         t0 = time.monotonic()
@@ -602,7 +720,9 @@ def test_broker_queue_overflow_is_reported_by_the_server(tmp_path):
         host, port = broker.url.removeprefix("mqtt://").split(":")
         props = Properties(PacketTypes.CONNECT)
         props.SessionExpiryInterval = 600
-        sleeper = paho.Client(CallbackAPIVersion.VERSION2, client_id="sleeper", protocol=paho.MQTTv5)
+        sleeper = paho.Client(
+            CallbackAPIVersion.VERSION2, client_id="sleeper", protocol=paho.MQTTv5
+        )
         sleeper.connect(host, int(port), clean_start=False, properties=props)
         sleeper.loop_start()
         sleeper.subscribe("bulk/x", qos=1)
@@ -693,10 +813,25 @@ def test_a_flood_of_refused_messages_neither_commits_nor_acks_per_message(mqtt_b
         down = a._todo
         n_commits = len(commits)
         t0 = time.monotonic()
-        sent = [evil.c.publish(topics.uplink(FLEET, "evil"), M.encode(M.Uplink(
-            FLEET, down.run_id, "evil", "speaker", 1, torch.zeros(D), i,
-            {"sigma_sq": 0.1, "has_variance": 1.0, "local_steps": 1})), qos=1)
-            for i in range(n)]  # evil is registered but not sampled: each is refused
+        sent = [
+            evil.c.publish(
+                topics.uplink(FLEET, "evil"),
+                M.encode(
+                    M.Uplink(
+                        FLEET,
+                        down.run_id,
+                        "evil",
+                        "speaker",
+                        1,
+                        torch.zeros(D),
+                        i,
+                        {"sigma_sq": 0.1, "has_variance": 1.0, "local_steps": 1},
+                    )
+                ),
+                qos=1,
+            )
+            for i in range(n)
+        ]  # evil is registered but not sampled: each is refused
         sent[-1].wait_for_publish(30)  # the whole flood is with the broker ...
         a.hold.set()  # ... so a's update comes behind it in the server's queue
         _wait(lambda: 1 in a.acked, 60, "a's update acked behind the flood")
@@ -737,7 +872,8 @@ def test_a_state_folder_of_the_previous_store_format_is_refused_with_a_clear_mes
         "CREATE TABLE updates (round_id INTEGER NOT NULL, device_id TEXT NOT NULL,"
         " device_type TEXT NOT NULL, path TEXT NOT NULL, nbytes INTEGER NOT NULL,"
         " sigma_m_sq REAL NOT NULL, num_samples INTEGER NOT NULL, local_steps INTEGER NOT NULL,"
-        " received_at REAL NOT NULL, PRIMARY KEY (round_id, device_id));")
+        " received_at REAL NOT NULL, PRIMARY KEY (round_id, device_id));"
+    )
     db.commit()
     db.close()
     with pytest.raises(ConfigError, match="store format 1.*reads format 2.*new --state"):

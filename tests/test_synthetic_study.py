@@ -19,19 +19,29 @@ def test_fleet_closed_forms_are_consistent():
     sig = [p.sigma_sq for p in fleet.problems.values()]
     s0 = CASES["heterogeneous"][0]
     w = [1 / (s0 + s) for s in sig]
-    assert fleet.global_target == pytest.approx(sum(a * b for a, b in zip(w, z, strict=True)) / sum(w))
+    assert fleet.global_target == pytest.approx(
+        sum(a * b for a, b in zip(w, z, strict=True)) / sum(w)
+    )
     assert all(10 <= p.num_samples <= 200 for p in fleet.problems.values())
-    assert all(s == pytest.approx(0.1 / p.num_samples) for s, p in zip(sig, fleet.problems.values(), strict=True))
+    assert all(
+        s == pytest.approx(0.1 / p.num_samples)
+        for s, p in zip(sig, fleet.problems.values(), strict=True)
+    )
     # personal targets lie between the client's own optimum and the others' mean
     for cid, zi in zip(fleet.problems, z, strict=True):
-        assert min(zi, fleet.global_target) - 1.0 <= fleet.local_target[cid] <= max(zi, fleet.global_target) + 1.0
+        assert (
+            min(zi, fleet.global_target) - 1.0
+            <= fleet.local_target[cid]
+            <= max(zi, fleet.global_target) + 1.0
+        )
         assert abs(fleet.local_target[cid] - zi) < abs(fleet.global_target - zi) + 1e-12
 
 
 def test_reduced_study_selffl_personalizes_better_than_fedavg():
     methods = ["selffl"] + [m for m in ("fedavg-e",) if m in available_strategies()]
-    doc = run_study(reps=1, seed=1, rounds=12, rates=(0.5, 1.0), methods=methods,
-                    num_clients=8, progress=False)
+    doc = run_study(
+        reps=1, seed=1, rounds=12, rates=(0.5, 1.0), methods=methods, num_clients=8, progress=False
+    )
     rows = doc["results"]
     assert len(rows) == len(CASES) * 2 * len(methods)
     for r in rows:
@@ -47,8 +57,21 @@ def test_reduced_study_selffl_personalizes_better_than_fedavg():
 
 
 def test_cli_paper_synthetic_json(tmp_path, capsys):
-    code = main(["paper", "synthetic", "--reps", "1", "--rounds", "4", "--methods", "selffl",
-                 "--out", str(tmp_path), "--json"])
+    code = main(
+        [
+            "paper",
+            "synthetic",
+            "--reps",
+            "1",
+            "--rounds",
+            "4",
+            "--methods",
+            "selffl",
+            "--out",
+            str(tmp_path),
+            "--json",
+        ]
+    )
     assert code == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["methods"] == ["selffl"]
@@ -62,8 +85,9 @@ def test_cli_paper_synthetic_json(tmp_path, capsys):
 
 def test_selffl_overrides_run_an_ablation_row_with_the_papers_rules():
     paper = {"eqn10": "paper", "eqn10_max_factor": None}
-    kw = dict(reps=1, seed=1, rounds=8, rates=(0.5,), methods=["selffl"], num_clients=6,
-              progress=False)
+    kw = dict(
+        reps=1, seed=1, rounds=8, rates=(0.5,), methods=["selffl"], num_clients=6, progress=False
+    )
     ablated = run_study(selffl_overrides=paper, **kw)
     default = run_study(**kw)
     assert ablated["config"]["selffl_overrides"] == paper
@@ -71,4 +95,6 @@ def test_selffl_overrides_run_an_ablation_row_with_the_papers_rules():
     for doc in (ablated, default):
         assert all(r["local_mae"] is not None and r["local_mae"] < 1.0 for r in doc["results"])
     # with sampling the two Eqn 10 rules give different personalized models
-    assert [r["local_mae"] for r in ablated["results"]] != [r["local_mae"] for r in default["results"]]
+    assert [r["local_mae"] for r in ablated["results"]] != [
+        r["local_mae"] for r in default["results"]
+    ]

@@ -41,13 +41,18 @@ def test_median_based_floor_clip_and_refusal():
 
 def test_small_round_uses_previous_reference_or_absolute_bound():
     # two updates: no median of their own; the previous round's reference applies
-    s = screen_updates([1.0, 500.0], [0.5, 0.0], global_norm=1.0, previous_norm=2.0,
-                       previous_sigma_sq=0.5)
+    s = screen_updates(
+        [1.0, 500.0], [0.5, 0.0], global_norm=1.0, previous_norm=2.0, previous_sigma_sq=0.5
+    )
     assert [v.action for v in s.verdicts] == ["keep", "refuse"]
     assert s.verdicts[1].sigma_sq == pytest.approx(0.05)
     # no reference at all: only the absolute bound 1e3 * max(||theta_g||, 1)
-    s = screen_updates([1.0, 500.0, 2e3], [0.5, 0.1, 0.1], global_norm=0.5,
-                       rules=ScreeningRules(min_reference_updates=4))
+    s = screen_updates(
+        [1.0, 500.0, 2e3],
+        [0.5, 0.1, 0.1],
+        global_norm=0.5,
+        rules=ScreeningRules(min_reference_updates=4),
+    )
     assert [v.action for v in s.verdicts] == ["keep", "keep", "refuse"]
     assert "absolute bound" in s.verdicts[2].reason and math.isinf(s.clip_bound)
 

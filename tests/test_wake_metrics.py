@@ -261,8 +261,14 @@ def test_bootstrap_by_subset_keeps_each_subset_apart():
     in_x = np.arange(400) < 200
     cand_neg = np.where(in_x, neg - 1.0, neg)
     cis = bootstrap_relative_fa_by_subset(
-        pos, neg, pos, cand_neg, 0.05, {"x": in_x, "y": ~in_x, "all": np.ones(400, bool)},
-        n_boot=100, seed=3,
+        pos,
+        neg,
+        pos,
+        cand_neg,
+        0.05,
+        {"x": in_x, "y": ~in_x, "all": np.ones(400, bool)},
+        n_boot=100,
+        seed=3,
     )
     assert cis["y"] == (1.0, 1.0)
     assert cis["x"][1] < 1.0
@@ -278,7 +284,9 @@ def test_relative_by_subset_at_a_shipped_threshold():
     cand = np.where(labels == 0, base - 0.5, base)  # same positives, lower negatives
     units = np.array([f"s{i % 20}" for i in range(400)])
     subsets = {"all": np.ones(400, bool), "half": np.arange(400) % 2 == 0}
-    op, cells = relative_by_subset(base, cand, labels, units, subsets, 0.05, 50, 0, baseline_thr=1.3)
+    op, cells = relative_by_subset(
+        base, cand, labels, units, subsets, 0.05, 50, 0, baseline_thr=1.3
+    )
     # Not refitted: the baseline stays at its threshold, the candidate is matched to its FR.
     assert op.shipped and op.baseline_threshold == 1.3
     # Identical positives: the candidate's FR there is the baseline's, at the lowest FA.
@@ -286,7 +294,8 @@ def test_relative_by_subset_at_a_shipped_threshold():
     assert fr_at(cand[:200], op.candidate_threshold) == op.baseline_fr
     assert cells["all"].baseline_fr == fr_at(base[:200], 1.3) == op.baseline_fr
     assert cells["all"].relative_fa == pytest.approx(
-        fa_at(cand[200:], op.candidate_threshold) / fa_at(base[200:], 1.3))
+        fa_at(cand[200:], op.candidate_threshold) / fa_at(base[200:], 1.3)
+    )
     assert cells["all"].relative_fa_ci[1] < 1.0
     assert cells["half"].n_negative == 100
     fitted, _ = relative_by_subset(base, cand, labels, units, subsets, 0.05, 10, 0)

@@ -43,7 +43,9 @@ def music_like(rng: np.random.Generator, n: int) -> np.ndarray:
             note = np.zeros_like(t_note)
             for h in range(1, n_harm + 1):
                 if f0 * h < 7500:
-                    note += brightness ** (h - 1) * np.sin(2 * np.pi * f0 * h * t_note + rng.uniform(0, 6.283))
+                    note += brightness ** (h - 1) * np.sin(
+                        2 * np.pi * f0 * h * t_note + rng.uniform(0, 6.283)
+                    )
             note *= _envelope(note.size, 160, rng.uniform(0.3, 1.2))
             seg = note[: n - start]
             out[start : start + seg.size] += 0.3 * seg
@@ -54,7 +56,11 @@ def music_like(rng: np.random.Generator, n: int) -> np.ndarray:
     for start in range(0, n, beat):
         hit = rng.standard_normal(hit_len) * _envelope(hit_len, 8, rng.uniform(0.02, 0.06))
         if (start // beat) % 2 == 0:  # a kick-like low thump on the down beats
-            hit += 2.0 * np.sin(2 * np.pi * 60 * np.arange(hit_len) / SAMPLE_RATE) * _envelope(hit_len, 8, 0.08)
+            hit += (
+                2.0
+                * np.sin(2 * np.pi * 60 * np.arange(hit_len) / SAMPLE_RATE)
+                * _envelope(hit_len, 8, 0.08)
+            )
         seg = hit[: n - start]
         out[start : start + seg.size] += 0.25 * seg
     return out / (np.sqrt(np.mean(out**2)) + 1e-12)
@@ -94,7 +100,9 @@ def ambient_noise(rng: np.random.Generator, n: int, exponent: float) -> np.ndarr
     x = colored_noise(rng, n, exponent)
     hum_f = rng.choice([50.0, 60.0])
     t = np.arange(n) / SAMPLE_RATE
-    x += rng.uniform(0.0, 0.5) * np.sin(2 * np.pi * hum_f * t) + rng.uniform(0.0, 0.2) * np.sin(2 * np.pi * 3 * hum_f * t)
+    x += rng.uniform(0.0, 0.5) * np.sin(2 * np.pi * hum_f * t) + rng.uniform(0.0, 0.2) * np.sin(
+        2 * np.pi * 3 * hum_f * t
+    )
     wobble = 1.0 + 0.3 * np.sin(2 * np.pi * rng.uniform(0.05, 0.5) * t + rng.uniform(0, 6.283))
     x *= wobble
     return x / (np.sqrt(np.mean(x**2)) + 1e-12)

@@ -63,7 +63,9 @@ def frr_at_fa(sc: SplitScores, fa_per_hour: float) -> dict[str, Any]:
     fewer stream hours than 1/target, that means no false accept at all (flagged)."""
     streams = sc.streams
     allowed = math.floor(fa_per_hour * sc.stream_hours + 1e-9)
-    cands = np.unique(np.concatenate([sc.pos, *[s[s >= np.quantile(s, 0.99)] for s in streams], [1.0 + 1e-9]]))
+    cands = np.unique(
+        np.concatenate([sc.pos, *[s[s >= np.quantile(s, 0.99)] for s in streams], [1.0 + 1e-9]])
+    )
     lo, hi = 0, len(cands) - 1
     while lo < hi:  # the first candidate whose events are within the allowance
         mid = (lo + hi) // 2
@@ -72,31 +74,45 @@ def frr_at_fa(sc: SplitScores, fa_per_hour: float) -> dict[str, Any]:
         else:
             lo = mid + 1
     thr = float(cands[lo])
-    return {"fa_per_hour_target": fa_per_hour, "threshold": thr, "frr": float(np.mean(sc.pos < thr)),
-            "fa_per_hour": _events(streams, thr) / sc.stream_hours,
-            "resolved": sc.stream_hours * fa_per_hour >= 1.0}
+    return {
+        "fa_per_hour_target": fa_per_hour,
+        "threshold": thr,
+        "frr": float(np.mean(sc.pos < thr)),
+        "fa_per_hour": _events(streams, thr) / sc.stream_hours,
+        "resolved": sc.stream_hours * fa_per_hour >= 1.0,
+    }
 
 
 def fa_at_frr(sc: SplitScores, frr: float) -> dict[str, Any]:
     thr = float(np.quantile(sc.pos, frr, method="lower")) if sc.pos.size else 1.0
-    return {"frr_target": frr, "threshold": thr, "frr": float(np.mean(sc.pos < thr)),
-            "fa_per_hour": _events(sc.streams, thr) / sc.stream_hours}
+    return {
+        "frr_target": frr,
+        "threshold": thr,
+        "frr": float(np.mean(sc.pos < thr)),
+        "fa_per_hour": _events(sc.streams, thr) / sc.stream_hours,
+    }
 
 
 def at_threshold(sc: SplitScores, thr: float) -> dict[str, Any]:
-    return {"threshold": thr, "frr": float(np.mean(sc.pos < thr)),
-            "clip_far": float(np.mean(sc.neg >= thr)),
-            "fa_per_hour": _events(sc.streams, thr) / sc.stream_hours}
+    return {
+        "threshold": thr,
+        "frr": float(np.mean(sc.pos < thr)),
+        "clip_far": float(np.mean(sc.neg >= thr)),
+        "fa_per_hour": _events(sc.streams, thr) / sc.stream_hours,
+    }
 
 
 def det_points(sc: SplitScores, n: int = 60) -> list[tuple[float, float]]:
     """(FA/h, FRR) over thresholds spread across the positives' scores."""
     thrs = np.unique(np.quantile(sc.pos, np.linspace(0.0, 0.5, n)))
-    return [(_events(sc.streams, float(t)) / sc.stream_hours, float(np.mean(sc.pos < t))) for t in thrs]
+    return [
+        (_events(sc.streams, float(t)) / sc.stream_hours, float(np.mean(sc.pos < t))) for t in thrs
+    ]
 
 
-def score_split(scorer: Any, manifest: Path, device: str, max_stream_s: float | None,
-                batch: int = 128) -> SplitScores:
+def score_split(
+    scorer: Any, manifest: Path, device: str, max_stream_s: float | None, batch: int = 128
+) -> SplitScores:
     from wakefl.edge_runtime import load_audio
     from wakefl.sdk.dataset import load_clip
     from wakefl.sdk.manifest import read_manifest
@@ -105,7 +121,9 @@ def score_split(scorer: Any, manifest: Path, device: str, max_stream_s: float | 
     win = scorer.window_samples
     clips = [r for r in rows if r.kind == "clip"]
     waves = np.stack([load_clip(r.resolve(manifest), win) for r in clips])
-    scores = np.concatenate([scorer.score(waves[i:i + batch]) for i in range(0, len(waves), batch)])
+    scores = np.concatenate(
+        [scorer.score(waves[i : i + batch]) for i in range(0, len(waves), batch)]
+    )
     labels = np.array([r.label for r in clips])
     raw, seconds = [], 0.0
     for r in (r for r in rows if r.kind == "stream"):
@@ -113,8 +131,14 @@ def score_split(scorer: Any, manifest: Path, device: str, max_stream_s: float | 
         if max_stream_s is not None:
             w = w[: int(max_stream_s * scorer.sample_rate)]
         wins = stream_windows(w, win, int(round(HOP_S * scorer.sample_rate)))
-        raw.append(np.concatenate([scorer.score(np.ascontiguousarray(wins[i:i + batch]))
-                                   for i in range(0, len(wins), batch)]).astype(np.float64))
+        raw.append(
+            np.concatenate(
+                [
+                    scorer.score(np.ascontiguousarray(wins[i : i + batch]))
+                    for i in range(0, len(wins), batch)
+                ]
+            ).astype(np.float64)
+        )
         seconds += w.size / scorer.sample_rate
     if not raw:
         raise ConfigError(f"{manifest}: device type {device} has no test streams")
@@ -123,7 +147,8 @@ def score_split(scorer: Any, manifest: Path, device: str, max_stream_s: float | 
 
 def summarize(sc: SplitScores, shipped: float | None) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "positives": int(sc.pos.size), "negative_clips": int(sc.neg.size),
+        "positives": int(sc.pos.size),
+        "negative_clips": int(sc.neg.size),
         "stream_hours": round(sc.stream_hours, 3),
         **{f"frr_at_{t}_fa_h": frr_at_fa(sc, t) for t in FA_TARGETS},
         "fa_h_at_5pct_frr": fa_at_frr(sc, FRR_TARGET),
@@ -182,11 +207,21 @@ def _export(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, Path], float
         from wakefl.sdk.dataset import load_clip
         from wakefl.sdk.manifest import read_manifest
 
-        rows = [r for r in read_manifest(args.corpus / "manifest.csv") if r.kind == "clip" and r.split == "val"]
+        rows = [
+            r
+            for r in read_manifest(args.corpus / "manifest.csv")
+            if r.kind == "clip" and r.split == "val"
+        ]
         pick = rows[:: max(1, len(rows) // 64)][:64]
-        calib = np.stack([load_clip(r.resolve(args.corpus / "manifest.csv"), model.cfg.window_samples)
-                          for r in pick])
-        paths["int8"] = export_onnx(model, tmp / "model-int8.onnx", int8=True, calibration_windows=calib)
+        calib = np.stack(
+            [
+                load_clip(r.resolve(args.corpus / "manifest.csv"), model.cfg.window_samples)
+                for r in pick
+            ]
+        )
+        paths["int8"] = export_onnx(
+            model, tmp / "model-int8.onnx", int8=True, calibration_windows=calib
+        )
     thr = card.get("threshold")
     return paths, (float(thr) if isinstance(thr, int | float) else None), model
 
@@ -195,14 +230,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from wakefl.edge_runtime import OnnxScorer
     from wakefl.sdk.manifest import read_manifest
 
-    splits = {"held-out speakers": args.corpus / "manifest.csv",
-              "unseen voices": args.corpus / "unseen" / "manifest.csv"}
+    splits = {
+        "held-out speakers": args.corpus / "manifest.csv",
+        "unseen voices": args.corpus / "unseen" / "manifest.csv",
+    }
     splits = {k: v for k, v in splits.items() if v.exists()}
     if "held-out speakers" not in splits:
-        raise ConfigError(f"{args.corpus} holds no manifest.csv (build it with `wakefl corpus build "
-                          "--profile pretrain`)")
-    result: dict[str, Any] = {"model": args.pretrained or str(args.weights), "corpus": str(args.corpus),
-                              "hop_s": HOP_S, "smoothing": SMOOTHING, "refractory_s": REFRACTORY_S}
+        raise ConfigError(
+            f"{args.corpus} holds no manifest.csv (build it with `wakefl corpus build "
+            "--profile pretrain`)"
+        )
+    result: dict[str, Any] = {
+        "model": args.pretrained or str(args.weights),
+        "corpus": str(args.corpus),
+        "hop_s": HOP_S,
+        "smoothing": SMOOTHING,
+        "refractory_s": REFRACTORY_S,
+    }
     with tempfile.TemporaryDirectory(prefix="wakefl-bench-det-") as tmp:
         paths, shipped, _ = _export(args, Path(tmp))
         result["shipped_threshold"] = shipped
@@ -212,7 +256,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             curves: dict[str, list[tuple[float, float]]] = {}
             for precision, scorer in scorers.items():
                 t0 = time.perf_counter()
-                per = {d: score_split(scorer, manifest, d, args.max_stream_seconds) for d in devices}
+                per = {
+                    d: score_split(scorer, manifest, d, args.max_stream_seconds) for d in devices
+                }
                 rows = {d: summarize(sc, shipped) for d, sc in per.items()}
                 rows["_seconds"] = round(time.perf_counter() - t0, 1)
                 result.setdefault(precision, {})[split] = rows
@@ -222,8 +268,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 elif shipped is not None:
                     agree = [agreement(fp32[d], per[d], shipped) for d in devices]
                     a, n = sum(x for x, _ in agree), sum(y for _, y in agree)
-                    result.setdefault("int8_agreement", {})[split] = {"agree": a, "decisions": n,
-                                                                       "share": a / n}
+                    result.setdefault("int8_agreement", {})[split] = {
+                        "agree": a,
+                        "decisions": n,
+                        "share": a / n,
+                    }
             if args.plots:
                 args.plots.mkdir(parents=True, exist_ok=True)
                 plot(curves, f"DET, {split}", args.plots / f"det-{split.replace(' ', '-')}.png")
@@ -235,7 +284,9 @@ def format_table(result: dict[str, Any]) -> str:
     for precision in ("fp32", "int8"):
         for split, rows in result.get(precision, {}).items():
             lines.append(f"\n{precision}, {split} ({rows['_seconds']} s to score)")
-            lines.append("type | FRR @0.5 FA/h | FRR @0.1 FA/h | FA/h @5% FRR | shipped thr: FRR, FA/h | hours")
+            lines.append(
+                "type | FRR @0.5 FA/h | FRR @0.1 FA/h | FA/h @5% FRR | shipped thr: FRR, FA/h | hours"
+            )
             for d, r in rows.items():
                 if d.startswith("_"):
                     continue
@@ -243,23 +294,38 @@ def format_table(result: dict[str, Any]) -> str:
                 s = r.get("at_shipped_threshold")
                 ship = f"{s['frr']:.3f}, {s['fa_per_hour']:.2f}" if s else "-"
                 flag = lambda x: "" if x["resolved"] else "*"  # noqa: E731
-                lines.append(f"{d} | {a['frr']:.3f}{flag(a)} | {b['frr']:.3f}{flag(b)} | "
-                             f"{c['fa_per_hour']:.2f} | {ship} | {r['stream_hours']}")
+                lines.append(
+                    f"{d} | {a['frr']:.3f}{flag(a)} | {b['frr']:.3f}{flag(b)} | "
+                    f"{c['fa_per_hour']:.2f} | {ship} | {r['stream_hours']}"
+                )
     for split, ag in result.get("int8_agreement", {}).items():
-        lines.append(f"\nint8 vs fp32 decisions at the shipped threshold, {split}: "
-                     f"{ag['share']:.4f} ({ag['agree']}/{ag['decisions']})")
-    lines.append("\n* fewer stream hours than 1/target: the threshold allows no false accept at all")
+        lines.append(
+            f"\nint8 vs fp32 decisions at the shipped threshold, {split}: "
+            f"{ag['share']:.4f} ({ag['agree']}/{ag['decisions']})"
+        )
+    lines.append(
+        "\n* fewer stream hours than 1/target: the threshold allows no false accept at all"
+    )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--pretrained", choices=("full", "small"))
-    src.add_argument("--weights", type=Path, help="a .safetensors checkpoint (a card beside it is used)")
+    src.add_argument(
+        "--weights", type=Path, help="a .safetensors checkpoint (a card beside it is used)"
+    )
     p.add_argument("--corpus", type=Path, required=True, help="a pretrain corpus folder")
     p.add_argument("--int8", action="store_true", help="also the int8 ONNX export")
-    p.add_argument("--max-stream-seconds", type=float, default=None, help="score only the first S s of each stream")
+    p.add_argument(
+        "--max-stream-seconds",
+        type=float,
+        default=None,
+        help="score only the first S s of each stream",
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--plots", type=Path, default=None, help="folder for DET curve PNGs")
     p.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")

@@ -49,9 +49,12 @@ def _device_process(url: str, state_dir: str, width: float, out: mp.Queue) -> No
             g = np.random.default_rng(seed)
             t = np.arange(window) / 16000.0
             self.labels = np.array([i % 2 for i in range(n)], dtype=np.int64)
-            self.waves = [(0.05 * g.standard_normal(window)
-                           + 0.3 * y * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
-                          for y in self.labels]
+            self.waves = [
+                (0.05 * g.standard_normal(window) + 0.3 * y * np.sin(2 * np.pi * 440 * t)).astype(
+                    np.float32
+                )
+                for y in self.labels
+            ]
 
         def __len__(self) -> int:
             return len(self.labels)
@@ -67,8 +70,16 @@ def _device_process(url: str, state_dir: str, width: float, out: mp.Queue) -> No
             samples.append((rid, _status_mb("VmRSS"), _status_mb("VmHWM")))
             out.put(("round", samples[-1]))
 
-    client = DeviceClient("bench-dev", "A", Tones(16, 1), state_dir, validation=Tones(16, 2),
-                          broker_url=url, ack_timeout_s=30, progress=progress)
+    client = DeviceClient(
+        "bench-dev",
+        "A",
+        Tones(16, 1),
+        state_dir,
+        validation=Tones(16, 2),
+        broker_url=url,
+        ack_timeout_s=30,
+        progress=progress,
+    )
     try:
         summary = client.run()
     finally:
@@ -79,7 +90,9 @@ def _device_process(url: str, state_dir: str, width: float, out: mp.Queue) -> No
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=50)
-    ap.add_argument("--width", type=float, default=1.0, help="model width (default 1.0, the default size)")
+    ap.add_argument(
+        "--width", type=float, default=1.0, help="model width (default 1.0, the default size)"
+    )
     args = ap.parse_args(argv)
 
     import torch
@@ -95,20 +108,32 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = ModelConfig(width=args.width)
         params = get_flat_params(KwsCnn(cfg))
-        print(f"model width {args.width}: {params.numel():,} parameters "
-              f"({params.numel() * 4 / 1e6:.1f} MB as fp32); {args.rounds} rounds, 1 local step")
+        print(
+            f"model width {args.width}: {params.numel():,} parameters "
+            f"({params.numel() * 4 / 1e6:.1f} MB as fp32); {args.rounds} rounds, 1 local step"
+        )
         server = AggregationServer(
-            ServerConfig(broker_url=broker.url, state_dir=work / "server", initial_params=params,
-                         model_config=cfg.to_dict(), rounds=args.rounds, round_timeout=300,
-                         devices={"bench-dev": "A"}, strategy_args=_STRATEGY_ARGS,
-                         ack_timeout_s=30),
-            make_strategy("selffl", **_STRATEGY_ARGS), progress=lambda line: None)
+            ServerConfig(
+                broker_url=broker.url,
+                state_dir=work / "server",
+                initial_params=params,
+                model_config=cfg.to_dict(),
+                rounds=args.rounds,
+                round_timeout=300,
+                devices={"bench-dev": "A"},
+                strategy_args=_STRATEGY_ARGS,
+                ack_timeout_s=30,
+            ),
+            make_strategy("selffl", **_STRATEGY_ARGS),
+            progress=lambda line: None,
+        )
         threading.Thread(target=server.run, daemon=True).start()
 
         ctx = mp.get_context("spawn")
         q: mp.Queue = ctx.Queue()
-        child = ctx.Process(target=_device_process,
-                            args=(broker.url, str(work / "device"), args.width, q))
+        child = ctx.Process(
+            target=_device_process, args=(broker.url, str(work / "device"), args.width, q)
+        )
         t0 = time.perf_counter()
         child.start()
         rows, accepted = _watch_device(q)
@@ -145,9 +170,11 @@ def _verdict(rows: list[tuple[int, float, float]], wall: float, accepted: Any) -
     last = rows[-1]
     growth = last[2] - ref[2]
     print(f"{len(rows)} rounds in {wall:.0f} s, {accepted} updates accepted")
-    print(f"peak RSS after round {ref[0]}: {ref[2]:.1f} MB; after round {last[0]}: "
-          f"{last[2]:.1f} MB; growth {growth:+.1f} MB "
-          f"({(last[2] - ref[2]) / ref[2] * 100:+.1f}%)")
+    print(
+        f"peak RSS after round {ref[0]}: {ref[2]:.1f} MB; after round {last[0]}: "
+        f"{last[2]:.1f} MB; growth {growth:+.1f} MB "
+        f"({(last[2] - ref[2]) / ref[2] * 100:+.1f}%)"
+    )
     print(f"RSS after round {ref[0]}: {ref[1]:.1f} MB; after round {last[0]}: {last[1]:.1f} MB")
     flat = growth <= max(16.0, 0.05 * ref[2])
     print("flat" if flat else "GROWING: the device's memory depends on the number of rounds")

@@ -24,8 +24,12 @@ import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 SENTENCES = (
-    "hey nova", "turn on the kitchen lights", "hey nova, what is the weather tomorrow",
-    "set a timer for ten minutes", "play some music in the living room", "hey nova stop",
+    "hey nova",
+    "turn on the kitchen lights",
+    "hey nova, what is the weather tomorrow",
+    "set a timer for ten minutes",
+    "play some music in the living room",
+    "hey nova stop",
 )
 
 
@@ -40,12 +44,16 @@ def bench_audio(seconds: float, sample_rate: int, workdir: Path) -> np.ndarray:
         for i, text in enumerate(SENTENCES):
             p = workdir / f"s{i}.wav"
             subprocess.run(["espeak-ng", "-w", str(p), text], check=True, capture_output=True)
-            parts += [load_audio(p, sample_rate),
-                      (0.01 * rng.standard_normal(int(0.7 * sample_rate))).astype(np.float32)]
+            parts += [
+                load_audio(p, sample_rate),
+                (0.01 * rng.standard_normal(int(0.7 * sample_rate))).astype(np.float32),
+            ]
     else:
         t = np.arange(sample_rate) / sample_rate
-        parts = [(0.3 * np.sin(2 * np.pi * 300 * t)).astype(np.float32),
-                 (0.02 * rng.standard_normal(sample_rate)).astype(np.float32)]
+        parts = [
+            (0.3 * np.sin(2 * np.pi * 300 * t)).astype(np.float32),
+            (0.02 * rng.standard_normal(sample_rate)).astype(np.float32),
+        ]
     one = np.concatenate(parts)
     reps = int(np.ceil(seconds * sample_rate / one.size))
     return np.tile(one, reps)[: int(seconds * sample_rate)]
@@ -72,7 +80,7 @@ def stream_cost(scorer, audio: np.ndarray, hop_s: float, chunk_s: float = 0.01) 
     chunk = int(chunk_s * scorer.sample_rate)
     wall0, cpu0 = time.perf_counter(), time.process_time()
     for i in range(0, pcm.size, chunk):
-        det.push(pcm[i:i + chunk])
+        det.push(pcm[i : i + chunk])
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     dur = audio.size / scorer.sample_rate
     return {"audio_s": dur, "real_time_factor": wall / dur, "cpu_share_of_one_core": cpu / dur}
@@ -85,12 +93,16 @@ def _print_summary(res: dict, width: float, hop: float) -> None:
     for k, v in res["latency_batch1_1thread"].items():
         print(f"  latency {k:12s} median {v['median_ms']:7.2f} ms  p95 {v['p95_ms']:7.2f} ms")
     for k, v in res["streaming"].items():
-        print(f"  streaming {k:10s} RTF {v['real_time_factor']:.4f}  CPU "
-              f"{100 * v['cpu_share_of_one_core']:.2f}% of one core ({v['audio_s']:.0f} s audio)")
+        print(
+            f"  streaming {k:10s} RTF {v['real_time_factor']:.4f}  CPU "
+            f"{100 * v['cpu_share_of_one_core']:.2f}% of one core ({v['audio_s']:.0f} s audio)"
+        )
     a = res["int8_vs_fp32"]
-    print(f"  int8 vs fp32: decisions differ on {100 * a['decision_differs_share']:.2f}% of "
-          f"{a['windows']} windows at threshold {a['threshold']:.3f}; "
-          f"max |dp| {a['max_abs_prob_diff']:.4f}")
+    print(
+        f"  int8 vs fp32: decisions differ on {100 * a['decision_differs_share']:.2f}% of "
+        f"{a['windows']} windows at threshold {a['threshold']:.3f}; "
+        f"max |dp| {a['max_abs_prob_diff']:.4f}"
+    )
 
 
 def _measure(model: Any, args: argparse.Namespace, tmp: Path, res: dict) -> None:
@@ -103,16 +115,28 @@ def _measure(model: Any, args: argparse.Namespace, tmp: Path, res: dict) -> None
     cfg = model.cfg
     audio = bench_audio(args.stream_s, cfg.sample_rate, tmp)
     hop = int(args.hop * cfg.sample_rate)
-    windows = np.stack([audio[i:i + cfg.window_samples]
-                        for i in range(0, audio.size - cfg.window_samples + 1, hop)])
-    print(f"[bench] exporting width {cfg.width} ({res['trainable_params']} params)",
-          file=sys.stderr)
+    windows = np.stack(
+        [
+            audio[i : i + cfg.window_samples]
+            for i in range(0, audio.size - cfg.window_samples + 1, hop)
+        ]
+    )
+    print(
+        f"[bench] exporting width {cfg.width} ({res['trainable_params']} params)", file=sys.stderr
+    )
     st = save_model(model, tmp / "model.safetensors")
     fp32 = export_onnx(model, tmp / "model.onnx")
-    int8 = export_onnx(model, tmp / "model_int8.onnx", int8=True,
-                       calibration_windows=windows[:: max(1, len(windows) // 32)][:32])
-    res["size_bytes"] = {"safetensors": st.stat().st_size, "onnx_fp32": fp32.stat().st_size,
-                         "onnx_int8": int8.stat().st_size}
+    int8 = export_onnx(
+        model,
+        tmp / "model_int8.onnx",
+        int8=True,
+        calibration_windows=windows[:: max(1, len(windows) // 32)][:32],
+    )
+    res["size_bytes"] = {
+        "safetensors": st.stat().st_size,
+        "onnx_fp32": fp32.stat().st_size,
+        "onnx_int8": int8.stat().st_size,
+    }
     s32, s8 = OnnxScorer(fp32, threads=1), OnnxScorer(int8, threads=1)
 
     def torch_fn(w: np.ndarray) -> None:
@@ -125,16 +149,21 @@ def _measure(model: Any, args: argparse.Namespace, tmp: Path, res: dict) -> None
         "onnx_int8": latency_ms(s8.score, windows, args.iterations, "onnx int8"),
     }
     print("[bench] streaming", file=sys.stderr)
-    res["streaming"] = {"onnx_fp32": stream_cost(s32, audio, args.hop),
-                        "onnx_int8": stream_cost(s8, audio, args.hop)}
-    p32 = np.concatenate([s32.score(windows[i:i + 64]) for i in range(0, len(windows), 64)])
-    p8 = np.concatenate([s8.score(windows[i:i + 64]) for i in range(0, len(windows), 64)])
+    res["streaming"] = {
+        "onnx_fp32": stream_cost(s32, audio, args.hop),
+        "onnx_int8": stream_cost(s8, audio, args.hop),
+    }
+    p32 = np.concatenate([s32.score(windows[i : i + 64]) for i in range(0, len(windows), 64)])
+    p8 = np.concatenate([s8.score(windows[i : i + 64]) for i in range(0, len(windows), 64)])
     # An untrained model has no operating point; its median posterior splits the
     # windows in half, the hardest threshold for agreement.
     thr = 0.5 if args.weights is not None else float(np.median(p32))
-    res["int8_vs_fp32"] = {"windows": len(p32), "threshold": thr,
-                           "decision_differs_share": float(np.mean((p32 >= thr) != (p8 >= thr))),
-                           "max_abs_prob_diff": float(np.abs(p32 - p8).max())}
+    res["int8_vs_fp32"] = {
+        "windows": len(p32),
+        "threshold": thr,
+        "decision_differs_share": float(np.mean((p32 >= thr) != (p8 >= thr))),
+        "max_abs_prob_diff": float(np.abs(p32 - p8).max()),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,12 +183,19 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = (load_model(args.weights) if args.weights is not None
-             else KwsCnn(ModelConfig(width=args.width)).eval())
+    model = (
+        load_model(args.weights)
+        if args.weights is not None
+        else KwsCnn(ModelConfig(width=args.width)).eval()
+    )
     cfg = model.cfg
-    res: dict = {"width": cfg.width, "trainable_params": model.num_trainable_params(),
-                 "trained_weights": args.weights is not None, "hop_s": args.hop,
-                 "cpu": os.cpu_count()}
+    res: dict = {
+        "width": cfg.width,
+        "trainable_params": model.num_trainable_params(),
+        "trained_weights": args.weights is not None,
+        "hop_s": args.hop,
+        "cpu": os.cpu_count(),
+    }
     with tempfile.TemporaryDirectory() as tmp:
         _measure(model, args, Path(tmp), res)
     if args.json:

@@ -87,16 +87,23 @@ def _time_raw(scorer: Any, wave: np.ndarray, hop: int, batch: int) -> tuple[floa
     return total, len(view)
 
 
-def _time_before(scorer: Any, wave: np.ndarray, thresholds: tuple[float, ...]) -> tuple[float, list]:
+def _time_before(
+    scorer: Any, wave: np.ndarray, thresholds: tuple[float, ...]
+) -> tuple[float, list]:
     from wakefl.edge_runtime import detect_audio
 
     t0 = time.perf_counter()
     cached = _HashCachedScorer(scorer)
-    events = [[e.time_s for e in detect_audio(cached, wave, hop_s=0.1, threshold=t).events] for t in thresholds]
+    events = [
+        [e.time_s for e in detect_audio(cached, wave, hop_s=0.1, threshold=t).events]
+        for t in thresholds
+    ]
     return time.perf_counter() - t0, events
 
 
-def _time_after(scorer: Any, wave: np.ndarray, thresholds: tuple[float, ...], batch: int) -> tuple[float, list]:
+def _time_after(
+    scorer: Any, wave: np.ndarray, thresholds: tuple[float, ...], batch: int
+) -> tuple[float, list]:
     from wakefl.tools.model_scoring import detection_times, stream_posteriors
 
     t0 = time.perf_counter()
@@ -132,26 +139,43 @@ def run(minutes: float, width: float, batch: int, rounds: int = 5) -> dict[str, 
         if after != before:
             raise SystemExit("the batched path's events differ from the streaming detector's")
     scale = 60.0 / minutes
-    return {"minutes": minutes, "windows": n_windows, **{f"{k}_s": v for k, v in totals.items()},
-            **{f"{k}_1h_s": v * scale for k, v in totals.items()},
-            "after_over_raw": totals["after"] / totals["raw"], "before_over_raw": totals["before"] / totals["raw"]}
+    return {
+        "minutes": minutes,
+        "windows": n_windows,
+        **{f"{k}_s": v for k, v in totals.items()},
+        **{f"{k}_1h_s": v * scale for k, v in totals.items()},
+        "after_over_raw": totals["after"] / totals["raw"],
+        "before_over_raw": totals["before"] / totals["raw"],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--minutes", type=float, default=10.0, help="stream length timed (scaled to 1 h)")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--minutes", type=float, default=10.0, help="stream length timed (scaled to 1 h)"
+    )
     p.add_argument("--width", type=float, default=1.0, help="model width (1.0: the full model)")
-    p.add_argument("--batch", type=int, default=64, help="windows per scoring batch (wakefl eval's default)")
+    p.add_argument(
+        "--batch", type=int, default=64, help="windows per scoring batch (wakefl eval's default)"
+    )
     p.add_argument("--rounds", type=int, default=5, help="pieces the stream is timed in")
     args = p.parse_args(argv)
     r = run(args.minutes, args.width, args.batch, args.rounds)
-    print(f"stream {r['minutes']:g} min ({r['windows']} windows at hop 0.1 s), width {args.width} "
-          f"ONNX model, 1 thread; times scaled to a 1-hour stream:")
+    print(
+        f"stream {r['minutes']:g} min ({r['windows']} windows at hop 0.1 s), width {args.width} "
+        f"ONNX model, 1 thread; times scaled to a 1-hour stream:"
+    )
     print(f"  raw batched inference   {r['raw_1h_s']:8.1f} s/h   ({r['raw_s']:.1f} s measured)")
-    print(f"  before (detector+cache) {r['before_1h_s']:8.1f} s/h   ({r['before_s']:.1f} s measured)  "
-          f"{r['before_over_raw']:.2f}x raw")
-    print(f"  after (batched windows) {r['after_1h_s']:8.1f} s/h   ({r['after_s']:.1f} s measured)  "
-          f"{r['after_over_raw']:.2f}x raw (target <= 1.5x); events identical: yes")
+    print(
+        f"  before (detector+cache) {r['before_1h_s']:8.1f} s/h   ({r['before_s']:.1f} s measured)  "
+        f"{r['before_over_raw']:.2f}x raw"
+    )
+    print(
+        f"  after (batched windows) {r['after_1h_s']:8.1f} s/h   ({r['after_s']:.1f} s measured)  "
+        f"{r['after_over_raw']:.2f}x raw (target <= 1.5x); events identical: yes"
+    )
     return 0
 
 

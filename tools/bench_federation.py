@@ -57,8 +57,8 @@ _FRAME_HEADER_AT = len(M.MAGIC) + 32  # MAGIC | sha256 | u64 header length | JSO
 
 def _peek_downlink(payload: bytes) -> dict:
     """The downlink's JSON fields from its safetensors header, tensors left unread."""
-    hlen = int.from_bytes(payload[_FRAME_HEADER_AT:_FRAME_HEADER_AT + 8], "little")
-    header = json.loads(payload[_FRAME_HEADER_AT + 8:_FRAME_HEADER_AT + 8 + hlen])
+    hlen = int.from_bytes(payload[_FRAME_HEADER_AT : _FRAME_HEADER_AT + 8], "little")
+    header = json.loads(payload[_FRAME_HEADER_AT + 8 : _FRAME_HEADER_AT + 8 + hlen])
     return json.loads(header["__metadata__"]["wakefl"])
 
 
@@ -71,18 +71,33 @@ def _cpu_s(pid: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
-def _device_process(url: str, fleet: str, dev: str, typ: str, run_id: str, rounds: int,
-                    params: torch.Tensor, wire_dtype: str, ready: Any, results: Any) -> None:
+def _device_process(
+    url: str,
+    fleet: str,
+    dev: str,
+    typ: str,
+    run_id: str,
+    rounds: int,
+    params: torch.Tensor,
+    wire_dtype: str,
+    ready: Any,
+    results: Any,
+) -> None:
     """One simulated device in its own process: its uplinks for every round are encoded
     before the run starts, so in a round it only reads the downlink's header (round id,
     sampled devices) and publishes, and the benchmark times the server and the broker."""
-    payloads = {r: M.encode(M.Uplink(fleet, run_id, dev, typ, r, params + 1e-3 * r, 100, _RECORD),
-                            wire_dtype=wire_dtype)
-                for r in range(1, rounds + 1)}
+    payloads = {
+        r: M.encode(
+            M.Uplink(fleet, run_id, dev, typ, r, params + 1e-3 * r, 100, _RECORD),
+            wire_dtype=wire_dtype,
+        )
+        for r in range(1, rounds + 1)
+    }
     compute_s: dict[int, float] = {}
     done = threading.Event()
-    link = MqttLink(url, dev, will=(topics.hello(fleet, dev),
-                                    M.encode(M.Hello(fleet, dev, typ, online=False))))
+    link = MqttLink(
+        url, dev, will=(topics.hello(fleet, dev), M.encode(M.Hello(fleet, dev, typ, online=False)))
+    )
 
     def on_down(topic: str, payload: bytes) -> None:
         t0 = time.perf_counter()
@@ -144,8 +159,14 @@ def broker_throughput(url: str, nbytes: int, count: int = 10, timeout: float = 1
         sub.close()
 
 
-def bench_rounds(n_devices: int, rounds: int, params: torch.Tensor, model_cfg: dict,
-                 wire_dtype: str = "fp32", warmup: int = 0) -> list[float]:
+def bench_rounds(
+    n_devices: int,
+    rounds: int,
+    params: torch.Tensor,
+    model_cfg: dict,
+    wire_dtype: str = "fp32",
+    warmup: int = 0,
+) -> list[float]:
     """Run `warmup` + `rounds` rounds with `n_devices` device processes; print every round
     and return the overheads of the last `rounds` (the median is taken over those)."""
     rounds += warmup
@@ -159,23 +180,39 @@ def bench_rounds(n_devices: int, rounds: int, params: torch.Tensor, model_cfg: d
         broker = ManagedBroker(Path(tmp) / "broker").start()
         procs = []
         try:
-            up_bytes = len(M.encode(M.Uplink("bench", "r", "dev000", "type0", 1, params, 100,
-                                             _RECORD), wire_dtype=wire_dtype))
+            up_bytes = len(
+                M.encode(
+                    M.Uplink("bench", "r", "dev000", "type0", 1, params, 100, _RECORD),
+                    wire_dtype=wire_dtype,
+                )
+            )
             rate = broker_throughput(broker.url, up_bytes)
             fleet = "bench"
             reg = {f"dev{i:03d}": f"type{i % 5}" for i in range(n_devices)}
             store = StateStore(Path(tmp) / "server")
             run_id = store.run_id()  # the server reuses it: the devices pre-encode for this run
             store.close()
-            results = _spawn_devices(ctx, procs, broker.url, fleet, reg, run_id, rounds,
-                                     params, wire_dtype)
-            cfg = ServerConfig(broker_url=broker.url, state_dir=Path(tmp) / "server",
-                               initial_params=params, model_config=model_cfg, fleet=fleet,
-                               rounds=rounds, devices=reg, round_timeout=300, wire_dtype=wire_dtype)
+            results = _spawn_devices(
+                ctx, procs, broker.url, fleet, reg, run_id, rounds, params, wire_dtype
+            )
+            cfg = ServerConfig(
+                broker_url=broker.url,
+                state_dir=Path(tmp) / "server",
+                initial_params=params,
+                model_config=model_cfg,
+                fleet=fleet,
+                rounds=rounds,
+                devices=reg,
+                round_timeout=300,
+                wire_dtype=wire_dtype,
+            )
             server = AggregationServer(cfg, make_strategy("selffl"), progress=lambda s: None)
             broker_cpu0, server_cpu0, wall0 = _cpu_s(broker.proc.pid), _cpu_s(), time.monotonic()
             server.run()
-            cpu = {"broker": _cpu_s(broker.proc.pid) - broker_cpu0, "server": _cpu_s() - server_cpu0}
+            cpu = {
+                "broker": _cpu_s(broker.proc.pid) - broker_cpu0,
+                "server": _cpu_s() - server_cpu0,
+            }
             wall = time.monotonic() - wall0
             compute: dict[str, dict[int, float]] = {}
             cpu["devices"] = 0.0
@@ -190,19 +227,31 @@ def bench_rounds(n_devices: int, rounds: int, params: torch.Tensor, model_cfg: d
                 if proc.is_alive():
                     proc.kill()
             broker.stop()
-    return _print_rounds(n_devices, server.reports, compute, cpu, wall, rounds, warmup,
-                         up_bytes, rate)
+    return _print_rounds(
+        n_devices, server.reports, compute, cpu, wall, rounds, warmup, up_bytes, rate
+    )
 
 
-def _spawn_devices(ctx: Any, procs: list, broker_url: str, fleet: str, reg: dict[str, str],
-                   run_id: str, rounds: int, params: torch.Tensor, wire_dtype: str) -> Any:
+def _spawn_devices(
+    ctx: Any,
+    procs: list,
+    broker_url: str,
+    fleet: str,
+    reg: dict[str, str],
+    run_id: str,
+    rounds: int,
+    params: torch.Tensor,
+    wire_dtype: str,
+) -> Any:
     """Start one process per device (appended to `procs`) and wait until every one has
     pre-encoded its updates; returns the queue their results come back on."""
     ready, results = ctx.Semaphore(0), ctx.Queue()
     for d, t in reg.items():
-        proc = ctx.Process(target=_device_process, daemon=True,
-                           args=(broker_url, fleet, d, t, run_id, rounds, params, wire_dtype,
-                                 ready, results))
+        proc = ctx.Process(
+            target=_device_process,
+            daemon=True,
+            args=(broker_url, fleet, d, t, run_id, rounds, params, wire_dtype, ready, results),
+        )
         proc.start()
         procs.append(proc)
     for _ in tqdm(procs, desc=f"{len(reg)} devices pre-encoding", leave=False):
@@ -211,39 +260,58 @@ def _spawn_devices(ctx: Any, procs: list, broker_url: str, fleet: str, reg: dict
     return results
 
 
-def _print_rounds(n_devices: int, reports: list, compute: dict[str, dict[int, float]],
-                  cpu: dict[str, float], wall: float, rounds: int, warmup: int, up_bytes: int,
-                  rate: float) -> list[float]:
+def _print_rounds(
+    n_devices: int,
+    reports: list,
+    compute: dict[str, dict[int, float]],
+    cpu: dict[str, float],
+    wall: float,
+    rounds: int,
+    warmup: int,
+    up_bytes: int,
+    rate: float,
+) -> list[float]:
     """Print each round's wall time against the slowest device's compute, where the CPU
     went, and the median overhead; returns the overheads after the warm-up rounds."""
     # Each round moves n uplinks and n copies of the downlink (about the same size) through
     # the broker: at the single-stream rate measured above, that alone takes `floor`.
     floor = 2 * n_devices * up_bytes / rate
-    print(f"  {n_devices:3d} devices: broker moves {rate / 1e6:.0f} MB/s one publisher to one "
-          f"subscriber ({up_bytes / 1e6:.1f} MB messages), so a round's {2 * n_devices} model "
-          f"transfers take at least {floor:.2f} s (transport floor)")
+    print(
+        f"  {n_devices:3d} devices: broker moves {rate / 1e6:.0f} MB/s one publisher to one "
+        f"subscriber ({up_bytes / 1e6:.1f} MB messages), so a round's {2 * n_devices} model "
+        f"transfers take at least {floor:.2f} s (transport floor)"
+    )
     overheads = []
     for rep in reports:
         slowest = max(c.get(rep.round_id, 0.0) for c in compute.values())
         overheads.append(rep.wall_s - slowest)
-        print(f"  {n_devices:3d} devices, round {rep.round_id}: round wall time {rep.wall_s:.2f} s, "
-              f"slowest device compute {slowest:.4f} s, orchestration overhead "
-              f"{rep.wall_s - slowest:.2f} s ({len(rep.reported)}/{len(rep.sampled)} updates, "
-              f"closed by {rep.closed_by}); open {rep.phases_s['open']:.2f} s, collect "
-              f"{rep.phases_s['collect']:.2f} s, aggregate+persist {rep.phases_s['aggregate']:.2f} s")
+        print(
+            f"  {n_devices:3d} devices, round {rep.round_id}: round wall time {rep.wall_s:.2f} s, "
+            f"slowest device compute {slowest:.4f} s, orchestration overhead "
+            f"{rep.wall_s - slowest:.2f} s ({len(rep.reported)}/{len(rep.sampled)} updates, "
+            f"closed by {rep.closed_by}); open {rep.phases_s['open']:.2f} s, collect "
+            f"{rep.phases_s['collect']:.2f} s, aggregate+persist {rep.phases_s['aggregate']:.2f} s"
+        )
     # Where the CPU went: on this machine every simulated device shares the cores with the
     # broker and the server; in a fleet each device's share runs on the device.
     per_round = {k: v / rounds for k, v in cpu.items()}
-    print(f"  {n_devices:3d} devices: CPU seconds per round: devices {per_round['devices']:.2f} "
-          f"(all {n_devices} together), broker {per_round['broker']:.2f}, server "
-          f"{per_round['server']:.2f}; {os.cpu_count()} cores x {wall / rounds:.2f} s wall = "
-          f"{os.cpu_count() * wall / rounds:.2f} core-seconds available per round")
+    print(
+        f"  {n_devices:3d} devices: CPU seconds per round: devices {per_round['devices']:.2f} "
+        f"(all {n_devices} together), broker {per_round['broker']:.2f}, server "
+        f"{per_round['server']:.2f}; {os.cpu_count()} cores x {wall / rounds:.2f} s wall = "
+        f"{os.cpu_count() * wall / rounds:.2f} core-seconds available per round"
+    )
     measured = overheads[warmup:]
     med = statistics.median(measured)
-    print(f"  {n_devices:3d} devices: median orchestration overhead {med:.2f} s over rounds "
-          f"{warmup + 1}-{rounds} = {med / floor:.2f} x the transport floor"
-          + (f" (warm-up rounds 1-{warmup}: median {statistics.median(overheads[:warmup]):.2f} s)"
-             if warmup else ""))
+    print(
+        f"  {n_devices:3d} devices: median orchestration overhead {med:.2f} s over rounds "
+        f"{warmup + 1}-{rounds} = {med / floor:.2f} x the transport floor"
+        + (
+            f" (warm-up rounds 1-{warmup}: median {statistics.median(overheads[:warmup]):.2f} s)"
+            if warmup
+            else ""
+        )
+    )
     return measured
 
 
@@ -272,8 +340,16 @@ def _agg_child(n: int, numel: int) -> None:
         store = StateStore(tmp)
         base = torch.randn(numel)
         for i in range(n):
-            up = M.Uplink("b", "r", f"d{i:04d}", f"t{i % 5}", 1, base + 0.01 * i, 10,
-                          {**_RECORD, "sigma_sq": 0.1 + i * 1e-3})
+            up = M.Uplink(
+                "b",
+                "r",
+                f"d{i:04d}",
+                f"t{i % 5}",
+                1,
+                base + 0.01 * i,
+                10,
+                {**_RECORD, "sigma_sq": 0.1 + i * 1e-3},
+            )
             store.record_update(up, M.encode(up))
             del up
         strategy = make_strategy("selffl")
@@ -287,8 +363,18 @@ def _agg_child(n: int, numel: int) -> None:
         assert torch.isfinite(new.global_params).all()
         store.close()
     gb = 2 * n * numel * 4 / 1e9  # the strategy reads every update twice
-    print(json.dumps({"n": n, "seconds": dt, "updates_per_s": n / dt, "GB_per_s": gb / dt,
-                      "rss_mb_before": rss_before / 1024, "peak_rss_mb_after": rss_after / 1024}))
+    print(
+        json.dumps(
+            {
+                "n": n,
+                "seconds": dt,
+                "updates_per_s": n / dt,
+                "GB_per_s": gb / dt,
+                "rss_mb_before": rss_before / 1024,
+                "peak_rss_mb_after": rss_after / 1024,
+            }
+        )
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -296,11 +382,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--devices", type=int, nargs="*", default=[5, 50])
     p.add_argument("--agg", type=int, nargs="*", default=[20, 200])
     p.add_argument("--rounds", type=int, default=3, help="measured rounds")
-    p.add_argument("--warmup", type=int, default=2,
-                   help="rounds run first and reported apart: a fresh broker, server and page "
-                        "cache pay one-off costs (first touch of ~1 GB of buffers per round)")
-    p.add_argument("--wire-dtype", choices=sorted(M.WIRE_DTYPES), default="fp32",
-                   help="tensor dtype on the wire for the round benchmark (both directions)")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=2,
+        help="rounds run first and reported apart: a fresh broker, server and page "
+        "cache pay one-off costs (first touch of ~1 GB of buffers per round)",
+    )
+    p.add_argument(
+        "--wire-dtype",
+        choices=sorted(M.WIRE_DTYPES),
+        default="fp32",
+        help="tensor dtype on the wire for the round benchmark (both directions)",
+    )
     p.add_argument("--agg-child", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--numel", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -312,21 +406,38 @@ def main(argv: list[str] | None = None) -> int:
     d = params.numel()
     print(f"full-size model: {d} parameters")
     for dt in ("fp32", "fp16"):
-        up = M.Uplink("f", "r", "dev", "t", 1, params, 100, {**_RECORD, "local_steps": 10.0},
-                      0.95, 1.0)
+        up = M.Uplink(
+            "f", "r", "dev", "t", 1, params, 100, {**_RECORD, "local_steps": 10.0}, 0.95, 1.0
+        )
         print(f"bytes per update {dt}: {len(M.encode(up, wire_dtype=dt))}")
-    print(f"per-round orchestration overhead ({args.wire_dtype} on the wire, no-op training; devices are separate processes "
-          "publishing uplinks encoded before the run, so the figure is server + broker):")
+    print(
+        f"per-round orchestration overhead ({args.wire_dtype} on the wire, no-op training; devices are separate processes "
+        "publishing uplinks encoded before the run, so the figure is server + broker):"
+    )
     for n in args.devices:
         bench_rounds(n, args.rounds, params, model_cfg, args.wire_dtype, args.warmup)
     print("server aggregation from the disk-backed store (Self-FL, client-level):")
     for n in args.agg:
-        out = subprocess.run([sys.executable, "-m", "wakefl.tools.bench_federation", "--agg-child",
-                              str(n), "--numel", str(d)], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "wakefl.tools.bench_federation",
+                "--agg-child",
+                str(n),
+                "--numel",
+                str(d),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         r = json.loads(out.stdout.strip().splitlines()[-1])
-        print(f"  {n:4d} updates: {r['seconds']:.2f} s, {r['updates_per_s']:.1f} updates/s, "
-              f"{r['GB_per_s']:.2f} GB/s read, RSS {r['rss_mb_before']:.0f} MB before, "
-              f"peak {r['peak_rss_mb_after']:.0f} MB during aggregation")
+        print(
+            f"  {n:4d} updates: {r['seconds']:.2f} s, {r['updates_per_s']:.1f} updates/s, "
+            f"{r['GB_per_s']:.2f} GB/s read, RSS {r['rss_mb_before']:.0f} MB before, "
+            f"peak {r['peak_rss_mb_after']:.0f} MB during aggregation"
+        )
     return 0
 
 

@@ -25,8 +25,15 @@ def _wire_round_trip(params: Any) -> tuple[dict[str, int], dict[str, Any]]:
 
     sizes, decoded = {}, {}
     for wire in ("fp32", "fp16"):
-        up = messages.Uplink(fleet="default", run_id="bench", device_id="d", device_type="A",
-                             round_id=1, params=params, num_samples=1)
+        up = messages.Uplink(
+            fleet="default",
+            run_id="bench",
+            device_id="d",
+            device_type="A",
+            round_id=1,
+            params=params,
+            num_samples=1,
+        )
         payload = messages.encode(up, wire_dtype=wire)
         sizes[wire] = len(payload)
         decoded[wire] = messages.decode_as(payload, messages.Uplink).params
@@ -53,8 +60,10 @@ def _compare_scores(model: Any, model16: Any, data: str, split: str, target_fr: 
         if fa is not None:
             rel_fa.append(fa)
         fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
-        print(f"{dt:>5} {len(ds):>6} {np.abs(s32 - s16).max():>14.2e} {fmt(fa):>8} {fmt(fr):>8}  "
-              f"{rep.get('uncertainty', '')}")
+        print(
+            f"{dt:>5} {len(ds):>6} {np.abs(s32 - s16).max():>14.2e} {fmt(fa):>8} {fmt(fr):>8}  "
+            f"{rep.get('uncertainty', '')}"
+        )
     if rel_fa:
         print(f"\nrelative FA of the fp16 copy, mean over device types: {np.mean(rel_fa):.3f}")
 
@@ -86,8 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     sizes, decoded = _wire_round_trip(params)
     err = (decoded["fp16"] - params).abs()
     print(f"model {ckpt}: {params.numel():,} parameters")
-    print(f"bytes per update: fp32 {sizes['fp32']:,}, fp16 {sizes['fp16']:,} "
-          f"({sizes['fp16'] / sizes['fp32']:.3f}x)")
+    print(
+        f"bytes per update: fp32 {sizes['fp32']:,}, fp16 {sizes['fp16']:,} "
+        f"({sizes['fp16'] / sizes['fp32']:.3f}x)"
+    )
     print(f"fp16 rounding: max |delta param| {err.max():.2e}, mean {err.mean():.2e}")
 
     model16 = load_model(ckpt)

@@ -71,12 +71,17 @@ class HonestDevice:
         self.final = threading.Event()
         self._todo: list[M.Downlink] = []
         self._cond = threading.Condition()
-        self.link = MqttLink(url, dev, will=(topics.hello(FLEET, dev),
-                                             M.encode(M.Hello(FLEET, dev, typ, 10, online=False))))
+        self.link = MqttLink(
+            url,
+            dev,
+            will=(topics.hello(FLEET, dev), M.encode(M.Hello(FLEET, dev, typ, 10, online=False))),
+        )
         self.link.subscribe(topics.downlink(FLEET), self._down)
         self.link.subscribe(topics.ack(FLEET, dev), self._ack)
         self.link.connect(20)
-        self.link.publish(topics.hello(FLEET, dev), M.encode(M.Hello(FLEET, dev, typ, 10)), retain=True)
+        self.link.publish(
+            topics.hello(FLEET, dev), M.encode(M.Hello(FLEET, dev, typ, 10)), retain=True
+        )
         self._thread = threading.Thread(target=self._work, daemon=True)
         self._thread.start()
 
@@ -110,9 +115,21 @@ class HonestDevice:
                     continue
                 time.sleep(TRAIN_S)
                 g = torch.Generator().manual_seed(hash((self.dev, down.round_id)) & 0xFFFF)
-                params = down.global_params + 1e-3 * torch.randn(down.global_params.numel(), generator=g)
-                payload = M.encode(M.Uplink(FLEET, down.run_id, self.dev, self.typ, down.round_id,
-                                            params, 10, dict(_RECORD)))
+                params = down.global_params + 1e-3 * torch.randn(
+                    down.global_params.numel(), generator=g
+                )
+                payload = M.encode(
+                    M.Uplink(
+                        FLEET,
+                        down.run_id,
+                        self.dev,
+                        self.typ,
+                        down.round_id,
+                        params,
+                        10,
+                        dict(_RECORD),
+                    )
+                )
                 self.sent[down.round_id] = M.message_id(payload)
                 self.link.publish(topics.uplink(FLEET, self.dev), payload, timeout=30)
 
@@ -130,8 +147,9 @@ def _frame(body: bytes) -> bytes:
     return M.MAGIC + hashlib.sha256(body).digest() + body
 
 
-def hostile_kinds(run_id: str, current_round: Callable[[], int],
-                  d: int) -> dict[str, tuple[str, Callable[[int], bytes]]]:
+def hostile_kinds(
+    run_id: str, current_round: Callable[[], int], d: int
+) -> dict[str, tuple[str, Callable[[int], bytes]]]:
     """Kind -> (topic, payload maker by index). The payloads mirror the probe's kinds;
     `current_round` is the round open now (the latest downlink's), so that the checks after
     decoding (type, sampling) are what refuses them rather than the round id: `not_sampled`
@@ -140,18 +158,41 @@ def hostile_kinds(run_id: str, current_round: Callable[[], int],
     zeros = torch.zeros(d)
 
     def up(i: int, **kw) -> bytes:
-        fields = dict(fleet=FLEET, run_id=run_id, device_id="evil", device_type="t0",
-                      round_id=current_round(), params=zeros, num_samples=1 + i % 7,
-                      record=dict(_RECORD))
+        fields = dict(
+            fleet=FLEET,
+            run_id=run_id,
+            device_id="evil",
+            device_type="t0",
+            round_id=current_round(),
+            params=zeros,
+            num_samples=1 + i % 7,
+            record=dict(_RECORD),
+        )
         fields.update(kw)
         return M.encode(M.Uplink(**fields))
 
     def raw(extra: str) -> Callable[[int], bytes]:
         def make(i: int) -> bytes:
-            meta = json.dumps({"v": M.PROTOCOL_VERSION, "kind": "up", "fleet": FLEET, "run_id": run_id,
-                               "device_id": "evil", "device_type": "t0", "round_id": current_round(),
-                               "record": _RECORD, "nonce": i})[:-1] + "," + extra + "}"
+            meta = (
+                json.dumps(
+                    {
+                        "v": M.PROTOCOL_VERSION,
+                        "kind": "up",
+                        "fleet": FLEET,
+                        "run_id": run_id,
+                        "device_id": "evil",
+                        "device_type": "t0",
+                        "round_id": current_round(),
+                        "record": _RECORD,
+                        "nonce": i,
+                    }
+                )[:-1]
+                + ","
+                + extra
+                + "}"
+            )
             return _frame(st_save({"params": zeros}, metadata={"wakefl": meta}))
+
         return make
 
     def nan_frame(i: int) -> bytes:
@@ -183,8 +224,10 @@ def hostile_kinds(run_id: str, current_round: Callable[[], int],
         "int_1e309": (up_evil, raw('"num_samples":1,"relative_fa":1' + "0" * 309)),
         "nested_json": (up_evil, raw(nested)),
         "empty_device_topic": (f"wakefl/{FLEET}/up/", lambda i: b"x" * (i % 50 + 1)),
-        "forged_decline": (up_evil, lambda i: M.encode(M.Decline(FLEET, run_id, "d0", current_round(),
-                                                                  "forged"))),
+        "forged_decline": (
+            up_evil,
+            lambda i: M.encode(M.Decline(FLEET, run_id, "d0", current_round(), "forged")),
+        ),
         "garbage_hello": (topics.hello(FLEET, "evil"), lambda i: os.urandom(32)),
     }
 
@@ -234,8 +277,9 @@ class _PeakRss:
         self._thread.join(5)
 
 
-def run_once(workdir: Path, n_devices: int, width: float, flood: int, rounds: int,
-             deadline: float) -> dict:
+def run_once(
+    workdir: Path, n_devices: int, width: float, flood: int, rounds: int, deadline: float
+) -> dict:
     """One server run; with `flood` > 0 the flood runs from round 1 until it is sent and
     counted, and the run then ends after the next round; otherwise after `rounds` rounds."""
     workdir.mkdir(parents=True)
@@ -245,9 +289,29 @@ def run_once(workdir: Path, n_devices: int, width: float, flood: int, rounds: in
     registry = ",".join(f"{d}:{t}" for d, t in {**honest, "evil": "t0"}.items())
     log_path = workdir / "server.log"
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "wakefl.tools.cli", "server", "--broker", broker.url, "--state",
-           str(state), "--fleet", FLEET, "--devices", registry, "--min-clients", str(n_devices),
-           "--rounds", "100000", "--round-timeout", "120", "--width", str(width), "-v"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "wakefl.tools.cli",
+        "server",
+        "--broker",
+        broker.url,
+        "--state",
+        str(state),
+        "--fleet",
+        FLEET,
+        "--devices",
+        registry,
+        "--min-clients",
+        str(n_devices),
+        "--rounds",
+        "100000",
+        "--round-timeout",
+        "120",
+        "--width",
+        str(width),
+        "-v",
+    ]
     devices: list[HonestDevice] = []
     result: dict = {"sent": Counter(), "refused": {}, "reasons": {}}
     target = rounds
@@ -276,27 +340,44 @@ def run_once(workdir: Path, n_devices: int, width: float, flood: int, rounds: in
             dv.close()
         broker.stop()
     text = log_path.read_text(errors="replace")
-    times = [float(line.split(" updates in ")[1].split(" s")[0])
-             for line in text.splitlines() if "closed by" in line and " updates in " in line]
+    times = [
+        float(line.split(" updates in ")[1].split(" s")[0])
+        for line in text.splitlines()
+        if "closed by" in line and " updates in " in line
+    ]
     result.update(
         tracebacks=text.count("Traceback (most recent call last)"),
         # updates of rounds up to `target` (the run stops while round target+1 is open)
         honest_sent=sum(sum(1 for r in dv.sent if r <= target) for dv in devices),
         honest_accepted=sum(sum(1 for r in dv.accepted if r <= target) for dv in devices),
         honest_refused=sum(len(dv.refused) for dv in devices),
-        round_times=times, peak_rss_mb=rss.peak_kb / 1024, log=str(log_path))
+        round_times=times,
+        peak_rss_mb=rss.peak_kb / 1024,
+        log=str(log_path),
+    )
     return result
 
 
-def _flood(broker_url: str, db: Path, devices: list[HonestDevice], width: float, flood: int,
-           deadline: float, result: dict) -> None:
+def _flood(
+    broker_url: str,
+    db: Path,
+    devices: list[HonestDevice],
+    width: float,
+    flood: int,
+    deadline: float,
+    result: dict,
+) -> None:
     """Every hostile kind in turn, `flood` messages in all, each kind counted on the
     server's side before the next begins; sent and refused counts go into `result`."""
-    run_id = json.loads(sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-                        .execute("SELECT value FROM meta WHERE key='run_id'").fetchone()[0])
+    run_id = json.loads(
+        sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        .execute("SELECT value FROM meta WHERE key='run_id'")
+        .fetchone()[0]
+    )
     d = 190154 if abs(width - 0.25) < 1e-9 else None
     if d is None:
         from wakefl.models.kws_cnn import KwsCnn, ModelConfig, get_flat_params
+
         d = get_flat_params(KwsCnn(ModelConfig(width=width))).numel()
     kinds = hostile_kinds(run_id, lambda: max(max(dv.open_round for dv in devices), 1), d)
     per_kind = -(-flood // len(kinds))
@@ -314,10 +395,17 @@ def _flood(broker_url: str, db: Path, devices: list[HonestDevice], width: float,
                 attacker.publish(topic, make(i), wait=False)
                 result["sent"][kind] += 1
                 if i % 200 == 199:  # keep the server's queue far below its limit
-                    _wait(lambda s=result["sent"][kind], b=before:
-                          sum(_rejections(db).values()) - b >= s - 1000, 60, 0.1)
-            _wait(lambda b=before, k=kind: sum(_rejections(db).values()) - b
-                  >= result["sent"][k], 120, 0.1)
+                    _wait(
+                        lambda s=result["sent"][kind], b=before: sum(_rejections(db).values()) - b
+                        >= s - 1000,
+                        60,
+                        0.1,
+                    )
+            _wait(
+                lambda b=before, k=kind: sum(_rejections(db).values()) - b >= result["sent"][k],
+                120,
+                0.1,
+            )
             after = _rejections(db)
             result["refused"][kind] = sum(after.values()) - before
             result["reasons"][kind] = dict(after - before_by)
@@ -326,7 +414,9 @@ def _flood(broker_url: str, db: Path, devices: list[HonestDevice], width: float,
 
 
 def _closed_rounds(log_path: Path) -> int:
-    return sum(1 for line in log_path.read_text(errors="replace").splitlines() if "closed by" in line)
+    return sum(
+        1 for line in log_path.read_text(errors="replace").splitlines() if "closed by" in line
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -343,19 +433,25 @@ def main(argv: list[str] | None = None) -> int:
         flood = run_once(Path(tmp) / "flood", args.devices, args.width, args.messages, 0, deadline)
         rounds = min(max(3, len(flood["round_times"])), 40)
         calm = run_once(Path(tmp) / "calm", args.devices, args.width, 0, rounds, deadline)
-        print(f"hostile flood: {sum(flood['sent'].values())} messages of {len(flood['sent'])} kinds, "
-              f"{args.devices} honest devices, width {args.width}")
+        print(
+            f"hostile flood: {sum(flood['sent'].values())} messages of {len(flood['sent'])} kinds, "
+            f"{args.devices} honest devices, width {args.width}"
+        )
         print(f"{'kind':<22}{'sent':>7}{'refused':>9}  reasons")
         for kind, n in flood["sent"].items():
-            print(f"{kind:<22}{n:>7}{flood['refused'].get(kind, 0):>9}  {flood['reasons'].get(kind, {})}")
+            print(
+                f"{kind:<22}{n:>7}{flood['refused'].get(kind, 0):>9}  {flood['reasons'].get(kind, {})}"
+            )
         total_sent, total_refused = sum(flood["sent"].values()), sum(flood["refused"].values())
         print(f"{'total':<22}{total_sent:>7}{total_refused:>9}")
         for name, r in (("without flood", calm), ("with flood", flood)):
             t = r["round_times"]
-            print(f"{name}: {len(t)} rounds, round wall time median {statistics.median(t):.2f} s, "
-                  f"max {max(t):.2f} s; honest updates accepted {r['honest_accepted']}/"
-                  f"{r['honest_sent']} (refused {r['honest_refused']}); tracebacks {r['tracebacks']}; "
-                  f"server peak RSS {r['peak_rss_mb']:.0f} MB")
+            print(
+                f"{name}: {len(t)} rounds, round wall time median {statistics.median(t):.2f} s, "
+                f"max {max(t):.2f} s; honest updates accepted {r['honest_accepted']}/"
+                f"{r['honest_sent']} (refused {r['honest_refused']}); tracebacks {r['tracebacks']}; "
+                f"server peak RSS {r['peak_rss_mb']:.0f} MB"
+            )
         ratio = flood["peak_rss_mb"] / max(calm["peak_rss_mb"], 1e-9)
         print(f"server peak memory with/without flood: {ratio:.3f}")
         slowdown = statistics.median(flood["round_times"]) / statistics.median(calm["round_times"])

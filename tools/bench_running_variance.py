@@ -43,17 +43,23 @@ def main(argv: list[str] | None = None) -> int:
     tracemalloc.start()
     start = time.perf_counter()
     print(f"dim={args.dim} float32 ({args.dim * 4 / 2**20:.1f} MiB per vector)")
-    print(f"{'update':>7}{'RSS MiB':>10}{'tracemalloc cur MiB':>21}{'peak MiB':>10}{'variance':>14}")
+    print(
+        f"{'update':>7}{'RSS MiB':>10}{'tracemalloc cur MiB':>21}{'peak MiB':>10}{'variance':>14}"
+    )
     for t in range(1, args.updates + 1):
         torch.randn(args.dim, generator=gen, out=x)
         x.mul_(0.01).add_(base)  # a drifting "personal model"
         value = rv.update(x)
         if t in marks:
             cur, peak = tracemalloc.get_traced_memory()
-            print(f"{t:>7}{_rss_mib():>10.1f}{cur / 2**20:>21.3f}{peak / 2**20:>10.3f}{value:>14.6g}")
+            print(
+                f"{t:>7}{_rss_mib():>10.1f}{cur / 2**20:>21.3f}{peak / 2**20:>10.3f}{value:>14.6g}"
+            )
     elapsed = time.perf_counter() - start
-    print(f"{args.updates} updates in {elapsed:.2f} s ({elapsed / args.updates * 1e3:.1f} ms/update, "
-          f"including drawing the random vector)")
+    print(
+        f"{args.updates} updates in {elapsed:.2f} s ({elapsed / args.updates * 1e3:.1f} ms/update, "
+        f"including drawing the random vector)"
+    )
     return 0
 
 

@@ -16,20 +16,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     b = sub.add_parser("build", help="synthesize the five-device-type wake-word corpus")
     b.add_argument("--out", required=True, help="output folder (new, empty, or a previous corpus)")
     b.add_argument("--seed", type=int, default=0, help="same seed and profile give identical files")
-    b.add_argument("--profile", choices=tuple(PROFILES), default="tiny",
-                   help="corpus size and recipe; 'pretrain' is the pretraining corpus (see tools/CORPUS.md)")
+    b.add_argument(
+        "--profile",
+        choices=tuple(PROFILES),
+        default="tiny",
+        help="corpus size and recipe; 'pretrain' is the pretraining corpus (see tools/CORPUS.md)",
+    )
     b.add_argument("--phrase", default="hey nova", help="the wake phrase (default: hey nova)")
-    b.add_argument("--tts-cache", default=None, help="speech cache folder (default $WAKEFL_TTS_CACHE, else $WAKEFL_CACHE/tts, else ~/.cache/wakefl/tts)")
+    b.add_argument(
+        "--tts-cache",
+        default=None,
+        help="speech cache folder (default $WAKEFL_TTS_CACHE, else $WAKEFL_CACHE/tts, else ~/.cache/wakefl/tts)",
+    )
     b.add_argument("--quiet", action="store_true", help="no progress bars")
     b.set_defaults(func=_build)
 
     i = sub.add_parser("import", help="import your own recordings listed in a CSV")
     i.add_argument("--src", required=True, help="folder the CSV's relative paths start from")
-    i.add_argument("--manifest", required=True, help="CSV with path,label,device_type[,state,speaker,split]")
+    i.add_argument(
+        "--manifest", required=True, help="CSV with path,label,device_type[,state,speaker,split]"
+    )
     i.add_argument("--out", required=True, help="output folder (new, empty, or a failed import's)")
     i.add_argument("--force", action="store_true", help="replace a previous import's output folder")
-    i.add_argument("--allow-speaker-leakage", action="store_true",
-                   help="import a speaker listed in more than one split (refused by default)")
+    i.add_argument(
+        "--allow-speaker-leakage",
+        action="store_true",
+        help="import a speaker listed in more than one split (refused by default)",
+    )
     i.add_argument("--max-bad-share", type=float, default=0.1,
                    help="fail when more than this share of files is bad (default 0.1)")  # fmt: skip
     i.add_argument("--stream-min-s", type=float, default=10.0,

@@ -7,27 +7,54 @@ from pathlib import Path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("demo", help="a small federation end to end, with a report",
-                              description=__doc__)
-    p.add_argument("--profile", choices=["tiny", "small"], default="tiny",
-                   help="corpus profile (default tiny: a few minutes on 2 cores)")
+    p = subparsers.add_parser(
+        "demo", help="a small federation end to end, with a report", description=__doc__
+    )
+    p.add_argument(
+        "--profile",
+        choices=["tiny", "small"],
+        default="tiny",
+        help="corpus profile (default tiny: a few minutes on 2 cores)",
+    )
     p.add_argument("--rounds", type=int, default=3, help="Self-FL rounds (default 3)")
     p.add_argument("--width", type=float, default=0.25, help="model width (default 0.25)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--baseline", default=None,
-                   help="warm start: 'pretrained' (default: the shipped model of --width), "
-                        "'pretrained:small|full', 'scratch' (train on the corpus) or a checkpoint")
-    p.add_argument("--warm-epochs", type=int, default=30,
-                   help="baseline training epochs with --baseline scratch")
-    p.add_argument("--target-fr", type=float, default=0.1,
-                   help="baseline operating point: FR target per device type (default 0.1)")
-    p.add_argument("--workdir", type=Path, default=Path("runs/demo"),
-                   help="where the run's state, models and report go (default runs/demo)")
-    p.add_argument("--broker", default=None,
-                   help="mqtt[s]://[user:pass@]host:port of an external broker "
-                        "(default: an embedded mosquitto on 127.0.0.1)")
-    p.add_argument("--manifest", type=Path, default=None,
-                   help="use this corpus manifest instead of the synthetic one")
+    p.add_argument(
+        "--baseline",
+        default=None,
+        help="warm start: 'pretrained' (default: the shipped model of --width), "
+        "'pretrained:small|full', 'scratch' (train on the corpus) or a checkpoint",
+    )
+    p.add_argument(
+        "--warm-epochs",
+        type=int,
+        default=30,
+        help="baseline training epochs with --baseline scratch",
+    )
+    p.add_argument(
+        "--target-fr",
+        type=float,
+        default=0.1,
+        help="baseline operating point: FR target per device type (default 0.1)",
+    )
+    p.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path("runs/demo"),
+        help="where the run's state, models and report go (default runs/demo)",
+    )
+    p.add_argument(
+        "--broker",
+        default=None,
+        help="mqtt[s]://[user:pass@]host:port of an external broker "
+        "(default: an embedded mosquitto on 127.0.0.1)",
+    )
+    p.add_argument(
+        "--manifest",
+        type=Path,
+        default=None,
+        help="use this corpus manifest instead of the synthetic one",
+    )
     p.add_argument("--round-timeout", type=float, default=300.0)
     p.set_defaults(func=_run)
 
@@ -39,9 +66,19 @@ def _run(args: argparse.Namespace) -> int:
         from wakefl.errors import ConfigError
 
         raise ConfigError("--rounds must be at least 1")
-    run_demo(DemoSettings(profile=args.profile, rounds=args.rounds, width=args.width,
-                          seed=args.seed, warm_epochs=args.warm_epochs, baseline=args.baseline,
-                          workdir=args.workdir,
-                          broker=args.broker, manifest=args.manifest,
-                          round_timeout=args.round_timeout, target_fr=args.target_fr))
+    run_demo(
+        DemoSettings(
+            profile=args.profile,
+            rounds=args.rounds,
+            width=args.width,
+            seed=args.seed,
+            warm_epochs=args.warm_epochs,
+            baseline=args.baseline,
+            workdir=args.workdir,
+            broker=args.broker,
+            manifest=args.manifest,
+            round_timeout=args.round_timeout,
+            target_fr=args.target_fr,
+        )
+    )
     return 0

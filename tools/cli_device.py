@@ -11,35 +11,68 @@ import time
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "device", help="run one device of the fleet over MQTT",
+        "device",
+        help="run one device of the fleet over MQTT",
         description="Join a fleet as device ID of type TYPE, train on the manifest's train "
-                    "clips of that type, report relative FA/FR on its val clips, and take "
-                    "part in rounds until the server announces the end of the run.")
+        "clips of that type, report relative FA/FR on its val clips, and take "
+        "part in rounds until the server announces the end of the run.",
+    )
     p.add_argument("--id", required=True, dest="device_id", help="device id (its MQTT client id)")
     p.add_argument("--type", required=True, dest="device_type", help="device type in the manifest")
     p.add_argument("--data", required=True, help="corpus manifest.csv")
-    p.add_argument("--broker", required=True,
-                   help="broker URL: mqtt://[user:pass@]host[:port] or mqtts://...?ca=CA.pem")
+    p.add_argument(
+        "--broker",
+        required=True,
+        help="broker URL: mqtt://[user:pass@]host[:port] or mqtts://...?ca=CA.pem",
+    )
     p.add_argument("--state", required=True, help="folder for the device's persistent state")
     p.add_argument("--fleet", default="default", help="fleet name (default: default)")
-    p.add_argument("--width", type=float, default=None,
-                   help="expected model width; refuse a server that runs another one")
+    p.add_argument(
+        "--width",
+        type=float,
+        default=None,
+        help="expected model width; refuse a server that runs another one",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the local minibatches")
-    p.add_argument("--ack-timeout", type=float, default=15.0,
-                   help="seconds to wait for the server's ack before re-sending (default 15; "
-                        "the server's ack_timeout_s wins when it sends one)")
-    p.add_argument("--max-sends", type=int, default=4, help="sends of one update at most (default 4)")
-    p.add_argument("--wire-dtype", choices=("fp32", "fp16"), default=None,
-                   help="dtype of the update on the wire (default: what the server asks for)")
-    p.add_argument("--target-fr", type=float, default=0.05,
-                   help="baseline operating point for the relative FA/FR report (default 0.05)")
-    p.add_argument("--export", default=None, help="write the personal model (safetensors) here at the end")
+    p.add_argument(
+        "--ack-timeout",
+        type=float,
+        default=15.0,
+        help="seconds to wait for the server's ack before re-sending (default 15; "
+        "the server's ack_timeout_s wins when it sends one)",
+    )
+    p.add_argument(
+        "--max-sends", type=int, default=4, help="sends of one update at most (default 4)"
+    )
+    p.add_argument(
+        "--wire-dtype",
+        choices=("fp32", "fp16"),
+        default=None,
+        help="dtype of the update on the wire (default: what the server asks for)",
+    )
+    p.add_argument(
+        "--target-fr",
+        type=float,
+        default=0.05,
+        help="baseline operating point for the relative FA/FR report (default 0.05)",
+    )
+    p.add_argument(
+        "--export", default=None, help="write the personal model (safetensors) here at the end"
+    )
     p.add_argument("--onnx", default=None, help="write the personal model as ONNX here at the end")
     p.add_argument("--max-rounds", type=int, default=None, help="leave after this many rounds")
-    p.add_argument("--connect-timeout", type=float, default=30.0,
-                   help="give up when the broker cannot be reached for this long (default 30)")
-    p.add_argument("--idle-timeout", type=float, default=None,
-                   help="give up after this many seconds without a message from the server")
+    p.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=30.0,
+        help="give up when the broker cannot be reached for this long (default 30)",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=None,
+        help="give up after this many seconds without a message from the server",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="log transport events")
     p.set_defaults(func=_run)
 
@@ -52,8 +85,10 @@ def _run(args: argparse.Namespace) -> int:
     from wakefl.sdk.dataset import WakeWordDataset
     from wakefl.sdk.device_client import DeviceClient
 
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
     torch.set_num_threads(1)
 
     def say(line: str) -> None:
@@ -66,28 +101,46 @@ def _run(args: argparse.Namespace) -> int:
     except ConfigError as exc:  # a device without validation clips trains but cannot report
         say(f"{args.device_id}: no validation clips ({exc}); no relative FA/FR report")
         val = None
-    say(f"{args.device_id} ({args.device_type}): {len(train)} training clips, "
-        f"{0 if val is None else len(val)} validation clips; joining fleet {args.fleet!r}")
+    say(
+        f"{args.device_id} ({args.device_type}): {len(train)} training clips, "
+        f"{0 if val is None else len(val)} validation clips; joining fleet {args.fleet!r}"
+    )
 
     client = DeviceClient(
-        args.device_id, args.device_type, train, args.state, validation=val,
-        broker_url=args.broker, fleet=args.fleet, seed=args.seed,
-        ack_timeout_s=args.ack_timeout, max_sends=args.max_sends, wire_dtype=args.wire_dtype,
-        target_fr=args.target_fr, expected_width=args.width, progress=say)
+        args.device_id,
+        args.device_type,
+        train,
+        args.state,
+        validation=val,
+        broker_url=args.broker,
+        fleet=args.fleet,
+        seed=args.seed,
+        ack_timeout_s=args.ack_timeout,
+        max_sends=args.max_sends,
+        wire_dtype=args.wire_dtype,
+        target_fr=args.target_fr,
+        expected_width=args.width,
+        progress=say,
+    )
     # SIGTERM leaves cleanly (state is committed at every step anyway).
     signal.signal(signal.SIGTERM, lambda *_: client.stop())
     try:
-        summary = client.run(max_rounds=args.max_rounds, idle_timeout=args.idle_timeout,
-                             connect_timeout=args.connect_timeout)
+        summary = client.run(
+            max_rounds=args.max_rounds,
+            idle_timeout=args.idle_timeout,
+            connect_timeout=args.connect_timeout,
+        )
         if args.export and client.personal_params() is not None:
             say(f"personal model written to {client.export_personal_model(args.export)}")
         if args.onnx and client.personal_params() is not None:
             say(f"personal model exported to {client.export_onnx(args.onnx)}")
     finally:
         client.close()
-    say(f"{args.device_id}: {summary.rounds_seen} round(s) seen, {summary.rounds_trained} "
+    say(
+        f"{args.device_id}: {summary.rounds_seen} round(s) seen, {summary.rounds_trained} "
         f"trained, {summary.updates_accepted} update(s) accepted"
-        + ("; run finished" if summary.finished else ""))
+        + ("; run finished" if summary.finished else "")
+    )
     return 0
 
 

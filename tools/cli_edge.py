@@ -17,11 +17,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     d.add_argument("--threshold", type=float, default=0.5, help="on the smoothed posterior")
     d.add_argument("--hop", type=float, default=0.1, help="seconds between scored windows")
     d.add_argument("--smoothing", type=int, default=3, help="posteriors in the moving average")
-    d.add_argument("--refractory", type=float, default=1.0,
-                   help="seconds after a detection during which no other fires")
+    d.add_argument(
+        "--refractory",
+        type=float,
+        default=1.0,
+        help="seconds after a detection during which no other fires",
+    )
     d.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads")
-    d.add_argument("--posteriors", action="store_true",
-                   help="include every window's posterior in the JSON")
+    d.add_argument(
+        "--posteriors", action="store_true", help="include every window's posterior in the JSON"
+    )
     d.add_argument("--json", action="store_true", help="print JSON")
     d.set_defaults(func=_detect)
 
@@ -30,8 +35,14 @@ def _detect(args: argparse.Namespace) -> int:
     from wakefl.edge_runtime import OnnxScorer, detect_file
 
     scorer = OnnxScorer(args.model, threads=args.threads)
-    res = detect_file(scorer, args.audio, hop_s=args.hop, threshold=args.threshold,
-                      smoothing=args.smoothing, refractory_s=args.refractory)
+    res = detect_file(
+        scorer,
+        args.audio,
+        hop_s=args.hop,
+        threshold=args.threshold,
+        smoothing=args.smoothing,
+        refractory_s=args.refractory,
+    )
     out = {
         "audio": str(args.audio),
         "model": str(args.model),
@@ -43,14 +54,17 @@ def _detect(args: argparse.Namespace) -> int:
         "events": [{"time_s": round(e.time_s, 4), "score": e.score} for e in res.events],
     }
     if args.posteriors:
-        out["posteriors"] = [{"time_s": round(float(t), 4), "raw": float(r), "score": float(s)}
-                             for t, r, s in zip(res.times_s, res.raw_scores, res.scores,
-                                                strict=True)]
+        out["posteriors"] = [
+            {"time_s": round(float(t), 4), "raw": float(r), "score": float(s)}
+            for t, r, s in zip(res.times_s, res.raw_scores, res.scores, strict=True)
+        ]
     if args.json:
         print(json.dumps(out))
     else:
-        print(f"{args.audio}: {out['duration_s']} s, {out['windows']} windows, "
-              f"{len(out['events'])} detection(s)")
+        print(
+            f"{args.audio}: {out['duration_s']} s, {out['windows']} windows, "
+            f"{len(out['events'])} detection(s)"
+        )
         for e in out["events"]:
             print(f"  {e['time_s']:9.2f} s  score {e['score']:.3f}")
     return 0

@@ -18,37 +18,69 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "type and state. Models are .onnx files (scored by onnxruntime, as on a device) or "
         ".safetensors checkpoints.",
     )
-    p.add_argument("--baseline", default="pretrained:full",
-                   help="baseline model (.onnx or .safetensors), or a shipped model "
-                        "'pretrained:full' (default) / 'pretrained:small'")
-    p.add_argument("--candidate", action="append", default=None,
-                   help="candidate model, scored on every device type; MODEL:TYPE scores it only "
-                   "on device type TYPE (a personalized model); repeat for several")
-    p.add_argument("--pairing", metavar="CSV",
-                   help="CSV with columns model,device_type: each model scored only on its device type")
+    p.add_argument(
+        "--baseline",
+        default="pretrained:full",
+        help="baseline model (.onnx or .safetensors), or a shipped model "
+        "'pretrained:full' (default) / 'pretrained:small'",
+    )
+    p.add_argument(
+        "--candidate",
+        action="append",
+        default=None,
+        help="candidate model, scored on every device type; MODEL:TYPE scores it only "
+        "on device type TYPE (a personalized model); repeat for several",
+    )
+    p.add_argument(
+        "--pairing",
+        metavar="CSV",
+        help="CSV with columns model,device_type: each model scored only on its device type",
+    )
     p.add_argument("--manifest", required=True, help="corpus manifest.csv")
     p.add_argument("--split", default="test", choices=("train", "val", "test"))
-    p.add_argument("--target-fr", type=float, default=0.05,
-                   help="fit the baseline's threshold to this FR (default 0.05)")
+    p.add_argument(
+        "--target-fr",
+        type=float,
+        default=0.05,
+        help="fit the baseline's threshold to this FR (default 0.05)",
+    )
     fixed = p.add_mutually_exclusive_group()
-    fixed.add_argument("--threshold", type=float, default=None,
-                       help="the baseline's shipped threshold, on every device type (no refitting)")
-    fixed.add_argument("--thresholds", metavar="FILE",
-                       help="the baseline's shipped threshold per device type: JSON {\"A\": 0.6, ...} "
-                       "or CSV device_type,threshold (\"*\": every other device type)")
-    fixed.add_argument("--at-shipped-threshold", action="store_true",
-                       help="use the shipped_threshold of the baseline's model card (<model>.json "
-                       "or ONNX metadata)")
+    fixed.add_argument(
+        "--threshold",
+        type=float,
+        default=None,
+        help="the baseline's shipped threshold, on every device type (no refitting)",
+    )
+    fixed.add_argument(
+        "--thresholds",
+        metavar="FILE",
+        help='the baseline\'s shipped threshold per device type: JSON {"A": 0.6, ...} '
+        'or CSV device_type,threshold ("*": every other device type)',
+    )
+    fixed.add_argument(
+        "--at-shipped-threshold",
+        action="store_true",
+        help="use the shipped_threshold of the baseline's model card (<model>.json "
+        "or ONNX metadata)",
+    )
     p.add_argument("--json", action="store_true", help='print {"rows": [...]} as JSON')
-    p.add_argument("--report", metavar="DIR", help="write DET plots and a Markdown/HTML report here")
-    p.add_argument("--format", choices=("md", "html", "both"), default="both",
-                   help="report format (default both)")
+    p.add_argument(
+        "--report", metavar="DIR", help="write DET plots and a Markdown/HTML report here"
+    )
+    p.add_argument(
+        "--format",
+        choices=("md", "html", "both"),
+        default="both",
+        help="report format (default both)",
+    )
     p.add_argument("--n-boot", type=int, default=200, help="bootstrap resamples for the CI")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     p.add_argument("--batch", type=int, default=64, help="clips per scoring batch")
     p.add_argument("--hop-s", type=float, default=0.1, help="streaming detector hop (s)")
     p.add_argument("--smoothing", type=int, default=None, help="detector smoothing (posteriors)")
-    p.add_argument("--refractory-s", type=float, default=None, help="detector refractory period (s)")
+    p.add_argument(
+        "--refractory-s", type=float, default=None, help="detector refractory period (s)"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
@@ -75,8 +107,10 @@ def _table(rows: list[dict]) -> str:
             f"{fph:>8} {r['n_positive']:>5} {r['n_negative']:>5}"
         )
     if any(r.get("fa_per_hour_saturated") or r.get("baseline_fa_per_hour_saturated") for r in rows):
-        lines.append("* FA/h saturated: within 20% of its ceiling (one event per refractory "
-                     "period); the real rate of false triggers may be higher")
+        lines.append(
+            "* FA/h saturated: within 20% of its ceiling (one event per refractory "
+            "period); the real rate of false triggers may be higher"
+        )
     return "\n".join(lines)
 
 
@@ -104,9 +138,16 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("give at least one --candidate (or a --pairing file)")
     threshold = read_thresholds(args.thresholds) if args.thresholds else args.threshold
     settings = EvalSettings(
-        split=args.split, target_fr=args.target_fr, n_boot=args.n_boot, seed=args.seed,
-        batch=args.batch, hop_s=args.hop_s, smoothing=args.smoothing,
-        refractory_s=args.refractory_s, progress=not args.quiet, threshold=threshold,
+        split=args.split,
+        target_fr=args.target_fr,
+        n_boot=args.n_boot,
+        seed=args.seed,
+        batch=args.batch,
+        hop_s=args.hop_s,
+        smoothing=args.smoothing,
+        refractory_s=args.refractory_s,
+        progress=not args.quiet,
+        threshold=threshold,
         at_shipped_threshold=args.at_shipped_threshold,
     )
     baseline = args.baseline

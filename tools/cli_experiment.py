@@ -21,24 +21,42 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "step-count plots and DET curves into --out."
         ),
     )
-    p.add_argument("--profile", choices=("tiny", "small", "full"), default="tiny",
-                   help="tiny: a few minutes on CPU; small: under 45 min on 2 cores; "
-                        "full: paper-scale width, for a GPU machine")
+    p.add_argument(
+        "--profile",
+        choices=("tiny", "small", "full"),
+        default="tiny",
+        help="tiny: a few minutes on CPU; small: under 45 min on 2 cores; "
+        "full: paper-scale width, for a GPU machine",
+    )
     p.add_argument("--out", required=True, help="output folder (the corpus is built in OUT/corpus)")
-    p.add_argument("--json", action="store_true",
-                   help="print the result JSON on stdout (progress goes to stderr)")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the result JSON on stdout (progress goes to stderr)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of corpus, training and sampling")
-    p.add_argument("--rounds", type=int, default=None,
-                   help="full-participation rounds (client sampling keeps the profile's ratio)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="full-participation rounds (client sampling keeps the profile's ratio)",
+    )
     p.add_argument("--width", type=float, default=None, help="model width (overrides the profile)")
-    p.add_argument("--manifest", default=None,
-                   help="use this corpus manifest instead of building the profile's corpus")
+    p.add_argument(
+        "--manifest",
+        default=None,
+        help="use this corpus manifest instead of building the profile's corpus",
+    )
     p.add_argument("--cache-dir", default=None, help="warm-start checkpoint cache")
-    p.add_argument("--baseline", default=None,
-                   help="warm start of every method: 'pretrained' (default: the shipped model of "
-                        "the width), 'pretrained:small|full', 'scratch' or a checkpoint")
-    p.add_argument("--methods", default=None,
-                   help="comma-separated subset of the methods (default: all)")
+    p.add_argument(
+        "--baseline",
+        default=None,
+        help="warm start of every method: 'pretrained' (default: the shipped model of "
+        "the width), 'pretrained:small|full', 'scratch' or a checkpoint",
+    )
+    p.add_argument(
+        "--methods", default=None, help="comma-separated subset of the methods (default: all)"
+    )
     p.add_argument("--no-sampling", action="store_true", help="skip the client-sampling settings")
     p.set_defaults(func=_paper)
     exp.set_defaults(func=lambda _args: (exp.print_help(), 2)[1])
@@ -46,11 +64,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def command_line(args: argparse.Namespace) -> str:
     """The command that reproduces this run, for the report."""
-    parts = ["wakefl", "experiment", "paper", "--profile", args.profile, "--out", args.out,
-             "--seed", str(args.seed)]
-    for flag, value in (("--rounds", args.rounds), ("--width", args.width),
-                        ("--manifest", args.manifest), ("--methods", args.methods),
-                        ("--baseline", args.baseline)):
+    parts = [
+        "wakefl",
+        "experiment",
+        "paper",
+        "--profile",
+        args.profile,
+        "--out",
+        args.out,
+        "--seed",
+        str(args.seed),
+    ]
+    for flag, value in (
+        ("--rounds", args.rounds),
+        ("--width", args.width),
+        ("--manifest", args.manifest),
+        ("--methods", args.methods),
+        ("--baseline", args.baseline),
+    ):
         if value is not None:
             parts += [flag, str(value)]
     if args.no_sampling:
@@ -63,8 +94,11 @@ def command_line(args: argparse.Namespace) -> str:
 def _paper(args: argparse.Namespace) -> int:
     from wakefl.tools.paper_experiment import ACTIVITY_RATES, METHODS, run_paper_study
 
-    methods = METHODS if args.methods is None else tuple(
-        m.strip() for m in args.methods.split(",") if m.strip())
+    methods = (
+        METHODS
+        if args.methods is None
+        else tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    )
     # With --json, stdout carries only the JSON document.
     stream = sys.stderr if args.json else sys.stdout
 
@@ -73,10 +107,19 @@ def _paper(args: argparse.Namespace) -> int:
 
     with contextlib.redirect_stdout(stream):
         result = run_paper_study(
-            args.out, profile=args.profile, seed=args.seed, rounds=args.rounds,
-            width=args.width, manifest=args.manifest, cache_dir=args.cache_dir, methods=methods,
-            sampling_rates=() if args.no_sampling else ACTIVITY_RATES, progress=True, log=log,
-            command=command_line(args), baseline=args.baseline,
+            args.out,
+            profile=args.profile,
+            seed=args.seed,
+            rounds=args.rounds,
+            width=args.width,
+            manifest=args.manifest,
+            cache_dir=args.cache_dir,
+            methods=methods,
+            sampling_rates=() if args.no_sampling else ACTIVITY_RATES,
+            progress=True,
+            log=log,
+            command=command_line(args),
+            baseline=args.baseline,
         )
     if args.json:
         print(json.dumps(result, indent=1, sort_keys=True))

@@ -24,14 +24,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     exp.add_argument("--out", type=Path, required=True, help="output FILE.onnx")
     src = exp.add_mutually_exclusive_group()
     src.add_argument("--weights", type=Path, default=None, help="a .safetensors checkpoint")
-    src.add_argument("--width", type=float, default=None,
-                     help="export a freshly initialised model of this width (default 1.0)")
-    src.add_argument("--pretrained", choices=("full", "small"), default=None,
-                     help="export a shipped pretrained model")
+    src.add_argument(
+        "--width",
+        type=float,
+        default=None,
+        help="export a freshly initialised model of this width (default 1.0)",
+    )
+    src.add_argument(
+        "--pretrained",
+        choices=("full", "small"),
+        default=None,
+        help="export a shipped pretrained model",
+    )
     exp.add_argument("--seed", type=int, default=0, help="initialisation seed without --weights")
     exp.add_argument("--int8", action="store_true", help="static int8 (QDQ) quantization")
-    exp.add_argument("--calibration", type=Path, nargs="+", default=None, metavar="WAV",
-                     help="WAV files whose windows calibrate int8 (default: synthetic audio)")
+    exp.add_argument(
+        "--calibration",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="WAV",
+        help="WAV files whose windows calibrate int8 (default: synthetic audio)",
+    )
     exp.add_argument("--json", action="store_true", help="print JSON")
     exp.set_defaults(func=_export)
 
@@ -39,31 +53,58 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     pre.add_argument("--out", type=Path, required=True, help="run folder (checkpoints, best model)")
     pre.add_argument("--width", type=float, default=1.0, help="width multiplier (0.25 = small)")
     pre.add_argument("--phrase", default="hey nova", help="the wake phrase (synthetic speech)")
-    pre.add_argument("--corpus", type=Path, default=None, metavar="MANIFEST",
-                     help="a corpus manifest with train/val clips and streams "
-                          "(default: build or reuse the 'pretrain' corpus for --phrase)")
+    pre.add_argument(
+        "--corpus",
+        type=Path,
+        default=None,
+        metavar="MANIFEST",
+        help="a corpus manifest with train/val clips and streams "
+        "(default: build or reuse the 'pretrain' corpus for --phrase)",
+    )
     pre.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     pre.add_argument("--resume", action="store_true", help="continue the run in --out")
-    pre.add_argument("--init-from", type=Path, default=None, metavar="WEIGHTS",
-                     help="start from these weights (e.g. a shipped model) instead of random")
-    pre.add_argument("--samples", type=int, default=400_000,
-                     help="training samples in the whole run; sets the learning-rate schedule")
+    pre.add_argument(
+        "--init-from",
+        type=Path,
+        default=None,
+        metavar="WEIGHTS",
+        help="start from these weights (e.g. a shipped model) instead of random",
+    )
+    pre.add_argument(
+        "--samples",
+        type=int,
+        default=400_000,
+        help="training samples in the whole run; sets the learning-rate schedule",
+    )
     pre.add_argument("--batch-size", type=int, default=32)
     pre.add_argument("--lr", type=float, default=2e-3)
     pre.add_argument("--seed", type=int, default=0)
     pre.add_argument("--threads", type=int, default=2, help="torch threads for training")
     pre.add_argument("--eval-every", type=int, default=500, metavar="STEPS")
-    pre.add_argument("--val-stream-seconds", type=float, default=300.0, metavar="S",
-                     help="validate on the first S s of each validation stream (validation cost)")
+    pre.add_argument(
+        "--val-stream-seconds",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="validate on the first S s of each validation stream (validation cost)",
+    )
     pre.add_argument("--checkpoint-minutes", type=float, default=5.0)
-    pre.add_argument("--max-minutes", type=float, default=None,
-                     help="stop (with a checkpoint) after this long; --resume continues")
+    pre.add_argument(
+        "--max-minutes",
+        type=float,
+        default=None,
+        help="stop (with a checkpoint) after this long; --resume continues",
+    )
     pre.add_argument("--quiet", action="store_true", help="no progress bar")
     pre.set_defaults(func=_pretrain)
 
-    pub = sub.add_parser("publish", help="ship a pretraining run's best model (fp16) as "
-                         "models/kws_cnn/pretrained/NAME")
-    pub.add_argument("--run", type=Path, required=True, help="a `wakefl model pretrain` --out folder")
+    pub = sub.add_parser(
+        "publish",
+        help="ship a pretraining run's best model (fp16) as models/kws_cnn/pretrained/NAME",
+    )
+    pub.add_argument(
+        "--run", type=Path, required=True, help="a `wakefl model pretrain` --out folder"
+    )
     pub.add_argument("--name", choices=("full", "small"), required=True)
     pub.set_defaults(func=_publish)
 
@@ -128,7 +169,7 @@ def _calibration_windows(paths: list[Path], window: int, sample_rate: int):
         if x.size < window:
             x = np.concatenate([np.zeros(window - x.size, np.float32), x])
         step = max(window // 2, 1)
-        wins += [x[i:i + window] for i in range(0, x.size - window + 1, step)]
+        wins += [x[i : i + window] for i in range(0, x.size - window + 1, step)]
     if not wins:
         raise ConfigError("no calibration windows in the given files")
     return np.stack(wins[:256])
@@ -144,8 +185,9 @@ def _export(args: argparse.Namespace) -> int:
     model = _build(args)
     calib = None
     if args.calibration:
-        calib = _calibration_windows(args.calibration, model.cfg.window_samples,
-                                     model.cfg.sample_rate)
+        calib = _calibration_windows(
+            args.calibration, model.cfg.window_samples, model.cfg.sample_rate
+        )
     out = export_onnx(model, args.out, int8=args.int8, calibration_windows=calib)
     if getattr(args, "pretrained", None) is not None:
         # The operating point travels beside the ONNX file, where `wakefl eval
@@ -153,16 +195,34 @@ def _export(args: argparse.Namespace) -> int:
         from wakefl.models.kws_cnn.pretrained import pretrained_card
 
         card = pretrained_card(args.pretrained)
-        out.with_suffix(".json").write_text(json.dumps(
-            {"shipped_threshold": card["threshold"], "hop_s": card["hop_s"],
-             "smoothing": card["smoothing"], "refractory_s": card["refractory_s"],
-             "pretrained": args.pretrained}, indent=2) + "\n", encoding="utf-8")
-    result = {"out": str(out), "precision": "int8" if args.int8 else "fp32",
-              "bytes": out.stat().st_size, "trainable_params": model.num_trainable_params(),
-              "width": model.cfg.width, "window_samples": model.cfg.window_samples,
-              "sample_rate": model.cfg.sample_rate}
-    print(json.dumps(result) if args.json else
-          f"wrote {out} ({result['precision']}, {result['bytes'] / 1e6:.2f} MB)")
+        out.with_suffix(".json").write_text(
+            json.dumps(
+                {
+                    "shipped_threshold": card["threshold"],
+                    "hop_s": card["hop_s"],
+                    "smoothing": card["smoothing"],
+                    "refractory_s": card["refractory_s"],
+                    "pretrained": args.pretrained,
+                },
+                indent=2,
+            )
+            + "\n",
+            encoding="utf-8",
+        )
+    result = {
+        "out": str(out),
+        "precision": "int8" if args.int8 else "fp32",
+        "bytes": out.stat().st_size,
+        "trainable_params": model.num_trainable_params(),
+        "width": model.cfg.width,
+        "window_samples": model.cfg.window_samples,
+        "sample_rate": model.cfg.sample_rate,
+    }
+    print(
+        json.dumps(result)
+        if args.json
+        else f"wrote {out} ({result['precision']}, {result['bytes'] / 1e6:.2f} MB)"
+    )
     return 0
 
 
@@ -184,19 +244,46 @@ def _pretrain(args: argparse.Namespace) -> int:
         folder = cache_root() / "corpus" / f"pretrain-{phrase}-seed{args.seed}"
         manifest = folder / "manifest.csv"
         if not manifest.exists() or not (folder / "corpus.json").exists():
-            build_corpus(folder, seed=args.seed, profile="pretrain", phrase=args.phrase,
-                         progress=not args.quiet)
-    settings = PretrainSettings(width=args.width, phrase=" ".join(args.phrase.lower().split()),
-                                seed=args.seed, batch_size=args.batch_size, samples=args.samples,
-                                lr=args.lr, threads=args.threads, device=args.device,
-                                eval_every_steps=args.eval_every,
-                                val_stream_seconds=args.val_stream_seconds,
-                                checkpoint_minutes=args.checkpoint_minutes)
-    info = pretrain(manifest, args.out, settings, resume=args.resume, init_from=args.init_from,
-                    max_minutes=args.max_minutes, progress=not args.quiet)
+            build_corpus(
+                folder,
+                seed=args.seed,
+                profile="pretrain",
+                phrase=args.phrase,
+                progress=not args.quiet,
+            )
+    settings = PretrainSettings(
+        width=args.width,
+        phrase=" ".join(args.phrase.lower().split()),
+        seed=args.seed,
+        batch_size=args.batch_size,
+        samples=args.samples,
+        lr=args.lr,
+        threads=args.threads,
+        device=args.device,
+        eval_every_steps=args.eval_every,
+        val_stream_seconds=args.val_stream_seconds,
+        checkpoint_minutes=args.checkpoint_minutes,
+    )
+    info = pretrain(
+        manifest,
+        args.out,
+        settings,
+        resume=args.resume,
+        init_from=args.init_from,
+        max_minutes=args.max_minutes,
+        progress=not args.quiet,
+    )
     best = info.get("best") or {}
-    print(json.dumps({"out": str(args.out), "step": info["step"], "seconds": round(info["seconds"], 1),
-                      "best": best}))
+    print(
+        json.dumps(
+            {
+                "out": str(args.out),
+                "step": info["step"],
+                "seconds": round(info["seconds"], 1),
+                "best": best,
+            }
+        )
+    )
     return 0
 
 

@@ -17,10 +17,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--reps", type=int, default=3, help="repetitions (fleets) per case (default 3)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--rounds", type=int, default=30, help="federation rounds (default 30)")
-    s.add_argument("--methods", default=None,
-                   help="comma-separated strategy names (default: all in the registry)")
-    s.add_argument("--out", type=Path, default=Path("results/paper_synthetic"),
-                   help="folder for the PNG plots and study.json")
+    s.add_argument(
+        "--methods",
+        default=None,
+        help="comma-separated strategy names (default: all in the registry)",
+    )
+    s.add_argument(
+        "--out",
+        type=Path,
+        default=Path("results/paper_synthetic"),
+        help="folder for the PNG plots and study.json",
+    )
     s.add_argument("--json", action="store_true", help="print the result document as JSON")
     s.set_defaults(func=_synthetic)
 
@@ -40,8 +47,13 @@ def _synthetic(args: argparse.Namespace) -> int:
         unknown = sorted(set(methods) - set(available_strategies()))
         if unknown:
             raise ConfigError(f"unknown methods {unknown}; available: {available_strategies()}")
-    doc = run_study(reps=args.reps, seed=args.seed, rounds=args.rounds, methods=methods,
-                    progress=sys.stderr.isatty())
+    doc = run_study(
+        reps=args.reps,
+        seed=args.seed,
+        rounds=args.rounds,
+        methods=methods,
+        progress=sys.stderr.isatty(),
+    )
     doc["best_global"] = best_by(doc, "global_mae")
     doc["best_local"] = best_by(doc, "local_mae")
     doc["plots"] = write_plots(doc, args.out)
@@ -51,8 +63,10 @@ def _synthetic(args: argparse.Namespace) -> int:
     else:
         print(f"{'case':<14}{'C':>5}  {'method':<12}{'global MAE':>12}{'local MAE':>12}")
         for r in doc["results"]:
-            print(f"{r['case']:<14}{r['activity_rate']:>5}  {r['method']:<12}"
-                  f"{_fmt(r['global_mae']):>12}{_fmt(r['local_mae']):>12}")
+            print(
+                f"{r['case']:<14}{r['activity_rate']:>5}  {r['method']:<12}"
+                f"{_fmt(r['global_mae']):>12}{_fmt(r['local_mae']):>12}"
+            )
         print(f"plots: {', '.join(doc['plots'])}")
     return 0
 

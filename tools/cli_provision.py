@@ -49,15 +49,61 @@ def ensure_ca(state: Path, host: str) -> None:
     """A private CA and a server certificate for `host` (IP or DNS name), made once."""
     if (state / "server.crt").is_file():
         return
-    _run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "3650",
-          "-subj", "/CN=wakefl-ca", "-keyout", str(state / "ca.key"), "-out", str(state / "ca.crt")])
-    _run(["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={host}",
-          "-keyout", str(state / "server.key"), "-out", str(state / "server.csr")])
+    _run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "3650",
+            "-subj",
+            "/CN=wakefl-ca",
+            "-keyout",
+            str(state / "ca.key"),
+            "-out",
+            str(state / "ca.crt"),
+        ]
+    )
+    _run(
+        [
+            "openssl",
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            f"/CN={host}",
+            "-keyout",
+            str(state / "server.key"),
+            "-out",
+            str(state / "server.csr"),
+        ]
+    )
     kind = "IP" if host.replace(".", "").isdigit() or ":" in host else "DNS"
     (state / "server.ext").write_text(f"subjectAltName={kind}:{host}\n")
-    _run(["openssl", "x509", "-req", "-in", str(state / "server.csr"), "-CA", str(state / "ca.crt"),
-          "-CAkey", str(state / "ca.key"), "-CAcreateserial", "-days", "3650",
-          "-extfile", str(state / "server.ext"), "-out", str(state / "server.crt")])
+    _run(
+        [
+            "openssl",
+            "x509",
+            "-req",
+            "-in",
+            str(state / "server.csr"),
+            "-CA",
+            str(state / "ca.crt"),
+            "-CAkey",
+            str(state / "ca.key"),
+            "-CAcreateserial",
+            "-days",
+            "3650",
+            "-extfile",
+            str(state / "server.ext"),
+            "-out",
+            str(state / "server.crt"),
+        ]
+    )
     os.chmod(state / "ca.key", 0o600)
 
 
@@ -72,8 +118,13 @@ def render_acl(fleet: str, devices: dict[str, str]) -> str:
 
 
 def render_broker_conf(state: Path, host: str, port: int, persist: Path) -> str:
-    return (_config_text("mosquitto.conf").replace("@PORT@", str(port)).replace("@HOST@", host)
-            .replace("@DIR@", str(state)).replace("@PERSIST@", str(persist)))
+    return (
+        _config_text("mosquitto.conf")
+        .replace("@PORT@", str(port))
+        .replace("@HOST@", host)
+        .replace("@DIR@", str(state))
+        .replace("@PERSIST@", str(persist))
+    )
 
 
 def _chown_for_broker(state: Path) -> None:
@@ -86,14 +137,27 @@ def _chown_for_broker(state: Path) -> None:
         pw = pwd.getpwnam("mosquitto")
     except KeyError:
         return
-    for p in [state, state / "broker-data", *[state / n for n in
-              ("ca.crt", "server.crt", "server.key", "passwd", "acl", "mosquitto.conf")]]:
+    for p in [
+        state,
+        state / "broker-data",
+        *[
+            state / n
+            for n in ("ca.crt", "server.crt", "server.key", "passwd", "acl", "mosquitto.conf")
+        ],
+    ]:
         if p.exists():
             os.chown(p, pw.pw_uid, pw.pw_gid)
 
 
-def provision(state: str | Path, device_id: str, device_type: str, *, fleet: str = "default",
-              host: str = "127.0.0.1", port: int = 8883) -> dict[str, Any]:
+def provision(
+    state: str | Path,
+    device_id: str,
+    device_type: str,
+    *,
+    fleet: str = "default",
+    host: str = "127.0.0.1",
+    port: int = 8883,
+) -> dict[str, Any]:
     """Create or update the provisioning directory for `device_id`; returns its config."""
     from wakefl.sdk.topics import check_name
 
@@ -107,8 +171,11 @@ def provision(state: str | Path, device_id: str, device_type: str, *, fleet: str
     (state / "devices").mkdir(exist_ok=True)
     (state / "broker-data").mkdir(exist_ok=True)
     fleet_file = state / "fleet.json"
-    registry = json.loads(fleet_file.read_text()) if fleet_file.is_file() else {
-        "fleet": fleet, "host": host, "port": port, "devices": {}}
+    registry = (
+        json.loads(fleet_file.read_text())
+        if fleet_file.is_file()
+        else {"fleet": fleet, "host": host, "port": port, "devices": {}}
+    )
     if registry["fleet"] != fleet:
         raise ConfigError(f"{state} provisions fleet {registry['fleet']!r}, not {fleet!r}")
     host, port = registry["host"], int(registry["port"])
@@ -117,9 +184,15 @@ def provision(state: str | Path, device_id: str, device_type: str, *, fleet: str
     if not (state / "server.json").is_file():
         pw = secrets.token_urlsafe(24)
         _run(["mosquitto_passwd", "-b", "-c", str(passwd), SERVER_USER, pw])
-        _write_private(state / "server.json", {
-            "username": SERVER_USER, "password": pw, "ca_file": str(state / "ca.crt"),
-            "broker": f"mqtts://{SERVER_USER}:{pw}@{host}:{port}?ca={state / 'ca.crt'}"})
+        _write_private(
+            state / "server.json",
+            {
+                "username": SERVER_USER,
+                "password": pw,
+                "ca_file": str(state / "ca.crt"),
+                "broker": f"mqtts://{SERVER_USER}:{pw}@{host}:{port}?ca={state / 'ca.crt'}",
+            },
+        )
     password = secrets.token_urlsafe(24)
     _run(["mosquitto_passwd", "-b", str(passwd), device_id, password])
     # mosquitto_passwd leaves the file world-readable (0644): salted hashes, but still
@@ -128,29 +201,44 @@ def provision(state: str | Path, device_id: str, device_type: str, *, fleet: str
     registry["devices"][device_id] = device_type
     fleet_file.write_text(json.dumps(registry, indent=2) + "\n")
     (state / "acl").write_text(render_acl(fleet, registry["devices"]))
-    (state / "mosquitto.conf").write_text(render_broker_conf(state, host, port, state / "broker-data"))
-    config = {"device_id": device_id, "device_type": device_type, "fleet": fleet,
-              "username": device_id, "password": password, "ca_file": str(state / "ca.crt"),
-              "broker": f"mqtts://{device_id}:{password}@{host}:{port}?ca={state / 'ca.crt'}"}
+    (state / "mosquitto.conf").write_text(
+        render_broker_conf(state, host, port, state / "broker-data")
+    )
+    config = {
+        "device_id": device_id,
+        "device_type": device_type,
+        "fleet": fleet,
+        "username": device_id,
+        "password": password,
+        "ca_file": str(state / "ca.crt"),
+        "broker": f"mqtts://{device_id}:{password}@{host}:{port}?ca={state / 'ca.crt'}",
+    }
     _write_private(state / "devices" / f"{device_id}.json", config)
     _chown_for_broker(state)
     return config
 
 
 def _handler(args: argparse.Namespace) -> int:
-    cfg = provision(args.state, args.id, args.type, fleet=args.fleet, host=args.host, port=args.port)
+    cfg = provision(
+        args.state, args.id, args.type, fleet=args.fleet, host=args.host, port=args.port
+    )
     state = Path(args.state).resolve()
-    print(f"provisioned {cfg['device_id']} ({cfg['device_type']}) in fleet '{cfg['fleet']}'\n"
-          f"  device config: {state / 'devices' / (cfg['device_id'] + '.json')} (keep secret)\n"
-          f"  broker:        mosquitto -c {state / 'mosquitto.conf'}  (reload after new devices)\n"
-          f"  server:        wakefl server --broker \"$(jq -r .broker {state / 'server.json'})\" "
-          f"--devices {state / 'fleet.json'} ...")
+    print(
+        f"provisioned {cfg['device_id']} ({cfg['device_type']}) in fleet '{cfg['fleet']}'\n"
+        f"  device config: {state / 'devices' / (cfg['device_id'] + '.json')} (keep secret)\n"
+        f"  broker:        mosquitto -c {state / 'mosquitto.conf'}  (reload after new devices)\n"
+        f'  server:        wakefl server --broker "$(jq -r .broker {state / "server.json"})" '
+        f"--devices {state / 'fleet.json'} ..."
+    )
     return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("provision", help="provision broker credentials for a device",
-                              description=__doc__.split("\n")[0])
+    p = subparsers.add_parser(
+        "provision",
+        help="provision broker credentials for a device",
+        description=__doc__.split("\n")[0],
+    )
     p.add_argument("--id", required=True, help="device id (also its broker username)")
     p.add_argument("--type", required=True, help="device type (cluster key)")
     p.add_argument("--state", required=True, help="provisioning directory")

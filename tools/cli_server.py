@@ -65,7 +65,9 @@ def load_initial_model(path: str | None, width: float, seed: int) -> tuple[Any, 
     except (SafetensorError, OSError) as exc:
         raise ConfigError(f"initial model {p} is not a safetensors file: {exc}") from exc
     if set(tensors) != {"params"} or tensors["params"].dim() != 1:
-        raise ConfigError(f"{p}: expected a checkpoint with a .json config or one flat 'params' tensor")
+        raise ConfigError(
+            f"{p}: expected a checkpoint with a .json config or one flat 'params' tensor"
+        )
     return tensors["params"].float(), {}
 
 
@@ -77,8 +79,10 @@ def _handler(args: argparse.Namespace) -> int:
     from wakefl.server.broker import ManagedBroker
 
     torch.set_num_threads(1)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
     strategy_args = {}
     for item in args.strategy_arg:
         if "=" not in item:
@@ -98,13 +102,24 @@ def _handler(args: argparse.Namespace) -> int:
         print(f"embedded broker: {url} (persistence in {state / 'broker'})", flush=True)
     try:
         cfg = ServerConfig(
-            broker_url=url, state_dir=state, initial_params=params, model_config=model_config,
-            fleet=args.fleet, rounds=args.rounds, activity_rate=args.activity_rate,
-            min_clients=args.min_clients, round_timeout=args.round_timeout,
+            broker_url=url,
+            state_dir=state,
+            initial_params=params,
+            model_config=model_config,
+            fleet=args.fleet,
+            rounds=args.rounds,
+            activity_rate=args.activity_rate,
+            min_clients=args.min_clients,
+            round_timeout=args.round_timeout,
             devices=parse_devices(args.devices) if args.devices else None,
-            strategy_name=args.strategy, strategy_args=strategy_args,
-            wire_dtype=args.wire_dtype, ack_timeout_s=args.ack_timeout,
-            start_timeout=args.start_timeout, start_grace_s=args.start_grace, seed=args.seed)
+            strategy_name=args.strategy,
+            strategy_args=strategy_args,
+            wire_dtype=args.wire_dtype,
+            ack_timeout_s=args.ack_timeout,
+            start_timeout=args.start_timeout,
+            start_grace_s=args.start_grace,
+            seed=args.seed,
+        )
         AggregationServer(cfg, strategy).run()
     finally:
         if broker is not None:
@@ -113,38 +128,68 @@ def _handler(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("server", help="run the aggregation server over MQTT",
-                              description=__doc__)
-    p.add_argument("--broker", required=True,
-                   help="mqtt://[user:pass@]host:port, mqtts://...?ca=CA.pem, or 'embedded' "
-                        "(a managed mosquitto on 127.0.0.1)")
+    p = subparsers.add_parser(
+        "server", help="run the aggregation server over MQTT", description=__doc__
+    )
+    p.add_argument(
+        "--broker",
+        required=True,
+        help="mqtt://[user:pass@]host:port, mqtts://...?ca=CA.pem, or 'embedded' "
+        "(a managed mosquitto on 127.0.0.1)",
+    )
     p.add_argument("--state", required=True, help="state directory (SQLite + models + updates)")
     p.add_argument("--fleet", default="default")
-    p.add_argument("--group-by", choices=["none", "device_type"], default="none",
-                   help="device_type: cluster-level aggregation with one representative per type")
-    p.add_argument("--min-clients", type=int, default=None,
-                   help="quorum: close a round once this many updates are in (default: all sampled "
-                        "that did not decline); also the number of devices that must be online "
-                        "before a round starts (default: see --start-grace)")
-    p.add_argument("--round-timeout", type=float, default=600.0, help="seconds per round (deadline)")
+    p.add_argument(
+        "--group-by",
+        choices=["none", "device_type"],
+        default="none",
+        help="device_type: cluster-level aggregation with one representative per type",
+    )
+    p.add_argument(
+        "--min-clients",
+        type=int,
+        default=None,
+        help="quorum: close a round once this many updates are in (default: all sampled "
+        "that did not decline); also the number of devices that must be online "
+        "before a round starts (default: see --start-grace)",
+    )
+    p.add_argument(
+        "--round-timeout", type=float, default=600.0, help="seconds per round (deadline)"
+    )
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--activity-rate", type=float, default=1.0, help="share C of devices sampled")
     p.add_argument("--init-model", default=None, help="warm-start checkpoint (.safetensors)")
     p.add_argument("--width", type=float, default=1.0, help="model width without --init-model")
-    p.add_argument("--devices", default=None,
-                   help="registry: ID:TYPE,... or a fleet.json from `wakefl provision`; "
-                        "without it devices register with their first hello")
+    p.add_argument(
+        "--devices",
+        default=None,
+        help="registry: ID:TYPE,... or a fleet.json from `wakefl provision`; "
+        "without it devices register with their first hello",
+    )
     p.add_argument("--strategy", default="selffl")
-    p.add_argument("--strategy-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="strategy hyperparameter (repeatable), e.g. lr=0.01 l_max=40")
+    p.add_argument(
+        "--strategy-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="strategy hyperparameter (repeatable), e.g. lr=0.01 l_max=40",
+    )
     p.add_argument("--wire-dtype", choices=["fp32", "fp16"], default="fp32")
     p.add_argument("--ack-timeout", type=float, default=30.0, help="device re-send interval (s)")
-    p.add_argument("--start-timeout", type=float, default=None,
-                   help="give up if the devices needed are not online after this many seconds")
-    p.add_argument("--start-grace", type=float, default=None,
-                   help="with --devices and no --min-clients: seconds to wait for every listed "
-                        "device before the first round, then start with those online "
-                        "(default: min(--round-timeout, 60))")
+    p.add_argument(
+        "--start-timeout",
+        type=float,
+        default=None,
+        help="give up if the devices needed are not online after this many seconds",
+    )
+    p.add_argument(
+        "--start-grace",
+        type=float,
+        default=None,
+        help="with --devices and no --min-clients: seconds to wait for every listed "
+        "device before the first round, then start with those online "
+        "(default: min(--round-timeout, 60))",
+    )
     p.add_argument("--embedded-port", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("-v", "--verbose", action="store_true")

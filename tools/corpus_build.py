@@ -62,7 +62,9 @@ class _Context:
         if key not in self.rooms:
             prof = DEVICE_PROFILES[device]
             rng = np.random.default_rng([self.seed, _DEVICE_INDEX[device], _KIND_ROOM, index])
-            self.rooms[key] = exponential_rir(rng, rng.uniform(*prof.rt60_s), rng.uniform(*prof.drr_db))
+            self.rooms[key] = exponential_rir(
+                rng, rng.uniform(*prof.rt60_s), rng.uniform(*prof.drr_db)
+            )
         return self.rooms[key]
 
 
@@ -70,7 +72,9 @@ def resolve_profile(profile: str | CorpusProfile) -> CorpusProfile:
     if isinstance(profile, CorpusProfile):
         return profile
     if profile not in PROFILES:
-        raise ConfigError(f"unknown corpus profile {profile!r}; choose one of {', '.join(PROFILES)}")
+        raise ConfigError(
+            f"unknown corpus profile {profile!r}; choose one of {', '.join(PROFILES)}"
+        )
     return PROFILES[profile]
 
 
@@ -80,7 +84,9 @@ def change_speed(x: np.ndarray, factor: float) -> np.ndarray:
     return np.interp(np.arange(n_out) * factor, np.arange(x.size), x)
 
 
-def _utterance(ctx: _Context, rng: np.random.Generator, speaker: Speaker, content: str) -> np.ndarray:
+def _utterance(
+    ctx: _Context, rng: np.random.Generator, speaker: Speaker, content: str
+) -> np.ndarray:
     if content == "pos":
         text = ctx.phrases[int(rng.integers(len(ctx.phrases)))]
     elif content == "conf":
@@ -118,7 +124,9 @@ def render_clip(ctx: _Context, recipe: ClipRecipe) -> tuple[np.ndarray, str]:
     )  # fmt: skip
     room = ctx.room(recipe.device_type, int(rng.integers(ctx.profile.rooms_per_device)))
     ref_db = rng.uniform(*_SPEECH_LEVEL_DB)
-    field_ = scale_to(ambient_noise(rng, CLIP_SAMPLES, dev.ambient_exponent), ref_db + dev.noise_floor_db)
+    field_ = scale_to(
+        ambient_noise(rng, CLIP_SAMPLES, dev.ambient_exponent), ref_db + dev.noise_floor_db
+    )
     background = background_for_state(rng, recipe.state, CLIP_SAMPLES)
     if recipe.content == "bg":
         speaker_id = f"nospeech-{recipe.split}"
@@ -136,7 +144,9 @@ def render_clip(ctx: _Context, recipe: ClipRecipe) -> tuple[np.ndarray, str]:
     return capture(rng, dev, field_), speaker_id
 
 
-def _gate(rng: np.random.Generator, n: int, on_s: tuple[float, float], off_s: tuple[float, float]) -> np.ndarray:
+def _gate(
+    rng: np.random.Generator, n: int, on_s: tuple[float, float], off_s: tuple[float, float]
+) -> np.ndarray:
     """On/off bursts, for alarms that ring for a while and stop."""
     gate = np.zeros(n)
     t = int(rng.uniform(*off_s) * SAMPLE_RATE)
@@ -148,7 +158,9 @@ def _gate(rng: np.random.Generator, n: int, on_s: tuple[float, float], off_s: tu
     return np.convolve(gate, np.ones(ramp) / ramp, mode="same")
 
 
-def render_stream(ctx: _Context, device: str, index: int, split: str = "test") -> tuple[np.ndarray, str]:
+def render_stream(
+    ctx: _Context, device: str, index: int, split: str = "test"
+) -> tuple[np.ndarray, str]:
     """A long negative recording: the split's speakers saying confusable phrases and other
     speech with pauses, over the state's background. Returns (wave, state)."""
     dev = DEVICE_PROFILES[device]
@@ -170,7 +182,9 @@ def render_stream(ctx: _Context, device: str, index: int, split: str = "test") -
         seg = utt[: n - t]
         dry[t : t + seg.size] += seg
         # Conversational pauses, and now and then a long quiet stretch.
-        t += seg.size + int((rng.uniform(0.3, 2.5) if rng.random() < 0.8 else rng.uniform(4.0, 12.0)) * SAMPLE_RATE)
+        t += seg.size + int(
+            (rng.uniform(0.3, 2.5) if rng.random() < 0.8 else rng.uniform(4.0, 12.0)) * SAMPLE_RATE
+        )
     field_ = reverberate(dry, room)
     field_ += scale_to(ambient_noise(rng, n, dev.ambient_exponent), ref_db + dev.noise_floor_db)
     background = background_for_state(rng, state, n)
@@ -184,7 +198,9 @@ def render_stream(ctx: _Context, device: str, index: int, split: str = "test") -
 
 def _write_wav(path: Path, wave: np.ndarray) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    sf.write(str(path), np.asarray(wave, dtype=np.float32), SAMPLE_RATE, subtype="PCM_16", format="WAV")
+    sf.write(
+        str(path), np.asarray(wave, dtype=np.float32), SAMPLE_RATE, subtype="PCM_16", format="WAV"
+    )
 
 
 def _prepare_out_dir(out: Path) -> None:
@@ -203,8 +219,9 @@ def _prepare_out_dir(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
-def _render_clips(ctx: _Context, recipes: list[ClipRecipe], out: Path, progress: bool,
-                  desc: str) -> list[ManifestRow]:
+def _render_clips(
+    ctx: _Context, recipes: list[ClipRecipe], out: Path, progress: bool, desc: str
+) -> list[ManifestRow]:
     from tqdm import tqdm
 
     rows: list[ManifestRow] = []
@@ -219,7 +236,9 @@ def _render_clips(ctx: _Context, recipes: list[ClipRecipe], out: Path, progress:
     return rows
 
 
-def _render_streams(ctx: _Context, counts: dict[str, int], out: Path, progress: bool) -> list[ManifestRow]:
+def _render_streams(
+    ctx: _Context, counts: dict[str, int], out: Path, progress: bool
+) -> list[ManifestRow]:
     """`counts[split]` streams per device type, from that split's speakers. Test streams keep
     their historical file names; training and validation streams carry their split."""
     from tqdm import tqdm
@@ -231,7 +250,9 @@ def _render_streams(ctx: _Context, counts: dict[str, int], out: Path, progress: 
         name = f"{d}_stream_{i:03d}.wav" if sp == "test" else f"{d}_{sp}_stream_{i:03d}.wav"
         rel = f"streams/{d}/{name}"
         _write_wav(out / rel, wave)
-        rows.append(ManifestRow(rel, 0, d, state, f"mixed-{sp}", sp, wave.size / SAMPLE_RATE, "stream"))
+        rows.append(
+            ManifestRow(rel, 0, d, state, f"mixed-{sp}", sp, wave.size / SAMPLE_RATE, "stream")
+        )
     return rows
 
 
@@ -258,8 +279,15 @@ def _corpus_info(seed: int, prof: CorpusProfile, phrase: str, **extra: object) -
     return json.dumps(info, indent=2, sort_keys=True) + "\n"
 
 
-def _build_unseen(out: Path, seed: int, prof: CorpusProfile, phrase: str, phrases: tuple[str, ...],
-                  progress: bool, tts_cache_dir: Path | None) -> Path:
+def _build_unseen(
+    out: Path,
+    seed: int,
+    prof: CorpusProfile,
+    phrase: str,
+    phrases: tuple[str, ...],
+    progress: bool,
+    tts_cache_dir: Path | None,
+) -> Path:
     """The unseen-voices test corpus in `out/unseen/`: test clips and streams spoken only by
     voices that no training, validation or test clip of the main corpus uses."""
     speakers = make_unseen_speakers(seed, prof, phrase)
@@ -273,7 +301,9 @@ def _build_unseen(out: Path, seed: int, prof: CorpusProfile, phrase: str, phrase
     rows = _render_clips(ctx, recipes, udir, progress, "clips (unseen voices)")
     rows += _render_streams(ctx, {"test": prof.unseen_streams_per_device}, udir, progress)
     _write_speakers(udir / "speakers.csv", speakers)
-    (udir / _CORPUS_INFO).write_text(_corpus_info(seed, prof, phrase, subset="unseen-voices"), encoding="utf-8")
+    (udir / _CORPUS_INFO).write_text(
+        _corpus_info(seed, prof, phrase, subset="unseen-voices"), encoding="utf-8"
+    )
     return write_manifest(rows, udir / "manifest.csv")
 
 
@@ -299,11 +329,16 @@ def build_corpus(
     phrases = phrase_variants(phrase)
     jobs = [(s.voice, t) for s in speakers for t in (*phrases, *s.confusables, *s.others)]
     speech = synthesize_many(jobs, cache, progress=progress)
-    ctx = _Context(seed, prof, {sp: [s for s in speakers if s.split == sp] for sp in SPLITS}, speech, phrases)
+    ctx = _Context(
+        seed, prof, {sp: [s for s in speakers if s.split == sp] for sp in SPLITS}, speech, phrases
+    )
 
     rows = _render_clips(ctx, clip_recipes(seed, prof), out, progress, f"clips ({prof.name})")
-    counts = {"train": prof.train_streams_per_device, "val": prof.val_streams_per_device,
-              "test": prof.streams_per_device}
+    counts = {
+        "train": prof.train_streams_per_device,
+        "val": prof.val_streams_per_device,
+        "test": prof.streams_per_device,
+    }
     rows += _render_streams(ctx, counts, out, progress)
     _write_speakers(out / "speakers.csv", speakers)
     if prof.unseen_speakers > 0:

@@ -166,7 +166,9 @@ def background_floor(wave: np.ndarray) -> tuple[float, np.ndarray]:
     to copy: a plain floor of `_MIN_FLOOR_RMS` then."""
     frame = 320
     if wave.size < 2 * frame:
-        return max(float(np.sqrt(np.mean(wave.astype(np.float64) ** 2))), _MIN_FLOOR_RMS), np.ones(frame // 2 + 1)
+        return max(float(np.sqrt(np.mean(wave.astype(np.float64) ** 2))), _MIN_FLOOR_RMS), np.ones(
+            frame // 2 + 1
+        )
     frames = _frames(wave.astype(np.float64), frame, frame)
     rms = np.sqrt(np.mean(frames**2, axis=1))
     if rms.min() < _MIN_FLOOR_RMS:  # digital silence: no background to copy, use a plain floor
@@ -192,7 +194,12 @@ def speech_activity(wave: np.ndarray, frame: int = 512, hop: int = 160) -> np.nd
     set their bins' median high, so they score little even when louder than the voice,
     while speech moves its energy across many bins and lights up those the background
     leaves quiet."""
-    spec = np.abs(np.fft.rfft(_frames(wave.astype(np.float64), frame, hop) * np.hanning(frame), axis=1)) ** 2
+    spec = (
+        np.abs(
+            np.fft.rfft(_frames(wave.astype(np.float64), frame, hop) * np.hanning(frame), axis=1)
+        )
+        ** 2
+    )
     freqs = np.fft.rfftfreq(frame, 1.0 / SAMPLE_RATE)
     level = 10.0 * np.log10(spec[:, (freqs >= 300) & (freqs <= 3400)] + 1e-10)
     return np.clip(level - np.median(level, axis=0) - 6.0, 0.0, 30.0).mean(axis=1)
@@ -223,8 +230,12 @@ def locate_speech(wave: np.ndarray, n: int = CLIP_SAMPLES) -> int:
     return int(min(max(start, 0), wave.size - n))
 
 
-def fit_clip(wave: np.ndarray, rng: np.random.Generator, onset: float | None = None,
-             offset: float | None = None) -> tuple[np.ndarray, str, tuple[float, float]]:
+def fit_clip(
+    wave: np.ndarray,
+    rng: np.random.Generator,
+    onset: float | None = None,
+    offset: float | None = None,
+) -> tuple[np.ndarray, str, tuple[float, float]]:
     """The 1.5 s clip of `wave`, how it was made, and the crop (start, end) in seconds of
     the source (a negative start: background padding before the file)."""
     if wave.size <= CLIP_SAMPLES:
@@ -234,14 +245,22 @@ def fit_clip(wave: np.ndarray, rng: np.random.Generator, onset: float | None = N
             return wave, "as is", (0.0, wave.size / SAMPLE_RATE)
         noise = background_noise(wave, pad, rng)
         data = np.concatenate([noise[:before], wave, noise[before:]])
-        return data, "padded with the file's background", (-before / SAMPLE_RATE, (wave.size + pad - before) / SAMPLE_RATE)
+        return (
+            data,
+            "padded with the file's background",
+            (-before / SAMPLE_RATE, (wave.size + pad - before) / SAMPLE_RATE),
+        )
     if onset is not None and offset is not None:
         centre = int(round((onset + offset) / 2 * SAMPLE_RATE))
         start, rule = centre - CLIP_SAMPLES // 2, "cropped around the onset/offset columns"
     else:
         start, rule = locate_speech(wave), "cropped around the speech activity"
     start = int(min(max(start, 0), wave.size - CLIP_SAMPLES))
-    return wave[start : start + CLIP_SAMPLES], rule, (start / SAMPLE_RATE, (start + CLIP_SAMPLES) / SAMPLE_RATE)
+    return (
+        wave[start : start + CLIP_SAMPLES],
+        rule,
+        (start / SAMPLE_RATE, (start + CLIP_SAMPLES) / SAMPLE_RATE),
+    )
 
 
 def _field(rec: dict[str, str | None], key: str) -> str:
@@ -255,7 +274,9 @@ def normalize_speaker(text: str) -> str:
     return name.strip("_.-")
 
 
-def _choice(text: str, options: tuple[str, ...], what: str, synonyms: dict[str, str] | None = None) -> str:
+def _choice(
+    text: str, options: tuple[str, ...], what: str, synonyms: dict[str, str] | None = None
+) -> str:
     value = text.casefold()
     value = (synonyms or {}).get(value, value)
     if value not in options:
@@ -304,7 +325,9 @@ def _parse_row(rec: dict[str, str | None], row: _Row) -> None:
         if row.offset <= row.onset:
             raise BadFile(f"offset_s {row.offset} is not after onset_s {row.onset}")
         if row.offset - row.onset > CLIP_SAMPLES / SAMPLE_RATE:
-            raise BadFile(f"the phrase ({row.offset - row.onset:.2f} s) is longer than the 1.5 s window")
+            raise BadFile(
+                f"the phrase ({row.offset - row.onset:.2f} s) is longer than the 1.5 s window"
+            )
 
 
 def _ambiguous_speakers(rows: list[_Row], raw: dict[int, str]) -> None:
@@ -318,8 +341,10 @@ def _ambiguous_speakers(rows: list[_Row], raw: dict[int, str]) -> None:
     for r in rows:
         forms = spellings.get(r.speaker, set())
         if not r.error and len(forms) > 1:
-            r.error = (f"bad speaker {raw[r.line]!r}: ambiguous, the spellings "
-                       f"{', '.join(repr(f) for f in sorted(forms))} all become {r.speaker!r}")
+            r.error = (
+                f"bad speaker {raw[r.line]!r}: ambiguous, the spellings "
+                f"{', '.join(repr(f) for f in sorted(forms))} all become {r.speaker!r}"
+            )
 
 
 def speaker_leaks(rows: list[_Row]) -> dict[str, dict[str, list[int]]]:
@@ -335,8 +360,13 @@ def _check_leakage(rows: list[_Row], csv_path: Path) -> None:
     leaks = speaker_leaks(rows)
     if not leaks:
         return
-    lines = [f"{s}: " + ", ".join(f"{sp} (line {ls[0]}{'…' if len(ls) > 1 else ''})" for sp, ls in sorted(by.items()))
-             for s, by in sorted(leaks.items())[:5]]
+    lines = [
+        f"{s}: "
+        + ", ".join(
+            f"{sp} (line {ls[0]}{'…' if len(ls) > 1 else ''})" for sp, ls in sorted(by.items())
+        )
+        for s, by in sorted(leaks.items())[:5]
+    ]
     more = f" and {len(leaks) - 5} more" if len(leaks) > 5 else ""
     raise ConfigError(
         f"{csv_path}: {len(leaks)} speaker(s) appear in more than one split, so the test split would "
@@ -385,7 +415,13 @@ def _parse_rows(records: list[dict[str, str | None]], src: Path) -> list[_Row]:
     raw_speakers: dict[int, str] = {}
     for i, rec in enumerate(records):
         row = _Row(line=i + 2, raw_path=_field(rec, "path"))
-        row.entry = {"line": str(row.line), "path": row.raw_path, "status": "ok", "detail": "", "crop": ""}
+        row.entry = {
+            "line": str(row.line),
+            "path": row.raw_path,
+            "status": "ok",
+            "detail": "",
+            "crop": "",
+        }
         rows.append(row)
         try:
             if None in rec:
@@ -410,7 +446,9 @@ def _source(src: Path, raw_path: str) -> Path:
     return Path(raw_path) if Path(raw_path).is_absolute() else src / raw_path
 
 
-def _import_row(row: _Row, src: Path, work: Path, min_clip_s: float, stream_min_s: float) -> ManifestRow:
+def _import_row(
+    row: _Row, src: Path, work: Path, min_clip_s: float, stream_min_s: float
+) -> ManifestRow:
     """Phase 2: decode one row's file and write its clip or stream into `work`."""
     wave = decode_audio(_source(src, row.raw_path))
     dur = wave.size / SAMPLE_RATE
@@ -421,12 +459,16 @@ def _import_row(row: _Row, src: Path, work: Path, min_clip_s: float, stream_min_
     stem = _safe_name(Path(row.raw_path).stem)
     if dur >= stream_min_s and not (row.label == 1 and row.onset is not None):
         if row.label == 1:
-            raise BadFile(f"too long for a wake-word clip without onset_s/offset_s: {dur:.1f} s >= {stream_min_s} s")
+            raise BadFile(
+                f"too long for a wake-word clip without onset_s/offset_s: {dur:.1f} s >= {stream_min_s} s"
+            )
         rel, data = f"streams/{row.device}/{row.line:06d}_{stem}.wav", wave
         row.entry["detail"] = f"stream ({dur:.2f} s) -> {rel}"
         kind = "stream"
     else:
-        rng = np.random.default_rng([row.line, int(hashlib.sha256(row.raw_path.encode()).hexdigest()[:8], 16)])
+        rng = np.random.default_rng(
+            [row.line, int(hashlib.sha256(row.raw_path.encode()).hexdigest()[:8], 16)]
+        )
         data, action, (a, b) = fit_clip(wave, rng, row.onset, row.offset)
         rel = f"clips/{row.device}/{row.split}/{row.line:06d}_{stem}.wav"
         row.entry["detail"] = f"{action} ({dur:.2f} s) -> {rel}"
@@ -434,23 +476,46 @@ def _import_row(row: _Row, src: Path, work: Path, min_clip_s: float, stream_min_
         kind = "clip"
     (work / rel).parent.mkdir(parents=True, exist_ok=True)
     sf.write(str(work / rel), data, SAMPLE_RATE, subtype="PCM_16", format="WAV")
-    return ManifestRow(rel, row.label, row.device, row.state, row.speaker, row.split or "train",
-                       data.size / SAMPLE_RATE, kind)
+    return ManifestRow(
+        rel,
+        row.label,
+        row.device,
+        row.state,
+        row.speaker,
+        row.split or "train",
+        data.size / SAMPLE_RATE,
+        kind,
+    )
 
 
-def _write_report(work: Path, rows: list[_Row], src: Path, csv_path: Path, n_ok: int,
-                  max_bad_share: float, failed: bool) -> list[dict[str, str]]:
+def _write_report(
+    work: Path,
+    rows: list[_Row],
+    src: Path,
+    csv_path: Path,
+    n_ok: int,
+    max_bad_share: float,
+    failed: bool,
+) -> list[dict[str, str]]:
     report = [r.entry for r in rows]
     bad = [e for e in report if e["status"] == "bad"]
     summary = {
-        "status": "failed" if failed else "ok", "source": str(src), "csv": str(csv_path),
-        "rows": len(report), "imported": n_ok, "bad": len(bad),
-        "bad_share": round(len(bad) / len(report), 4), "max_bad_share": max_bad_share,
-        "bad_files": bad, "files": report,
+        "status": "failed" if failed else "ok",
+        "source": str(src),
+        "csv": str(csv_path),
+        "rows": len(report),
+        "imported": n_ok,
+        "bad": len(bad),
+        "bad_share": round(len(bad) / len(report), 4),
+        "max_bad_share": max_bad_share,
+        "bad_files": bad,
+        "files": report,
     }
     (work / _REPORT).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     with (work / "import_report.csv").open("w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=["line", "path", "status", "detail", "crop"], lineterminator="\n")
+        w = csv.DictWriter(
+            f, fieldnames=["line", "path", "status", "detail", "crop"], lineterminator="\n"
+        )
         w.writeheader()
         w.writerows(report)
     return bad
@@ -473,8 +538,10 @@ def _check_out(out: Path, force: bool) -> None:
         return
     if previous:
         raise ConfigError(f"--out {out} holds a previous import; pass --force to replace it")
-    raise ConfigError(f"--out {out} is not empty and holds no previous import; choose a new folder "
-                      "(--force only replaces an import's output)")
+    raise ConfigError(
+        f"--out {out} is not empty and holds no previous import; choose a new folder "
+        "(--force only replaces an import's output)"
+    )
 
 
 def _move_into_place(work: Path, out: Path) -> None:
@@ -532,8 +599,15 @@ def import_recordings(
         shutil.rmtree(work, ignore_errors=True)
 
 
-def _finish(work: Path, out: Path, rows: list[_Row], manifest_rows: list[ManifestRow], src: Path,
-            csv_path: Path, max_bad_share: float) -> ImportResult:
+def _finish(
+    work: Path,
+    out: Path,
+    rows: list[_Row],
+    manifest_rows: list[ManifestRow],
+    src: Path,
+    csv_path: Path,
+    max_bad_share: float,
+) -> ImportResult:
     """Phase 3: the report, then the manifest and the move into place, or the failure with
     only the report left in `out`."""
     n_bad = sum(1 for r in rows if r.entry["status"] == "bad")

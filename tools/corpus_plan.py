@@ -100,11 +100,13 @@ PROFILES: dict[str, CorpusProfile] = {
     "full": CorpusProfile("full", 240, 800, 480, 960, 6, 250.0, 10, 10, 32),
     # Pretraining: ~520 training-engine speakers and 22k training clips, an hour of test
     # streams per device type for FA per hour, and 96 speakers of voices training never hears.
-    "pretrain": CorpusProfile("pretrain", 520, 2000, 400, 1000, 6, 600.0, 8, 6, 32,
-                              "pretrain", 4, 2, 96, 600, 2),
+    "pretrain": CorpusProfile(
+        "pretrain", 520, 2000, 400, 1000, 6, 600.0, 8, 6, 32, "pretrain", 4, 2, 96, 600, 2
+    ),
     # The same recipe at a size a test builds in seconds.
-    "pretrain-micro": CorpusProfile("pretrain-micro", 24, 4, 6, 6, 1, 12.0, 3, 3, 4,
-                                    "pretrain", 1, 1, 6, 6, 1),
+    "pretrain-micro": CorpusProfile(
+        "pretrain-micro", 24, 4, 6, 6, 1, 12.0, 3, 3, 4, "pretrain", 1, 1, 6, 6, 1
+    ),
 }
 
 
@@ -142,7 +144,12 @@ def confusables_for(phrase: str) -> tuple[str, ...]:
     words = phrase.split()
     out = list(words)
     if len(words) > 1:
-        out += [" ".join(reversed(words)), words[0] + " there", "the " + words[-1], words[0] + " no"]
+        out += [
+            " ".join(reversed(words)),
+            words[0] + " there",
+            "the " + words[-1],
+            words[0] + " no",
+        ]
     out += ["say " + words[-1] + " again"]
     return tuple(w for w in dict.fromkeys(out) if w.strip().lower() != phrase.strip().lower())
 
@@ -173,7 +180,13 @@ def make_speakers(seed: int, profile: CorpusProfile, phrase: str) -> list[Speake
     pairs = [(v, var) for v in ESPEAK_VOICES for var in ESPEAK_VARIANTS]
     chosen = rng.choice(len(pairs), size=min(n_espeak, len(pairs)), replace=False)
     espeak = [
-        Voice("espeak-ng", pairs[i][0], pairs[i][1], int(rng.integers(125, 196)), int(rng.integers(25, 76)))
+        Voice(
+            "espeak-ng",
+            pairs[i][0],
+            pairs[i][1],
+            int(rng.integers(125, 196)),
+            int(rng.integers(25, 76)),
+        )
         for i in chosen
     ]
     flite = []
@@ -189,11 +202,21 @@ def make_speakers(seed: int, profile: CorpusProfile, phrase: str) -> list[Speake
         pos = 0
         for split in SPLITS:
             for i in order[pos : pos + counts[split]]:
-                conf = rng.choice(len(confusables), size=min(profile.confusables_per_speaker, len(confusables)), replace=False)
-                oth = rng.choice(len(OTHER_SPEECH), size=min(profile.others_per_speaker, len(OTHER_SPEECH)), replace=False)
+                conf = rng.choice(
+                    len(confusables),
+                    size=min(profile.confusables_per_speaker, len(confusables)),
+                    replace=False,
+                )
+                oth = rng.choice(
+                    len(OTHER_SPEECH),
+                    size=min(profile.others_per_speaker, len(OTHER_SPEECH)),
+                    replace=False,
+                )
                 speakers.append(
                     Speaker(
-                        "", group[i], split,
+                        "",
+                        group[i],
+                        split,
                         tuple(confusables[j] for j in sorted(conf)),
                         tuple(OTHER_SPEECH[j] for j in sorted(oth)),
                     )  # fmt: skip
@@ -201,7 +224,8 @@ def make_speakers(seed: int, profile: CorpusProfile, phrase: str) -> list[Speake
             pos += counts[split]
     speakers.sort(key=lambda s: (SPLITS.index(s.split), s.voice.describe()))
     return [
-        Speaker(f"spk{i:03d}", s.voice, s.split, s.confusables, s.others) for i, s in enumerate(speakers)
+        Speaker(f"spk{i:03d}", s.voice, s.split, s.confusables, s.others)
+        for i, s in enumerate(speakers)
     ]
 
 
@@ -215,7 +239,13 @@ def _pretrain_voices(rng: np.random.Generator, n: int) -> list[Voice]:
     pairs = [(v, var) for v in families for var in ESPEAK_VARIANTS]
     picks = rng.choice(len(pairs), size=n_espeak, replace=n_espeak > len(pairs))
     voices = [
-        Voice("espeak-ng", pairs[i][0], pairs[i][1], int(rng.integers(100, 231)), int(rng.integers(5, 96)))
+        Voice(
+            "espeak-ng",
+            pairs[i][0],
+            pairs[i][1],
+            int(rng.integers(100, 231)),
+            int(rng.integers(5, 96)),
+        )
         for i in picks
     ]
     for k in range(n_flite):
@@ -223,8 +253,15 @@ def _pretrain_voices(rng: np.random.Generator, n: int) -> list[Voice]:
         f0 = int(rng.integers(150, 261)) if name == "slt" else int(rng.integers(75, 171))
         voices.append(Voice("flite", name, "", int(rng.integers(70, 141)), f0))
     for k in range(n_festival):
-        voices.append(Voice("festival", TRAIN_FESTIVAL_VOICES[k % len(TRAIN_FESTIVAL_VOICES)], "",
-                            int(rng.integers(70, 141)), 0))
+        voices.append(
+            Voice(
+                "festival",
+                TRAIN_FESTIVAL_VOICES[k % len(TRAIN_FESTIVAL_VOICES)],
+                "",
+                int(rng.integers(70, 141)),
+                0,
+            )
+        )
     return voices
 
 
@@ -235,14 +272,38 @@ def unseen_voices(seed: int, n: int) -> list[Voice]:
     n_fest = max(1, n // 6)
     n_espeak = max(1, n // 3)
     n_pico = max(1, n - n_fest - n_espeak)
-    voices = [Voice("pico", PICO_VOICES[k % len(PICO_VOICES)], "", int(rng.integers(75, 146)),
-                    int(rng.integers(70, 146))) for k in range(n_pico)]
-    voices += [Voice("festival", UNSEEN_FESTIVAL_VOICES[k % len(UNSEEN_FESTIVAL_VOICES)], "",
-                     int(rng.integers(75, 136)), 0) for k in range(n_fest)]
+    voices = [
+        Voice(
+            "pico",
+            PICO_VOICES[k % len(PICO_VOICES)],
+            "",
+            int(rng.integers(75, 146)),
+            int(rng.integers(70, 146)),
+        )
+        for k in range(n_pico)
+    ]
+    voices += [
+        Voice(
+            "festival",
+            UNSEEN_FESTIVAL_VOICES[k % len(UNSEEN_FESTIVAL_VOICES)],
+            "",
+            int(rng.integers(75, 136)),
+            0,
+        )
+        for k in range(n_fest)
+    ]
     pairs = [(v, var) for v in UNSEEN_ESPEAK_VOICES for var in ESPEAK_VARIANTS]
     picks = rng.choice(len(pairs), size=min(n_espeak, len(pairs)), replace=False)
-    voices += [Voice("espeak-ng", pairs[i][0], pairs[i][1], int(rng.integers(100, 231)),
-                     int(rng.integers(5, 96))) for i in picks]
+    voices += [
+        Voice(
+            "espeak-ng",
+            pairs[i][0],
+            pairs[i][1],
+            int(rng.integers(100, 231)),
+            int(rng.integers(5, 96)),
+        )
+        for i in picks
+    ]
     return voices
 
 
@@ -257,16 +318,35 @@ def texts_for(profile: CorpusProfile, phrase: str) -> tuple[tuple[str, ...], tup
     return confusables, others
 
 
-def speakers_with_texts(rng: np.random.Generator, profile: CorpusProfile, phrase: str,
-                        voices: list[Voice], split: str, prefix: str) -> list[Speaker]:
+def speakers_with_texts(
+    rng: np.random.Generator,
+    profile: CorpusProfile,
+    phrase: str,
+    voices: list[Voice],
+    split: str,
+    prefix: str,
+) -> list[Speaker]:
     """One speaker per voice, each with its own draw of confusables and other speech."""
     confusables, others = texts_for(profile, phrase)
     out = []
     for i, v in enumerate(voices):
-        conf = rng.choice(len(confusables), size=min(profile.confusables_per_speaker, len(confusables)), replace=False)
-        oth = rng.choice(len(others), size=min(profile.others_per_speaker, len(others)), replace=False)
-        out.append(Speaker(f"{prefix}{i:03d}", v, split, tuple(confusables[j] for j in sorted(conf)),
-                           tuple(others[j] for j in sorted(oth))))
+        conf = rng.choice(
+            len(confusables),
+            size=min(profile.confusables_per_speaker, len(confusables)),
+            replace=False,
+        )
+        oth = rng.choice(
+            len(others), size=min(profile.others_per_speaker, len(others)), replace=False
+        )
+        out.append(
+            Speaker(
+                f"{prefix}{i:03d}",
+                v,
+                split,
+                tuple(confusables[j] for j in sorted(conf)),
+                tuple(others[j] for j in sorted(oth)),
+            )
+        )
     return out
 
 
@@ -286,14 +366,18 @@ def make_pretrain_speakers(seed: int, profile: CorpusProfile, phrase: str) -> li
             speakers += speakers_with_texts(rng, profile, phrase, chosen, split, "tmp")
             pos += counts[split]
     speakers.sort(key=lambda s: (SPLITS.index(s.split), s.voice.describe()))
-    return [Speaker(f"spk{i:03d}", s.voice, s.split, s.confusables, s.others) for i, s in enumerate(speakers)]
+    return [
+        Speaker(f"spk{i:03d}", s.voice, s.split, s.confusables, s.others)
+        for i, s in enumerate(speakers)
+    ]
 
 
 def make_unseen_speakers(seed: int, profile: CorpusProfile, phrase: str) -> list[Speaker]:
     """The unseen-voices test speakers (ids `unseen000`, ...), all in split test."""
     rng = np.random.default_rng([seed, 9004])
-    return speakers_with_texts(rng, profile, phrase, unseen_voices(seed, profile.unseen_speakers), "test",
-                               "unseen")
+    return speakers_with_texts(
+        rng, profile, phrase, unseen_voices(seed, profile.unseen_speakers), "test", "unseen"
+    )
 
 
 def clip_counts(profile: CorpusProfile) -> dict[str, dict[str, int]]:

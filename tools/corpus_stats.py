@@ -23,7 +23,12 @@ def band_features(x: np.ndarray, sample_rate: int = 16000) -> np.ndarray:
     """log10 share of the clip's energy in each band of BAND_EDGES_HZ."""
     spec = np.abs(np.fft.rfft(x)) ** 2
     f = np.fft.rfftfreq(x.size, 1.0 / sample_rate)
-    e = np.array([spec[(f >= a) & (f < b)].sum() for a, b in zip(BAND_EDGES_HZ[:-1], BAND_EDGES_HZ[1:], strict=True)])
+    e = np.array(
+        [
+            spec[(f >= a) & (f < b)].sum()
+            for a, b in zip(BAND_EDGES_HZ[:-1], BAND_EDGES_HZ[1:], strict=True)
+        ]
+    )
     return np.log10(e / max(e.sum(), 1e-20) + 1e-9)
 
 
@@ -37,12 +42,15 @@ def nearest_centroid_accuracy(features: dict[str, np.ndarray], rows: list[Manife
     """Fit one centroid per device type on training clips; score val and test clips."""
     devices = sorted({r.device_type for r in rows})
     centroids = {
-        d: np.mean([features[r.path] for r in rows if r.split == "train" and r.device_type == d], axis=0)
+        d: np.mean(
+            [features[r.path] for r in rows if r.split == "train" and r.device_type == d], axis=0
+        )
         for d in devices
     }
     held = [r for r in rows if r.split != "train"]
     hits = [
-        min(devices, key=lambda d: float(np.sum((features[r.path] - centroids[d]) ** 2))) == r.device_type
+        min(devices, key=lambda d: float(np.sum((features[r.path] - centroids[d]) ** 2)))
+        == r.device_type
         for r in held
     ]
     return float(np.mean(hits))

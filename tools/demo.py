@@ -82,8 +82,12 @@ class _Proc:
         env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
         self.log_path = log_dir / f"{name}.log"
         self.p = subprocess.Popen(
-            [sys.executable, "-m", "wakefl.tools.cli", *args], stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, env=env, text=True, bufsize=1,
+            [sys.executable, "-m", "wakefl.tools.cli", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            text=True,
+            bufsize=1,
         )
         self._relay = threading.Thread(target=self._pump, daemon=True)
         self._relay.start()
@@ -110,8 +114,9 @@ class _Proc:
             self.p.wait()
 
 
-def run_federation(st: DemoSettings, manifest: Path, baseline: Path, run_dir: Path,
-                   device_types: list[str]) -> dict[str, Path]:
+def run_federation(
+    st: DemoSettings, manifest: Path, baseline: Path, run_dir: Path, device_types: list[str]
+) -> dict[str, Path]:
     """Broker + server + one device process per type. Returns the personalized
     checkpoints by device type, and the server state folder under key ''."""
     from wakefl.server.broker import ManagedBroker
@@ -138,12 +143,33 @@ def run_federation(st: DemoSettings, manifest: Path, baseline: Path, run_dir: Pa
         for dev, t in devices.items():
             personal[t] = run_dir / "models" / f"personal-{t}.safetensors"
             personal[t].parent.mkdir(parents=True, exist_ok=True)
-            procs.append(_Proc(dev, [
-                "device", "--id", dev, "--type", t, "--data", str(manifest), "--broker", url,
-                "--state", str(run_dir / "devices" / dev), "--seed", str(st.seed),
-                "--target-fr", str(st.target_fr), "--export", str(personal[t]),
-                "--idle-timeout", str(st.round_timeout + 120),
-            ], logs))
+            procs.append(
+                _Proc(
+                    dev,
+                    [
+                        "device",
+                        "--id",
+                        dev,
+                        "--type",
+                        t,
+                        "--data",
+                        str(manifest),
+                        "--broker",
+                        url,
+                        "--state",
+                        str(run_dir / "devices" / dev),
+                        "--seed",
+                        str(st.seed),
+                        "--target-fr",
+                        str(st.target_fr),
+                        "--export",
+                        str(personal[t]),
+                        "--idle-timeout",
+                        str(st.round_timeout + 120),
+                    ],
+                    logs,
+                )
+            )
         _wait_for_run(st, procs, logs)
     finally:
         for p in procs:
@@ -157,17 +183,36 @@ def run_federation(st: DemoSettings, manifest: Path, baseline: Path, run_dir: Pa
     return personal
 
 
-def _server_args(st: DemoSettings, url: str, run_dir: Path, baseline: Path,
-                 devices: dict[str, str]) -> list[str]:
+def _server_args(
+    st: DemoSettings, url: str, run_dir: Path, baseline: Path, devices: dict[str, str]
+) -> list[str]:
     args = [
-        "server", "--broker", url, "--state", str(run_dir / "server"),
-        "--rounds", str(st.rounds), "--init-model", str(baseline),
-        "--devices", ",".join(f"{d}:{t}" for d, t in devices.items()),
-        "--group-by", "device_type", "--round-timeout", str(st.round_timeout),
-        "--start-timeout", "180", "--seed", str(st.seed),
+        "server",
+        "--broker",
+        url,
+        "--state",
+        str(run_dir / "server"),
+        "--rounds",
+        str(st.rounds),
+        "--init-model",
+        str(baseline),
+        "--devices",
+        ",".join(f"{d}:{t}" for d, t in devices.items()),
+        "--group-by",
+        "device_type",
+        "--round-timeout",
+        str(st.round_timeout),
+        "--start-timeout",
+        "180",
+        "--seed",
+        str(st.seed),
     ]
-    for k, v in (("lr", st.lr), ("batch_size", st.batch_size), ("l_max", st.l_max),
-                 ("warmup_steps", st.warmup_steps)):
+    for k, v in (
+        ("lr", st.lr),
+        ("batch_size", st.batch_size),
+        ("l_max", st.l_max),
+        ("warmup_steps", st.warmup_steps),
+    ):
         args += ["--strategy-arg", f"{k}={v}"]
     return args
 
@@ -179,15 +224,13 @@ def _wait_for_run(st: DemoSettings, procs: list[_Proc], logs: Path) -> None:
     deadline = time.monotonic() + st.max_run_s
     rc = server.wait(deadline - time.monotonic())
     if rc is None:
-        raise WakeflError(f"the server did not finish within {st.max_run_s:.0f} s; "
-                          f"logs in {logs}")
+        raise WakeflError(f"the server did not finish within {st.max_run_s:.0f} s; logs in {logs}")
     if rc != 0:
         raise WakeflError(f"the server exited with status {rc}; see {logs / 'server.log'}")
     for p in procs[1:]:
         rc = p.wait(max(60.0, deadline - time.monotonic()))
         if rc != 0:
-            raise WakeflError(f"device {p.name} exited with status {rc}; "
-                              f"see {p.log_path}")
+            raise WakeflError(f"device {p.name} exited with status {rc}; see {p.log_path}")
 
 
 def export_global(run_dir: Path, baseline: Path) -> Path:
@@ -219,14 +262,31 @@ def summary_rows(rows: list[dict[str, Any]], device_types: list[str]) -> list[di
     out = []
     for t in device_types:
         for model, cand in (("global", "global"), ("personalized", f"personal-{t}")):
-            match = [r for r in rows if r["candidate"] == cand and r["device_type"] == t
-                     and r["state"] == "all"]
+            match = [
+                r
+                for r in rows
+                if r["candidate"] == cand and r["device_type"] == t and r["state"] == "all"
+            ]
             if not match:
                 raise WakeflError(f"the evaluation has no row for {cand} on device type {t}")
             r = match[0]
-            out.append({"device_type": t, "model": model, **{k: r.get(k) for k in (
-                "relative_fa", "relative_fr", "relative_fa_ci", "fa_per_hour", "n_positive",
-                "n_negative")}})
+            out.append(
+                {
+                    "device_type": t,
+                    "model": model,
+                    **{
+                        k: r.get(k)
+                        for k in (
+                            "relative_fa",
+                            "relative_fr",
+                            "relative_fa_ci",
+                            "fa_per_hour",
+                            "n_positive",
+                            "n_negative",
+                        )
+                    },
+                }
+            )
     return out
 
 
@@ -242,14 +302,27 @@ def _fmt(x: Any) -> str:
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     head = ["device", "model", "rel. FA", "rel. FR", "rel. FA 95% CI", "FA/h", "pos", "neg"]
-    body = [[r["device_type"], r["model"], _fmt(r["relative_fa"]), _fmt(r["relative_fr"]),
-             _fmt(r["relative_fa_ci"]), _fmt(r["fa_per_hour"]), _fmt(r["n_positive"]),
-             _fmt(r["n_negative"])] for r in rows]
+    body = [
+        [
+            r["device_type"],
+            r["model"],
+            _fmt(r["relative_fa"]),
+            _fmt(r["relative_fr"]),
+            _fmt(r["relative_fa_ci"]),
+            _fmt(r["fa_per_hour"]),
+            _fmt(r["n_positive"]),
+            _fmt(r["n_negative"]),
+        ]
+        for r in rows
+    ]
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
-    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)) + " |",
-             "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
-    lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(b, widths, strict=True)) + " |"
-              for b in body]
+    lines = [
+        "| " + " | ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)) + " |",
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+    ]
+    lines += [
+        "| " + " | ".join(c.ljust(w) for c, w in zip(b, widths, strict=True)) + " |" for b in body
+    ]
     return "\n".join(lines)
 
 
@@ -264,8 +337,9 @@ def run_demo(st: DemoSettings) -> Path:
     manifest = corpus_manifest(st)
     device_types = sorted({r.device_type for r in read_manifest(manifest) if r.kind == "clip"})
     _say(f"device types: {', '.join(device_types)}")
-    baseline = resolve_baseline(st.baseline, manifest, width=st.width, seed=st.seed,
-                                epochs=st.warm_epochs, progress=True)
+    baseline = resolve_baseline(
+        st.baseline, manifest, width=st.width, seed=st.seed, epochs=st.warm_epochs, progress=True
+    )
     run_dir = st.workdir.resolve()
     # A demo run starts from a clean federation; the corpus and baseline stay cached.
     for sub in ("server", "devices", "models", "logs", "report"):
@@ -275,8 +349,10 @@ def run_demo(st: DemoSettings) -> Path:
     shutil.copy(baseline.with_suffix(".json"), run_dir / "models" / "baseline.json")
     baseline = run_dir / "models" / "baseline.safetensors"
 
-    _say(f"federation: {st.rounds} Self-FL rounds, {len(device_types)} devices, "
-         "clusters by device type")
+    _say(
+        f"federation: {st.rounds} Self-FL rounds, {len(device_types)} devices, "
+        "clusters by device type"
+    )
     personal = run_federation(st, manifest, baseline, run_dir, device_types)
     global_ckpt = export_global(run_dir, baseline)
 
@@ -284,7 +360,9 @@ def run_demo(st: DemoSettings) -> Path:
     # Each personalized model is paired with its device type: scored only there.
     candidates = [str(to_onnx(global_ckpt))] + [f"{to_onnx(personal[t])}:{t}" for t in device_types]
     result = run_evaluation(
-        to_onnx(baseline), candidates, manifest,
+        to_onnx(baseline),
+        candidates,
+        manifest,
         EvalSettings(split="test", target_fr=st.target_fr, seed=st.seed, progress=True),
     )
     report_dir = run_dir / "report"
@@ -295,12 +373,13 @@ def run_demo(st: DemoSettings) -> Path:
         f"Test split, operating point FR target {st.target_fr} per device type; relative FA < 1 "
         "is better; relative FR near 1 shows the FR match held. The global model is scored "
         "on every device type, each personalized model on its own device type. Small test "
-        "sets make these figures uncertain: read the confidence intervals.\n\n"
-        + table + "\n"
+        "sets make these figures uncertain: read the confidence intervals.\n\n" + table + "\n"
     )
     print()
     print(table)
     print()
-    _say(f"done in {time.monotonic() - t0:.0f} s; report: {report_dir / 'report.html'} "
-         f"(also report.md, demo_summary.md)")
+    _say(
+        f"done in {time.monotonic() - t0:.0f} s; report: {report_dir / 'report.html'} "
+        f"(also report.md, demo_summary.md)"
+    )
     return report_dir

@@ -34,12 +34,18 @@ def plot_det(
     try:
         for i, (name, (fa, fr)) in enumerate(curves.items()):
             style = {"color": "black", "linewidth": 2.0} if i == 0 else {"linewidth": 1.4}
-            (line,) = ax.step(_floor(fa, n_negative), _floor(fr, n_positive), where="post",
-                              label=name, **style)
+            (line,) = ax.step(
+                _floor(fa, n_negative), _floor(fr, n_positive), where="post", label=name, **style
+            )
             if operating_points and name in operating_points:
                 pfa, pfr = operating_points[name]
-                ax.plot(_floor(np.array([pfa]), n_negative), _floor(np.array([pfr]), n_positive),
-                        "o", color=line.get_color(), markersize=5)
+                ax.plot(
+                    _floor(np.array([pfa]), n_negative),
+                    _floor(np.array([pfr]), n_positive),
+                    "o",
+                    color=line.get_color(),
+                    markersize=5,
+                )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlim(0.5 / max(n_negative, 1) * 0.8, 1.05)

@@ -88,11 +88,16 @@ def _explanation(result: EvalResult) -> list[str]:
 def _baseline_point(result: EvalResult) -> str:
     shipped = result.summary.get("baseline_thresholds")
     if not shipped:
-        return (f"Baseline operating point per device type: the largest threshold whose FR is at "
-                f"most {result.settings.target_fr:.1%} (a score >= threshold accepts).")
-    text = ("Baseline operating point per device type: its shipped threshold ("
-            + ", ".join(f"{d} {t:g}" for d, t in shipped.items()) + "), not refitted; see the "
-            "table of the baseline at its shipped threshold.")
+        return (
+            f"Baseline operating point per device type: the largest threshold whose FR is at "
+            f"most {result.settings.target_fr:.1%} (a score >= threshold accepts)."
+        )
+    text = (
+        "Baseline operating point per device type: its shipped threshold ("
+        + ", ".join(f"{d} {t:g}" for d, t in shipped.items())
+        + "), not refitted; see the "
+        "table of the baseline at its shipped threshold."
+    )
     skipped = result.summary.get("pooled_rows_skipped")
     if skipped:
         text += f" Pooled rows omitted: {skipped['why']}."
@@ -104,17 +109,22 @@ def shipped_table(result: EvalResult) -> list[str]:
     type, beside which the rows give relative FA at matched FR."""
     if not result.summary.get("baseline_thresholds"):
         return []
-    lines = ["## The baseline at its shipped threshold", "",
-             "| device | threshold | FR | FA/clip | FA/hour | wake words | negatives | stream h |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "## The baseline at its shipped threshold",
+        "",
+        "| device | threshold | FR | FA/clip | FA/hour | wake words | negatives | stream h |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     seen = set()
     for r in result.rows:
         if r["state"] != ALL or r["device_type"] in seen:
             continue
         seen.add(r["device_type"])
-        lines.append(f"| {r['device_type']} | {r['baseline_threshold']:g} | {_num(r['baseline_fr'])} | "
-                     f"{_num(r['baseline_fa'])} | {_fph(r['baseline_fa_per_hour'], r['baseline_fa_per_hour_saturated'])} | "
-                     f"{r['n_positive']} | {r['n_negative']} | {r['stream_hours']:.3f} |")
+        lines.append(
+            f"| {r['device_type']} | {r['baseline_threshold']:g} | {_num(r['baseline_fr'])} | "
+            f"{_num(r['baseline_fa'])} | {_fph(r['baseline_fa_per_hour'], r['baseline_fa_per_hour_saturated'])} | "
+            f"{r['n_positive']} | {r['n_negative']} | {r['stream_hours']:.3f} |"
+        )
     return [*lines, ""]
 
 
@@ -126,8 +136,14 @@ def _plots(result: EvalResult, out_dir: Path) -> dict[str, Path]:
         rows = [r for r in result.rows if r["device_type"] == device and r["state"] == ALL]
         n_pos, n_neg = rows[0]["n_positive"], rows[0]["n_negative"]
         title = "all device types (pooled)" if device == ALL else f"device type {device}"
-        plots[device] = plot_det(curves, out_dir / f"det_{device}.png", f"DET, {title}", n_pos,
-                                 n_neg, result.operating_points.get(device))
+        plots[device] = plot_det(
+            curves,
+            out_dir / f"det_{device}.png",
+            f"DET, {title}",
+            n_pos,
+            n_neg,
+            result.operating_points.get(device),
+        )
     return plots
 
 
@@ -157,23 +173,41 @@ def _html(result: EvalResult, plots: dict[str, Path]) -> str:
         "<h1>Wake-word evaluation: relative FA/FR against the baseline</h1><ul>",
     ]
     parts += [f"<li>{esc(t)}</li>" for t in _explanation(result)]
-    parts.append("</ul><p>Models: " + ", ".join(
-        f"<code>{esc(n)}</code> = <code>{esc(p)}</code>" for n, p in result.models.items()) + "</p>")
-    shipped = [line for line in shipped_table(result) if line.startswith("|") and not line.startswith("|---")]
+    parts.append(
+        "</ul><p>Models: "
+        + ", ".join(
+            f"<code>{esc(n)}</code> = <code>{esc(p)}</code>" for n, p in result.models.items()
+        )
+        + "</p>"
+    )
+    shipped = [
+        line
+        for line in shipped_table(result)
+        if line.startswith("|") and not line.startswith("|---")
+    ]
     if shipped:
         cells = [[c.strip() for c in line.strip("|").split("|")] for line in shipped]
-        parts.append("<h2>The baseline at its shipped threshold</h2><table><tr>"
-                     + "".join(f"<th>{esc(c)}</th>" for c in cells[0]) + "</tr>")
-        parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in cells[1:]]
+        parts.append(
+            "<h2>The baseline at its shipped threshold</h2><table><tr>"
+            + "".join(f"<th>{esc(c)}</th>" for c in cells[0])
+            + "</tr>"
+        )
+        parts += [
+            "<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in cells[1:]
+        ]
         parts.append("</table>")
-    parts.append("<h2>Results</h2><table><tr>" + "".join(f"<th>{esc(h)}</th>" for _, h in COLUMNS) + "</tr>")
+    parts.append(
+        "<h2>Results</h2><table><tr>" + "".join(f"<th>{esc(h)}</th>" for _, h in COLUMNS) + "</tr>"
+    )
     for row in result.rows:
         cls = " class='all'" if row["state"] == ALL else ""
         parts.append(f"<tr{cls}>" + "".join(f"<td>{esc(c)}</td>" for c in _cells(row)) + "</tr>")
     parts.append("</table><h2>DET curves</h2>")
     for device, path in plots.items():
         data = base64.b64encode(path.read_bytes()).decode("ascii")
-        parts.append(f"<h3>{esc(device)}</h3><img alt='DET {esc(device)}' src='data:image/png;base64,{data}'>")
+        parts.append(
+            f"<h3>{esc(device)}</h3><img alt='DET {esc(device)}' src='data:image/png;base64,{data}'>"
+        )
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
@@ -188,13 +222,17 @@ def result_json(result: EvalResult) -> dict[str, Any]:
         "manifest": result.manifest,
         "split": st.split,
         "target_fr": st.target_fr,
-        "operating_point": "shipped threshold" if result.summary.get("baseline_thresholds") else "target FR",
+        "operating_point": "shipped threshold"
+        if result.summary.get("baseline_thresholds")
+        else "target FR",
         "n_boot": st.n_boot,
         "summary": result.summary,
     }
 
 
-def write_report(result: EvalResult, out_dir: str | Path, formats: tuple[str, ...] = ("md", "html")) -> dict[str, Path]:
+def write_report(
+    result: EvalResult, out_dir: str | Path, formats: tuple[str, ...] = ("md", "html")
+) -> dict[str, Path]:
     """Writes the plots, the report(s) and results.json into `out_dir`; returns the paths."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -141,8 +141,10 @@ def parse_candidate(spec: str) -> CandidateSpec:
     path, _, device = text.rpartition(":")
     device = device.strip()
     if not _is_name(device):
-        raise ConfigError(f"--candidate {spec!r}: {device!r} after ':' is not a device type name "
-                          "(letters, digits, '_', '-', '.')")
+        raise ConfigError(
+            f"--candidate {spec!r}: {device!r} after ':' is not a device type name "
+            "(letters, digits, '_', '-', '.')"
+        )
     return CandidateSpec(path.strip(), device)
 
 
@@ -156,23 +158,35 @@ def read_pairing(path: str | Path) -> list[CandidateSpec]:
         reader = csv.DictReader(f)
         header = [h.strip() for h in reader.fieldnames or []]
         if not {"model", "device_type"} <= set(header):
-            raise ConfigError(f"{path}: a pairing file needs the columns model,device_type; got {','.join(header)}")
+            raise ConfigError(
+                f"{path}: a pairing file needs the columns model,device_type; got {','.join(header)}"
+            )
         reader.fieldnames = header
         out = []
         for line, rec in enumerate(reader, start=2):
             model, device = (rec.get("model") or "").strip(), (rec.get("device_type") or "").strip()
             if not model or not _is_name(device):
-                raise ConfigError(f"{path}:{line}: needs a model path and a device type name, got "
-                                  f"{model!r}, {device!r}")
-            out.append(CandidateSpec(str(path.parent / model) if not Path(model).is_absolute() else model, device))
+                raise ConfigError(
+                    f"{path}:{line}: needs a model path and a device type name, got "
+                    f"{model!r}, {device!r}"
+                )
+            out.append(
+                CandidateSpec(
+                    str(path.parent / model) if not Path(model).is_absolute() else model, device
+                )
+            )
     if not out:
         raise ConfigError(f"{path}: the pairing file lists no models")
     return out
 
 
 def _check_threshold(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or not 0.0 <= value <= 1.0:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or not 0.0 <= value <= 1.0
+    ):
         raise ConfigError(f"{where}: a threshold must be a number in [0, 1], got {value!r}")
     return float(value)
 
@@ -195,7 +209,9 @@ def read_thresholds(path: str | Path) -> dict[str, float]:
     else:
         rows = list(csv.DictReader(text.splitlines()))
         if not rows or not {"device_type", "threshold"} <= set(rows[0]):
-            raise ConfigError(f"{path}: a CSV thresholds file needs the columns device_type,threshold")
+            raise ConfigError(
+                f"{path}: a CSV thresholds file needs the columns device_type,threshold"
+            )
         items = []
         for r in rows:
             try:
@@ -220,7 +236,9 @@ def card_threshold(model_path: str | Path) -> float | dict[str, float] | None:
     if value is None and path.suffix.lower() == ".onnx":
         import onnx
 
-        meta = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+        meta = {
+            p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props
+        }
         if "shipped_threshold" in meta:
             try:
                 value = json.loads(meta["shipped_threshold"])
@@ -229,7 +247,10 @@ def card_threshold(model_path: str | Path) -> float | dict[str, float] | None:
     if value is None:
         return None
     if isinstance(value, dict):
-        return {str(k): _check_threshold(v, f"{path}: shipped_threshold[{k!r}]") for k, v in value.items()}
+        return {
+            str(k): _check_threshold(v, f"{path}: shipped_threshold[{k!r}]")
+            for k, v in value.items()
+        }
     return _check_threshold(value, f"{path}: shipped_threshold")
 
 
@@ -277,21 +298,29 @@ class _Cell:
 def _unique_names(paths: Sequence[str | Path]) -> list[str]:
     """Candidate names for the tables: the file stem, or the path where stems collide."""
     stems = [Path(p).stem for p in paths]
-    return [s if stems.count(s) == 1 and s not in (BASELINE, PAIRED) else str(p)
-            for s, p in zip(stems, paths, strict=True)]
+    return [
+        s if stems.count(s) == 1 and s not in (BASELINE, PAIRED) else str(p)
+        for s, p in zip(stems, paths, strict=True)
+    ]
 
 
-def _load_models(baseline_path: str | Path, specs: Sequence[CandidateSpec], devices: list[str]) -> _Models:
+def _load_models(
+    baseline_path: str | Path, specs: Sequence[CandidateSpec], devices: list[str]
+) -> _Models:
     baseline = load_scorer(baseline_path)
     models = _Models({BASELINE: baseline}, {BASELINE: str(baseline_path)}, {}, [])
     for name, spec in zip(_unique_names([s.path for s in specs]), specs, strict=True):
         if spec.device_type is not None and spec.device_type not in devices:
-            raise ConfigError(f"candidate {spec.path} is paired with device type {spec.device_type!r}, "
-                              f"which has no clips in the split (device types: {', '.join(devices)})")
+            raise ConfigError(
+                f"candidate {spec.path} is paired with device type {spec.device_type!r}, "
+                f"which has no clips in the split (device types: {', '.join(devices)})"
+            )
         if spec.device_type in models.paired:
-            raise ConfigError(f"two candidates are paired with device type {spec.device_type!r} "
-                              f"({models.paths[models.paired[spec.device_type]]}, {spec.path}): the "
-                              "pooled row needs one model per device type; evaluate them in separate runs")
+            raise ConfigError(
+                f"two candidates are paired with device type {spec.device_type!r} "
+                f"({models.paths[models.paired[spec.device_type]]}, {spec.path}): the "
+                "pooled row needs one model per device type; evaluate them in separate runs"
+            )
         scorer = load_scorer(spec.path)
         check_same_frontend(baseline, scorer, name=f"candidate {name} ({spec.path})")
         models.scorers[name], models.paths[name] = scorer, spec.path
@@ -302,7 +331,9 @@ def _load_models(baseline_path: str | Path, specs: Sequence[CandidateSpec], devi
     return models
 
 
-def _select_rows(rows: list[ManifestRow], split: str) -> tuple[list[ManifestRow], list[ManifestRow]]:
+def _select_rows(
+    rows: list[ManifestRow], split: str
+) -> tuple[list[ManifestRow], list[ManifestRow]]:
     clips = [r for r in rows if r.split == split and r.kind == "clip"]
     streams = [r for r in rows if r.split == split and r.kind == "stream"]
     if not clips:
@@ -321,22 +352,36 @@ def _select_rows(rows: list[ManifestRow], split: str) -> tuple[list[ManifestRow]
 
 def _clip_table(clips: list[ManifestRow]) -> _Clips:
     speakers = np.array([r.speaker for r in clips])
-    return _Clips(clips, np.array([r.label for r in clips]), np.array([r.device_type for r in clips]),
-                  np.array([r.state for r in clips]), speakers)
+    return _Clips(
+        clips,
+        np.array([r.label for r in clips]),
+        np.array([r.device_type for r in clips]),
+        np.array([r.state for r in clips]),
+        speakers,
+    )
 
 
-def _score_clips(models: _Models, clips: _Clips, manifest_dir: Path, st: EvalSettings) -> dict[str, np.ndarray]:
+def _score_clips(
+    models: _Models, clips: _Clips, manifest_dir: Path, st: EvalSettings
+) -> dict[str, np.ndarray]:
     """Each model's scores of the clips it is evaluated on (NaN elsewhere): a paired
     model scores only its device type's clips."""
     base = models.scorers[BASELINE]
-    windows = load_clip_windows(clips.rows, manifest_dir, base.sample_rate, base.window_samples, st.progress)
+    windows = load_clip_windows(
+        clips.rows, manifest_dir, base.sample_rate, base.window_samples, st.progress
+    )
     paired_to = {name: dt for dt, name in models.paired.items()}
     scores = {}
     for name, scorer in models.scorers.items():
-        mask = clips.devices == paired_to[name] if name in paired_to else np.ones(len(clips.rows), bool)
+        mask = (
+            clips.devices == paired_to[name]
+            if name in paired_to
+            else np.ones(len(clips.rows), bool)
+        )
         scores[name] = np.full(len(clips.rows), np.nan)
-        scores[name][mask] = score_windows(scorer, windows[mask], st.batch, desc=f"score {name}",
-                                           progress=st.progress)
+        scores[name][mask] = score_windows(
+            scorer, windows[mask], st.batch, desc=f"score {name}", progress=st.progress
+        )
     return scores
 
 
@@ -345,17 +390,23 @@ def _score_clips(models: _Models, clips: _Clips, manifest_dir: Path, st: EvalSet
 # --------------------------------------------------------------------------------------
 
 
-def _baseline_thresholds(st: EvalSettings, baseline_path: str | Path, devices: list[str]) -> dict[str, float] | None:
+def _baseline_thresholds(
+    st: EvalSettings, baseline_path: str | Path, devices: list[str]
+) -> dict[str, float] | None:
     """The baseline's shipped threshold per device type, or None to fit it to the target FR."""
     setting = st.threshold
     if st.at_shipped_threshold:
         if setting is not None:
-            raise ConfigError("--at-shipped-threshold takes the baseline card's threshold: do not "
-                              "also give --threshold or --thresholds")
+            raise ConfigError(
+                "--at-shipped-threshold takes the baseline card's threshold: do not "
+                "also give --threshold or --thresholds"
+            )
         setting = card_threshold(baseline_path)
         if setting is None:
-            raise ConfigError(f"--at-shipped-threshold: the baseline {baseline_path} has no model card "
-                              "with a shipped_threshold (in its .json or ONNX metadata); give --threshold")
+            raise ConfigError(
+                f"--at-shipped-threshold: the baseline {baseline_path} has no model card "
+                "with a shipped_threshold (in its .json or ONNX metadata); give --threshold"
+            )
     if setting is None:
         return None
     if not isinstance(setting, dict):
@@ -363,8 +414,10 @@ def _baseline_thresholds(st: EvalSettings, baseline_path: str | Path, devices: l
     out = {d: _shipped_for(setting, d) for d in devices}
     missing = [d for d, t in out.items() if t is None]
     if missing:
-        raise ConfigError(f"no shipped threshold for device type(s) {', '.join(missing)}; name them "
-                          "in the thresholds file or give a \"*\" entry")
+        raise ConfigError(
+            f"no shipped threshold for device type(s) {', '.join(missing)}; name them "
+            'in the thresholds file or give a "*" entry'
+        )
     return {d: float(t) for d, t in out.items() if t is not None}
 
 
@@ -375,9 +428,14 @@ def _plan_cells(models: _Models, clips: _Clips, devices: list[str]) -> list[_Cel
     for d in devices:
         names = [*models.unpaired, *([models.paired[d]] if d in models.paired else [])]
         cells += [_Cell(d, n, {d: n}, clips.devices == d) for n in names]
-    cells += [_Cell(ALL, n, dict.fromkeys(devices, n), np.ones(len(clips.rows), bool)) for n in models.unpaired]
+    cells += [
+        _Cell(ALL, n, dict.fromkeys(devices, n), np.ones(len(clips.rows), bool))
+        for n in models.unpaired
+    ]
     if models.paired:
-        cells.append(_Cell(ALL, PAIRED, dict(models.paired), np.isin(clips.devices, list(models.paired))))
+        cells.append(
+            _Cell(ALL, PAIRED, dict(models.paired), np.isin(clips.devices, list(models.paired)))
+        )
     return cells
 
 
@@ -394,8 +452,13 @@ def _pooled_threshold(shipped: dict[str, float], members: dict[str, str]) -> flo
     return values.pop() if len(values) == 1 else None
 
 
-def _fill_cell(cell: _Cell, scores: dict[str, np.ndarray], clips: _Clips,
-               shipped: dict[str, float] | None, st: EvalSettings) -> bool:
+def _fill_cell(
+    cell: _Cell,
+    scores: dict[str, np.ndarray],
+    clips: _Clips,
+    shipped: dict[str, float] | None,
+    st: EvalSettings,
+) -> bool:
     """Operating point and per-state figures of one cell; False when the pooled cell has
     no single shipped threshold (device types ship different ones)."""
     tb = None
@@ -407,10 +470,16 @@ def _fill_cell(cell: _Cell, scores: dict[str, np.ndarray], clips: _Clips,
     subsets = {ALL: np.ones(states.size, bool)}
     subsets.update({s: states == s for s in STATES if (states == s).any()})
     cell.op, cell.figures = relative_by_subset(
-        scores[BASELINE][cell.mask], _cell_scores(cell, scores, clips), clips.labels[cell.mask],
+        scores[BASELINE][cell.mask],
+        _cell_scores(cell, scores, clips),
+        clips.labels[cell.mask],
         # Units numbered within the cell, as the study numbers them within a device type:
         # the same clips then resample alike in both.
-        bootstrap_units(clips.speakers[cell.mask]), subsets, st.target_fr, st.n_boot, st.seed,
+        bootstrap_units(clips.speakers[cell.mask]),
+        subsets,
+        st.target_fr,
+        st.n_boot,
+        st.seed,
         baseline_thr=tb,
     )
     return True
@@ -421,16 +490,24 @@ def _fill_cell(cell: _Cell, scores: dict[str, np.ndarray], clips: _Clips,
 # --------------------------------------------------------------------------------------
 
 
-def stream_detections(scorer: Any, wave: np.ndarray, threshold: float, settings: EvalSettings) -> list[float]:
+def stream_detections(
+    scorer: Any, wave: np.ndarray, threshold: float, settings: EvalSettings
+) -> list[float]:
     """Times (s) of the detections the edge runtime's streaming detector raises on `wave`
     (scored in batches; the same events bit for bit)."""
-    post = stream_posteriors(scorer, wave, settings.hop_s, settings.smoothing, settings.refractory_s,
-                             settings.batch)
+    post = stream_posteriors(
+        scorer, wave, settings.hop_s, settings.smoothing, settings.refractory_s, settings.batch
+    )
     return detection_times(post, threshold)
 
 
-def _stream_posteriors(cells: list[_Cell], models: _Models, streams: list[ManifestRow],
-                       manifest_dir: Path, st: EvalSettings) -> dict[tuple[str, str], StreamPosteriors]:
+def _stream_posteriors(
+    cells: list[_Cell],
+    models: _Models,
+    streams: list[ManifestRow],
+    manifest_dir: Path,
+    st: EvalSettings,
+) -> dict[tuple[str, str], StreamPosteriors]:
     """(model, stream path) -> posteriors, for every model some cell evaluates on that
     stream's device type: each stream is decoded once and each model scores it once."""
     from wakefl.edge_runtime import load_audio
@@ -441,12 +518,17 @@ def _stream_posteriors(cells: list[_Cell], models: _Models, streams: list[Manife
             needed.setdefault(d, {BASELINE}).add(name)
     out: dict[tuple[str, str], StreamPosteriors] = {}
     rate = models.scorers[BASELINE].sample_rate
-    for r in tqdm([r for r in streams if r.device_type in needed], desc="streams", unit="stream",
-                  disable=not st.progress):
+    for r in tqdm(
+        [r for r in streams if r.device_type in needed],
+        desc="streams",
+        unit="stream",
+        disable=not st.progress,
+    ):
         wave = load_audio(str(manifest_dir / r.path), sample_rate=rate)
         for name in sorted(needed[r.device_type]):
-            out[(name, r.path)] = stream_posteriors(models.scorers[name], wave, st.hop_s, st.smoothing,
-                                                    st.refractory_s, st.batch)
+            out[(name, r.path)] = stream_posteriors(
+                models.scorers[name], wave, st.hop_s, st.smoothing, st.refractory_s, st.batch
+            )
     return out
 
 
@@ -455,35 +537,84 @@ def _stream_posteriors(cells: list[_Cell], models: _Models, streams: list[Manife
 # --------------------------------------------------------------------------------------
 
 
-def _stream_figures(cell: _Cell, state: str, streams: list[ManifestRow],
-                    post: dict[tuple[str, str], StreamPosteriors], ceiling: float) -> dict[str, Any]:
+def _stream_figures(
+    cell: _Cell,
+    state: str,
+    streams: list[ManifestRow],
+    post: dict[tuple[str, str], StreamPosteriors],
+    ceiling: float,
+) -> dict[str, Any]:
     """FA per hour of both models on the cell's streams of `state`, at the cell's thresholds."""
-    srows = [r for r in streams if r.device_type in cell.members and (state == ALL or r.state == state)]
+    srows = [
+        r for r in streams if r.device_type in cell.members and (state == ALL or r.state == state)
+    ]
     hours = sum(r.duration_s for r in srows) / 3600.0
-    out: dict[str, Any] = {"stream_hours": hours, "n_streams": len(srows), "fa_per_hour_ceiling": ceiling}
+    out: dict[str, Any] = {
+        "stream_hours": hours,
+        "n_streams": len(srows),
+        "fa_per_hour_ceiling": ceiling,
+    }
     if not srows or cell.op is None:
-        return {**out, "fa_per_hour": None, "baseline_fa_per_hour": None, "relative_fa_per_hour": None,
-                "false_accept_events": None, "baseline_false_accept_events": None,
-                "fa_per_hour_saturated": False, "baseline_fa_per_hour_saturated": False, "_note": ""}
-    times_b = [t for r in srows for t in detection_times(post[(BASELINE, r.path)], cell.op.baseline_threshold)]
-    times_c = [t for r in srows
-               for t in detection_times(post[(cell.members[r.device_type], r.path)], cell.op.candidate_threshold)]
+        return {
+            **out,
+            "fa_per_hour": None,
+            "baseline_fa_per_hour": None,
+            "relative_fa_per_hour": None,
+            "false_accept_events": None,
+            "baseline_false_accept_events": None,
+            "fa_per_hour_saturated": False,
+            "baseline_fa_per_hour_saturated": False,
+            "_note": "",
+        }
+    times_b = [
+        t
+        for r in srows
+        for t in detection_times(post[(BASELINE, r.path)], cell.op.baseline_threshold)
+    ]
+    times_c = [
+        t
+        for r in srows
+        for t in detection_times(
+            post[(cell.members[r.device_type], r.path)], cell.op.candidate_threshold
+        )
+    ]
     ev_b, ev_c = len(times_b), len(times_c)
     fph_b, fph_c = false_accepts_per_hour(times_b, hours), false_accepts_per_hour(times_c, hours)
     rel, note = safe_ratio(fph_c, fph_b, "FA/hour")
     sat_b, sat_c = is_saturated(fph_b, ceiling), is_saturated(fph_c, ceiling)
     if sat_b or sat_c:
         who = " and ".join(w for w, s in (("baseline", sat_b), ("candidate", sat_c)) if s)
-        note = "; ".join(n for n in (note, f"FA/hour of the {who} saturated: within 20% of its ceiling "
-                                           f"of {ceiling:.0f}/h (one event per refractory period), the "
-                                           "real rate of false triggers may be higher") if n)
-    return {**out, "fa_per_hour": fph_c, "baseline_fa_per_hour": fph_b, "relative_fa_per_hour": rel,
-            "false_accept_events": ev_c, "baseline_false_accept_events": ev_b,
-            "fa_per_hour_saturated": sat_c, "baseline_fa_per_hour_saturated": sat_b, "_note": note}
+        note = "; ".join(
+            n
+            for n in (
+                note,
+                f"FA/hour of the {who} saturated: within 20% of its ceiling "
+                f"of {ceiling:.0f}/h (one event per refractory period), the "
+                "real rate of false triggers may be higher",
+            )
+            if n
+        )
+    return {
+        **out,
+        "fa_per_hour": fph_c,
+        "baseline_fa_per_hour": fph_b,
+        "relative_fa_per_hour": rel,
+        "false_accept_events": ev_c,
+        "baseline_false_accept_events": ev_b,
+        "fa_per_hour_saturated": sat_c,
+        "baseline_fa_per_hour_saturated": sat_b,
+        "_note": note,
+    }
 
 
-def _row(cell: _Cell, state: str, clips: _Clips, streams: dict[str, Any], st: EvalSettings,
-         models: _Models) -> dict[str, Any]:
+def _row(
+    cell: _Cell,
+    state: str,
+    clips: _Clips,
+    streams: dict[str, Any],
+    st: EvalSettings,
+    models: _Models,
+) -> dict[str, Any]:
     """One flat record: candidate vs baseline in one (device type, state)."""
     fig = cell.figures[state]
     in_state = cell.mask & (clips.states == state) if state != ALL else cell.mask
@@ -491,8 +622,11 @@ def _row(cell: _Cell, state: str, clips: _Clips, streams: dict[str, Any], st: Ev
     if cell.scope == ALL:
         notes.insert(0, "all device types pooled, one operating point")
     if cell.name == PAIRED:
-        notes.insert(0, "each device type scored by its own model: " + ", ".join(
-            f"{d}={n}" for d, n in sorted(cell.members.items())))
+        notes.insert(
+            0,
+            "each device type scored by its own model: "
+            + ", ".join(f"{d}={n}" for d, n in sorted(cell.members.items())),
+        )
     op = cell.op
     return {
         "candidate": cell.name,
@@ -513,12 +647,16 @@ def _row(cell: _Cell, state: str, clips: _Clips, streams: dict[str, Any], st: Ev
         "n_positive": fig.n_positive,
         "n_negative": fig.n_negative,
         "n_speakers": len(set(clips.speakers[in_state].tolist())),
-        "models": {d: models.paths[n] for d, n in sorted(cell.members.items())} if cell.name == PAIRED else None,
+        "models": {d: models.paths[n] for d, n in sorted(cell.members.items())}
+        if cell.name == PAIRED
+        else None,
         "note": "; ".join(n for n in notes if n),
     }
 
 
-def _det_curves(cells: list[_Cell], scores: dict[str, np.ndarray], clips: _Clips) -> tuple[dict, dict]:
+def _det_curves(
+    cells: list[_Cell], scores: dict[str, np.ndarray], clips: _Clips
+) -> tuple[dict, dict]:
     det: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
     op_points: dict[str, dict[str, tuple[float, float]]] = {}
     for cell in cells:
@@ -527,7 +665,10 @@ def _det_curves(cells: list[_Cell], scores: dict[str, np.ndarray], clips: _Clips
         lab = clips.labels[cell.mask]
         base, cand = scores[BASELINE][cell.mask], _cell_scores(cell, scores, clips)
         curves, ops = det.setdefault(cell.scope, {}), op_points.setdefault(cell.scope, {})
-        for name, s, t in ((BASELINE, base, cell.op.baseline_threshold), (cell.name, cand, cell.op.candidate_threshold)):
+        for name, s, t in (
+            (BASELINE, base, cell.op.baseline_threshold),
+            (cell.name, cand, cell.op.candidate_threshold),
+        ):
             if name not in curves:
                 curves[name] = det_curve(s[lab == 1], s[lab == 0])
                 ops[name] = (fa_at(s[lab == 0], t), fr_at(s[lab == 1], t))
@@ -572,13 +713,25 @@ def run_evaluation(
             skipped.append(cell.name)
     post = _stream_posteriors(cells, models, streams, manifest_dir, st)
     first = next(iter(post.values()), None)
-    ceiling = fa_per_hour_ceiling(first.hop_samples / first.sample_rate,
-                                  first.refractory_samples / first.sample_rate) if first else None
-    rows = [_row(c, state, clips, _stream_figures(c, state, streams, post, ceiling), st, models)
-            for c in cells for state in c.figures]
+    ceiling = (
+        fa_per_hour_ceiling(
+            first.hop_samples / first.sample_rate, first.refractory_samples / first.sample_rate
+        )
+        if first
+        else None
+    )
+    rows = [
+        _row(c, state, clips, _stream_figures(c, state, streams, post, ceiling), st, models)
+        for c in cells
+        for state in c.figures
+    ]
     det, op_points = _det_curves(cells, scores, clips)
     return EvalResult(
-        rows=rows, det=det, operating_points=op_points, models=dict(models.paths), settings=st,
+        rows=rows,
+        det=det,
+        operating_points=op_points,
+        models=dict(models.paths),
+        settings=st,
         manifest=str(manifest_path),
         summary={
             "n_clips": len(clip_rows),
@@ -588,7 +741,13 @@ def run_evaluation(
             "baseline_thresholds": shipped,
             "paired": dict(models.paired),
             "pooled_rows_skipped": (
-                {"candidates": skipped, "why": "the device types ship different thresholds, so the "
-                 "pooled set has no single operating point"} if skipped else None),
+                {
+                    "candidates": skipped,
+                    "why": "the device types ship different thresholds, so the "
+                    "pooled set has no single operating point",
+                }
+                if skipped
+                else None
+            ),
         },
     )

@@ -22,7 +22,16 @@ from wakefl.errors import AudioError, ConfigError, NonFiniteError
 from wakefl.sdk.manifest import ManifestRow
 
 # The ModelConfig fields that decide what the network hears; `width` is not among them.
-FRONTEND_FIELDS = ("sample_rate", "window_samples", "n_mels", "win_ms", "hop_ms", "n_fft", "f_min", "f_max")
+FRONTEND_FIELDS = (
+    "sample_rate",
+    "window_samples",
+    "n_mels",
+    "win_ms",
+    "hop_ms",
+    "n_fft",
+    "f_min",
+    "f_max",
+)
 
 
 class Scorer(Protocol):
@@ -141,7 +150,10 @@ def check_same_frontend(baseline: Any, candidate: Any, name: str = "candidate") 
 
 
 def load_clip_windows(
-    rows: Sequence[ManifestRow], manifest_dir: str | Path, sample_rate: int, window_samples: int,
+    rows: Sequence[ManifestRow],
+    manifest_dir: str | Path,
+    sample_rate: int,
+    window_samples: int,
     progress: bool = True,
 ) -> np.ndarray:
     """Decode clip rows into a [N, window_samples] float32 array (one window per clip).
@@ -168,8 +180,9 @@ def load_clip_windows(
     return out
 
 
-def score_windows(scorer: Scorer, windows: np.ndarray, batch: int = 64, desc: str = "score",
-                  progress: bool = True) -> np.ndarray:
+def score_windows(
+    scorer: Scorer, windows: np.ndarray, batch: int = 64, desc: str = "score", progress: bool = True
+) -> np.ndarray:
     """Scores of `windows` [N, T] in batches; a non-finite score is a NonFiniteError."""
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
@@ -183,11 +196,16 @@ def score_windows(scorer: Scorer, windows: np.ndarray, batch: int = 64, desc: st
 
 
 def score_clips(
-    scorer: Scorer, rows: Sequence[ManifestRow], manifest_dir: str | Path, batch: int = 64,
+    scorer: Scorer,
+    rows: Sequence[ManifestRow],
+    manifest_dir: str | Path,
+    batch: int = 64,
     progress: bool = True,
 ) -> np.ndarray:
     """Scores of the clip rows, in row order."""
-    windows = load_clip_windows(rows, manifest_dir, scorer.sample_rate, scorer.window_samples, progress)
+    windows = load_clip_windows(
+        rows, manifest_dir, scorer.sample_rate, scorer.window_samples, progress
+    )
     return score_windows(scorer, windows, batch, progress=progress)
 
 
@@ -220,9 +238,14 @@ def smooth_like_detector(raw: np.ndarray, smoothing: int) -> np.ndarray:
     return acc / np.minimum(np.arange(1, raw.size + 1), smoothing)
 
 
-def stream_posteriors(scorer: Scorer, audio: np.ndarray, hop_s: float = 0.1,
-                      smoothing: int | None = None, refractory_s: float | None = None,
-                      batch: int = 64) -> StreamPosteriors:
+def stream_posteriors(
+    scorer: Scorer,
+    audio: np.ndarray,
+    hop_s: float = 0.1,
+    smoothing: int | None = None,
+    refractory_s: float | None = None,
+    batch: int = 64,
+) -> StreamPosteriors:
     """What `wakefl.edge_runtime.detect_audio` computes, bit for bit, with the windows cut
     from the whole stream at once and scored in batches of `batch`: a device's detector
     scores a few windows per push, which offline is pure overhead. `smoothing` and
@@ -247,14 +270,24 @@ def stream_posteriors(scorer: Scorer, audio: np.ndarray, hop_s: float = 0.1,
     windows = sliding_window_view(x, det.window_samples)[:: det.hop_samples]
     raw = np.empty(len(windows), dtype=np.float64)
     for s in range(0, len(windows), batch):
-        raw[s : s + batch] = np.asarray(scorer.score(np.ascontiguousarray(windows[s : s + batch])),
-                                        dtype=np.float64).reshape(-1)
+        raw[s : s + batch] = np.asarray(
+            scorer.score(np.ascontiguousarray(windows[s : s + batch])), dtype=np.float64
+        ).reshape(-1)
     if not np.all(np.isfinite(raw)):
         i = int(np.flatnonzero(~np.isfinite(raw))[0])
-        raise AudioError(f"non-finite posterior at {(det.window_samples + i * det.hop_samples) / det.sample_rate:.2f} s")
+        raise AudioError(
+            f"non-finite posterior at {(det.window_samples + i * det.hop_samples) / det.sample_rate:.2f} s"
+        )
     ends = det.window_samples + det.hop_samples * np.arange(raw.size, dtype=np.int64)
-    return StreamPosteriors(ends, raw, smooth_like_detector(raw, det.smoothing), det.sample_rate,
-                            det.hop_samples, det.refractory_samples, pad)
+    return StreamPosteriors(
+        ends,
+        raw,
+        smooth_like_detector(raw, det.smoothing),
+        det.sample_rate,
+        det.hop_samples,
+        det.refractory_samples,
+        pad,
+    )
 
 
 def detection_times(post: StreamPosteriors, threshold: float) -> list[float]:

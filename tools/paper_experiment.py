@@ -69,8 +69,13 @@ METHOD_LABELS: dict[str, str] = {
 # Self-FL's deviations from the paper switched back to the paper's rules (docs/SELF_FL.md,
 # "Deliberate deviations"), each an ablation row: `run_paper_study(selffl_ablations=...)`.
 SELFFL_ABLATIONS: dict[str, dict[str, Any]] = {
-    "paper-rules": {"eqn10": "paper", "eqn10_max_factor": None, "step_rate_loss": "sum",
-                    "early_variance": False, "max_local_epochs": None},
+    "paper-rules": {
+        "eqn10": "paper",
+        "eqn10_max_factor": None,
+        "step_rate_loss": "sum",
+        "early_variance": False,
+        "max_local_epochs": None,
+    },
     "paper-eqn10": {"eqn10": "paper", "eqn10_max_factor": None},
     "paper-rate": {"step_rate_loss": "sum"},
     "no-early-variance": {"early_variance": False},
@@ -121,7 +126,9 @@ PROFILES: dict[str, StudyProfile] = {
 }  # fmt: skip
 
 
-def resolve_profile(name: str, width: float | None = None, rounds: int | None = None) -> StudyProfile:
+def resolve_profile(
+    name: str, width: float | None = None, rounds: int | None = None
+) -> StudyProfile:
     """The named profile, with the width and round count optionally overridden (the sampling
     settings keep their ratio of rounds to the full-participation rounds)."""
     if name not in PROFILES:
@@ -144,14 +151,20 @@ def resolve_profile(name: str, width: float | None = None, rounds: int | None = 
 # --------------------------------------------------------------------------------------
 
 
-def method_hyperparams(method: str, lr: float, prof: StudyProfile, head: slice | None = None) -> dict[str, Any]:
+def method_hyperparams(
+    method: str, lr: float, prof: StudyProfile, head: slice | None = None
+) -> dict[str, Any]:
     """Keyword hyperparameters of `method` for grid point `lr`. Every method's own
     learning rate(s) follow the grid point; step counts follow the profile, as in the
     paper (fixed `local_steps` for the baselines, cap `l_max` for Self-FL)."""
     k = prof.local_steps
     if method in ("selffl", "selffl-alg2"):
-        hp: dict[str, Any] = {"lr": lr, "batch_size": prof.batch_size, "l_max": prof.l_max,
-                              "warmup_steps": k}
+        hp: dict[str, Any] = {
+            "lr": lr,
+            "batch_size": prof.batch_size,
+            "l_max": prof.l_max,
+            "warmup_steps": k,
+        }
         if method == "selffl-alg2":
             hp["converge_steps"] = prof.converge_steps
         return hp
@@ -241,8 +254,13 @@ class Scorer:
 
 
 def relative_records(
-    ev: EvalSet, cand_scores: np.ndarray, states: Sequence[str], target_fr: float, n_boot: int,
-    seed: int, repeats: int = 1,
+    ev: EvalSet,
+    cand_scores: np.ndarray,
+    states: Sequence[str],
+    target_fr: float,
+    n_boot: int,
+    seed: int,
+    repeats: int = 1,
 ) -> dict[str, dict[str, Any]]:
     """Relative FA/FR (with a speaker-bootstrap CI) of candidate scores on `ev`, per entry
     of `states` (a device state, or "all" for every clip), by the one routine `wakefl eval`
@@ -255,11 +273,18 @@ def relative_records(
 
     labels = np.tile(ev.labels, repeats)
     clip_states = np.tile(ev.states, repeats)
-    masks = {st: np.ones(labels.size, bool) if st == ALL_STATES else clip_states == st
-             for st in states}
+    masks = {
+        st: np.ones(labels.size, bool) if st == ALL_STATES else clip_states == st for st in states
+    }
     _, cells = relative_by_subset(
-        np.tile(ev.baseline_scores, repeats), cand_scores, labels, np.tile(ev.speakers, repeats),
-        masks, target_fr, n_boot, seed,
+        np.tile(ev.baseline_scores, repeats),
+        cand_scores,
+        labels,
+        np.tile(ev.speakers, repeats),
+        masks,
+        target_fr,
+        n_boot,
+        seed,
     )
     return {st: study_record(cell) for st, cell in cells.items()}
 
@@ -268,18 +293,29 @@ def study_record(cell: Any) -> dict[str, Any]:
     """The study's row fields of one `CellFigures`, rounded for byte-stable output."""
     lo, hi = cell.relative_fa_ci
     return {
-        "n_positive": cell.n_positive, "n_negative": cell.n_negative,
-        "baseline_fa_count": cell.baseline_fa_count, "candidate_fa_count": cell.candidate_fa_count,
-        "relative_fa": _round(cell.relative_fa), "relative_fr": _round(cell.relative_fr),
-        "relative_fa_ci": [_round(lo), _round(hi)], "baseline_fr": _round(cell.baseline_fr),
-        "baseline_fa": _round(cell.baseline_fa), "candidate_fr": _round(cell.candidate_fr),
-        "candidate_fa": _round(cell.candidate_fa), "note": cell.note,
+        "n_positive": cell.n_positive,
+        "n_negative": cell.n_negative,
+        "baseline_fa_count": cell.baseline_fa_count,
+        "candidate_fa_count": cell.candidate_fa_count,
+        "relative_fa": _round(cell.relative_fa),
+        "relative_fr": _round(cell.relative_fr),
+        "relative_fa_ci": [_round(lo), _round(hi)],
+        "baseline_fr": _round(cell.baseline_fr),
+        "baseline_fa": _round(cell.baseline_fa),
+        "candidate_fr": _round(cell.candidate_fr),
+        "candidate_fa": _round(cell.candidate_fa),
+        "note": cell.note,
     }
 
 
 def paired_fa_ratio(
-    ev: EvalSet, scores_a: np.ndarray, scores_b: np.ndarray, target_fr: float, n_boot: int,
-    seed: int, level: float = 0.95,
+    ev: EvalSet,
+    scores_a: np.ndarray,
+    scores_b: np.ndarray,
+    target_fr: float,
+    n_boot: int,
+    seed: int,
+    level: float = 0.95,
 ) -> dict[str, Any]:
     """FA of candidate A over FA of candidate B, both at the FR the warm-start baseline has
     at its operating point on `ev` (so it equals relative_fa(A) / relative_fa(B)), with a
@@ -332,35 +368,54 @@ SELFFL_METHODS = ("selffl", "selffl-alg2")
 
 
 def compare_with_best_other(
-    study: PaperStudy, runs: dict[str, MethodRun], rows: Sequence[dict[str, Any]], n_boot: int,
+    study: PaperStudy,
+    runs: dict[str, MethodRun],
+    rows: Sequence[dict[str, Any]],
+    n_boot: int,
 ) -> list[dict[str, Any]]:
     """For each Self-FL variant, model and device type (full participation, all states):
     the other method with the lowest relative FA on the test set, and the paired ratio of
     Self-FL's FA to that method's FA. Picking the best competitor on the test set itself
     favours the competitor, so a Self-FL win here is conservative."""
-    idx = {(r["method"], r["model"], r["device_type"]): r for r in rows
-           if r["setting"] == SETTING_FULL and r["state"] == ALL_STATES}
+    idx = {
+        (r["method"], r["model"], r["device_type"]): r
+        for r in rows
+        if r["setting"] == SETTING_FULL and r["state"] == ALL_STATES
+    }
     out: list[dict[str, Any]] = []
     for sf in SELFFL_METHODS:
         if sf not in runs:
             continue
         for model in ("global", "personalized"):
             for dt in study.device_types:
-                others = {m: idx[(m, model, dt)]["relative_fa"] for m in runs
-                          if m not in SELFFL_METHODS and (m, model, dt) in idx
-                          and idx[(m, model, dt)]["relative_fa"] is not None}
+                others = {
+                    m: idx[(m, model, dt)]["relative_fa"]
+                    for m in runs
+                    if m not in SELFFL_METHODS
+                    and (m, model, dt) in idx
+                    and idx[(m, model, dt)]["relative_fa"] is not None
+                }
                 if not others or (sf, model, dt) not in idx:
                     continue
                 best = min(sorted(others), key=lambda m: others[m])
                 a, _ = study.candidate_scores(runs[sf], model, dt, "test")
                 b, _ = study.candidate_scores(runs[best], model, dt, "test")
-                cmp_ = paired_fa_ratio(study.evalsets["test"][dt], a, b, study.prof.target_fr,
-                                       n_boot, study.seed)
-                out.append({"setting": SETTING_FULL, "method": sf, "model": model,
-                            "device_type": dt, "state": ALL_STATES, "best_other": best,
-                            "best_other_relative_fa": others[best],
-                            "ratio_to_best_other": cmp_["ratio"],
-                            "ratio_to_best_other_ci": cmp_["ci"]})
+                cmp_ = paired_fa_ratio(
+                    study.evalsets["test"][dt], a, b, study.prof.target_fr, n_boot, study.seed
+                )
+                out.append(
+                    {
+                        "setting": SETTING_FULL,
+                        "method": sf,
+                        "model": model,
+                        "device_type": dt,
+                        "state": ALL_STATES,
+                        "best_other": best,
+                        "best_other_relative_fa": others[best],
+                        "ratio_to_best_other": cmp_["ratio"],
+                        "ratio_to_best_other_ci": cmp_["ci"],
+                    }
+                )
     return out
 
 
@@ -390,8 +445,16 @@ class MethodRun:
 class PaperStudy:
     """Holds the corpus, the warm-start model and the clients; runs methods and evaluates."""
 
-    def __init__(self, manifest: Path, prof: StudyProfile, seed: int, cache_dir: Path | None,
-                 progress: bool, log: Callable[[str], None], baseline: str | None = None) -> None:
+    def __init__(
+        self,
+        manifest: Path,
+        prof: StudyProfile,
+        seed: int,
+        cache_dir: Path | None,
+        progress: bool,
+        log: Callable[[str], None],
+        baseline: str | None = None,
+    ) -> None:
         import torch
 
         from wakefl.models.kws_cnn import KwsCnn, get_flat_params, head_slice, load_model
@@ -403,12 +466,21 @@ class PaperStudy:
         self.prof, self.seed, self.progress, self.log = prof, seed, progress, log
         self.manifest = manifest
         rows = read_manifest(manifest)
-        self.device_types = sorted({r.device_type for r in rows if r.kind == "clip" and r.split == "train"})
+        self.device_types = sorted(
+            {r.device_type for r in rows if r.kind == "clip" and r.split == "train"}
+        )
         if not self.device_types:
             raise ConfigError(f"{manifest}: no training clips")
         log(f"[study] warm start ({baseline or 'pretrained'}), width {prof.width}")
-        ckpt = resolve_baseline(baseline, manifest, width=prof.width, seed=seed, cache_dir=cache_dir,
-                                epochs=prof.warm_epochs, progress=progress)
+        ckpt = resolve_baseline(
+            baseline,
+            manifest,
+            width=prof.width,
+            seed=seed,
+            cache_dir=cache_dir,
+            epochs=prof.warm_epochs,
+            progress=progress,
+        )
         self.baseline_path = ckpt
         baseline = load_model(ckpt)
         self.cfg = baseline.cfg
@@ -429,13 +501,16 @@ class PaperStudy:
                 # skips the per-item collation of a DataLoader.
                 waves = torch.stack([ds[i][0] for i in range(len(ds))])
                 self.evalsets[split][dt] = EvalSet(
-                    device_type=dt, dataset=waves, labels=ds.labels.copy(),
+                    device_type=dt,
+                    dataset=waves,
+                    labels=ds.labels.copy(),
                     states=np.array([r.state for r in ds.rows]),
                     speakers=bootstrap_units([r.speaker for r in ds.rows]),
                     baseline_scores=np.zeros(0),
                 )
                 self.evalsets[split][dt].baseline_scores = self.scorer(
-                    self.initial, self.evalsets[split][dt], split)
+                    self.initial, self.evalsets[split][dt], split
+                )
 
     # ---- clients --------------------------------------------------------------------
     def problems(self, per_type: int | None) -> tuple[dict[str, Any], dict[str, str]]:
@@ -465,9 +540,17 @@ class PaperStudy:
         return problems, groups
 
     # ---- runs -----------------------------------------------------------------------
-    def run_method(self, method: str, lr: float, problems: dict[str, Any], groups: dict[str, str],
-                   rounds: int, activity_rate: float, cluster: bool = False,
-                   overrides: dict[str, Any] | None = None) -> MethodRun:
+    def run_method(
+        self,
+        method: str,
+        lr: float,
+        problems: dict[str, Any],
+        groups: dict[str, str],
+        rounds: int,
+        activity_rate: float,
+        cluster: bool = False,
+        overrides: dict[str, Any] | None = None,
+    ) -> MethodRun:
         from tqdm import tqdm
 
         from wakefl.sdk.selffl.registry import make_strategy
@@ -480,29 +563,53 @@ class PaperStudy:
         strategy = make_strategy(method, **hp)
         start = time.perf_counter()
         label = METHOD_LABELS.get(method, method) + (" cluster" if cluster else "")
-        bar = tqdm(total=rounds, desc=f"{label} lr={lr:g} C={activity_rate:g}", unit="round",
-                   disable=not self.progress, leave=False)
+        bar = tqdm(
+            total=rounds,
+            desc=f"{label} lr={lr:g} C={activity_rate:g}",
+            unit="round",
+            disable=not self.progress,
+            leave=False,
+        )
         try:
-            sim = run_simulation(strategy, problems, self.initial, rounds=rounds,
-                                 activity_rate=activity_rate, seed=self.seed, groups=groups,
-                                 on_round=lambda *_: bar.update(1))
+            sim = run_simulation(
+                strategy,
+                problems,
+                self.initial,
+                rounds=rounds,
+                activity_rate=activity_rate,
+                seed=self.seed,
+                groups=groups,
+                on_round=lambda *_: bar.update(1),
+            )
         finally:
             bar.close()
         ids = sorted(problems)
         personal = {
             cid: strategy.personalized_params(
-                sim.server, sim.clients[cid], problems[cid],
-                client_generator(self.seed, rounds + 1, i), client_id=cid,
-            ).detach().clone()
+                sim.server,
+                sim.clients[cid],
+                problems[cid],
+                client_generator(self.seed, rounds + 1, i),
+                client_id=cid,
+            )
+            .detach()
+            .clone()
             for i, cid in enumerate(ids)
         }
-        return MethodRun(method=method, lr=lr, global_params=strategy.global_params(sim.server),
-                         personal=personal, records=sim.records,
-                         participation=dict(sim.participation),
-                         seconds=time.perf_counter() - start)
+        return MethodRun(
+            method=method,
+            lr=lr,
+            global_params=strategy.global_params(sim.server),
+            personal=personal,
+            records=sim.records,
+            participation=dict(sim.participation),
+            seconds=time.perf_counter() - start,
+        )
 
     # ---- evaluation -----------------------------------------------------------------
-    def candidate_scores(self, run: MethodRun, model: str, dt: str, split: str) -> tuple[np.ndarray, int]:
+    def candidate_scores(
+        self, run: MethodRun, model: str, dt: str, split: str
+    ) -> tuple[np.ndarray, int]:
         ev = self.evalsets[split][dt]
         if model == "global":
             return self.scorer(run.global_params, ev, split), 1
@@ -518,49 +625,86 @@ class PaperStudy:
             for dt in self.device_types:
                 ev = self.evalsets["test"][dt]
                 cell = det.setdefault(f"{setting}/{model}", {}).setdefault(
-                    dt, {"labels": ev.labels, "scores": {"baseline": ev.baseline_scores}})
+                    dt, {"labels": ev.labels, "scores": {"baseline": ev.baseline_scores}}
+                )
                 scores, repeats = self.candidate_scores(run, model, dt, "test")
                 if repeats == 1:
                     cell["scores"][run.method] = scores
 
-    def diverged_rows(self, method: str, states: Sequence[str], failures: dict[str, str]
-                      ) -> list[dict[str, Any]]:
+    def diverged_rows(
+        self, method: str, states: Sequence[str], failures: dict[str, str]
+    ) -> list[dict[str, Any]]:
         """Cells of a method none of whose grid points trained to finite parameters."""
         note = "diverged: " + "; ".join(f"lr={k}: {v}" for k, v in failures.items())
-        return [{"model": model, "device_type": dt, "state": state, "personalized_models": 0,
-                 "relative_fa": None, "relative_fr": None, "relative_fa_ci": [None, None],
-                 "note": note}
-                for model in ("global", "personalized")
-                if not (model == "global" and method in NO_GLOBAL)
-                for dt in self.device_types for state in states]
+        return [
+            {
+                "model": model,
+                "device_type": dt,
+                "state": state,
+                "personalized_models": 0,
+                "relative_fa": None,
+                "relative_fr": None,
+                "relative_fa_ci": [None, None],
+                "note": note,
+            }
+            for model in ("global", "personalized")
+            if not (model == "global" and method in NO_GLOBAL)
+            for dt in self.device_types
+            for state in states
+        ]
 
-    def evaluate(self, run: MethodRun, split: str, states: Sequence[str], n_boot: int) -> list[dict[str, Any]]:
+    def evaluate(
+        self, run: MethodRun, split: str, states: Sequence[str], n_boot: int
+    ) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         for model in ("global", "personalized"):
             if model == "global" and run.method in NO_GLOBAL:
                 continue
             for dt in self.device_types:
                 scores, repeats = self.candidate_scores(run, model, dt, split)
-                recs = relative_records(self.evalsets[split][dt], scores, states,
-                                        self.prof.target_fr, n_boot, self.seed, repeats)
+                recs = relative_records(
+                    self.evalsets[split][dt],
+                    scores,
+                    states,
+                    self.prof.target_fr,
+                    n_boot,
+                    self.seed,
+                    repeats,
+                )
                 for state in states:
-                    out.append({"model": model, "device_type": dt, "state": state,
-                                "personalized_models": repeats, **recs[state]})
+                    out.append(
+                        {
+                            "model": model,
+                            "device_type": dt,
+                            "state": state,
+                            "personalized_models": repeats,
+                            **recs[state],
+                        }
+                    )
         return out
 
 
-def _step_rows(setting: str, method: str, run: MethodRun, groups: dict[str, str]) -> list[dict[str, Any]]:
+def _step_rows(
+    setting: str, method: str, run: MethodRun, groups: dict[str, str]
+) -> list[dict[str, Any]]:
     # sigma_m^2 is what Eqn 16 turned into the client's step count (0 during the warm-up
     # rounds, whose count is the fixed warm-up value); sigma0^2 is the inter-client variance
     # the server computed from this round's updates, used by the next round's rule.
     rows = []
     for rec in run.records:
         for cid, steps in sorted(rec.local_steps.items()):
-            rows.append({"setting": setting, "method": method, "client": cid,
-                         "device_type": groups[cid], "round": rec.round_id,
-                         "local_steps": int(steps),
-                         "sigma_sq": _round(rec.sigma_sq.get(cid, 0.0)),
-                         "sigma0_sq": _round(rec.sigma0_sq)})
+            rows.append(
+                {
+                    "setting": setting,
+                    "method": method,
+                    "client": cid,
+                    "device_type": groups[cid],
+                    "round": rec.round_id,
+                    "local_steps": int(steps),
+                    "sigma_sq": _round(rec.sigma_sq.get(cid, 0.0)),
+                    "sigma0_sq": _round(rec.sigma0_sq),
+                }
+            )
     return rows
 
 
@@ -610,8 +754,9 @@ def run_paper_study(
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     manifest_path = _study_manifest(out, manifest, prof, seed, progress, log)
-    study = PaperStudy(manifest_path, prof, seed, Path(cache_dir) if cache_dir else None,
-                       progress, log, baseline)
+    study = PaperStudy(
+        manifest_path, prof, seed, Path(cache_dir) if cache_dir else None, progress, log, baseline
+    )
     tables = _StudyTables()
     _full_participation(study, prof, methods, tables, log)
     comparisons = compare_with_best_other(study, tables.selected, tables.rows, prof.n_boot)
@@ -619,13 +764,23 @@ def run_paper_study(
     selffl_lr = (tables.tuning.get("selffl") or {}).get("selected_lr") or prof.lr_grid[0]
     _client_sampling(study, prof, sampling_rates, selffl_lr, tables, log)
     _selffl_ablations(study, prof, sampling_rates, selffl_lr, selffl_ablations, tables, log)
-    config = _study_config(study, prof, seed, methods, sampling_rates, manifest_path, tables,
-                           selffl_lr, command)
-    result = {"config": config, "rows": tables.rows, "step_counts": tables.step_counts,
-              "comparisons": comparisons}
+    config = _study_config(
+        study, prof, seed, methods, sampling_rates, manifest_path, tables, selffl_lr, command
+    )
+    result = {
+        "config": config,
+        "rows": tables.rows,
+        "step_counts": tables.step_counts,
+        "comparisons": comparisons,
+    }
     config["selffl_ablations"] = {a: SELFFL_ABLATIONS[a] for a in selffl_ablations}
-    config["method_labels"].update({f"{m}+{a}": f"{METHOD_LABELS[m]}, {a}"
-                                    for a in selffl_ablations for m in ("selffl", "selffl-client")})
+    config["method_labels"].update(
+        {
+            f"{m}+{a}": f"{METHOD_LABELS[m]}, {a}"
+            for a in selffl_ablations
+            for m in ("selffl", "selffl-client")
+        }
+    )
     config["seconds_total"] = round(time.perf_counter() - t0, 1)
     write_report(result, out, tables.det)
     return result
@@ -634,13 +789,21 @@ def run_paper_study(
 def _check_study_methods(methods: Sequence[str], sampling_rates: Sequence[float]) -> None:
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
-        raise ConfigError(f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}")
+        raise ConfigError(
+            f"unknown method(s) {', '.join(unknown)}; choose from {', '.join(METHODS)}"
+        )
     if "selffl" not in methods and sampling_rates:
         raise ConfigError("the sampling settings run Self-FL: include 'selffl' in the methods")
 
 
-def _study_manifest(out: Path, manifest: str | Path | None, prof: StudyProfile, seed: int,
-                    progress: bool, log: Callable[[str], None]) -> Path:
+def _study_manifest(
+    out: Path,
+    manifest: str | Path | None,
+    prof: StudyProfile,
+    seed: int,
+    progress: bool,
+    log: Callable[[str], None],
+) -> Path:
     """The corpus the study runs on: `manifest`, or the profile's corpus built (or reused)
     under `out/corpus`."""
     if manifest is not None:
@@ -655,13 +818,17 @@ def _study_manifest(out: Path, manifest: str | Path | None, prof: StudyProfile, 
         log(f"[study] reusing corpus {existing}")
         return existing
     log(f"[study] building the {prof.corpus_profile} corpus into {out / 'corpus'}")
-    return build_corpus(out / "corpus", seed=seed, profile=prof.corpus_profile,
-                        progress=progress)
+    return build_corpus(out / "corpus", seed=seed, profile=prof.corpus_profile, progress=progress)
 
 
-def _tune_method(study: PaperStudy, prof: StudyProfile, method: str, problems: Any,
-                 groups: dict[str, str], log: Callable[[str], None],
-                 ) -> tuple[MethodRun | None, dict[str, float | None], dict[str, str]]:
+def _tune_method(
+    study: PaperStudy,
+    prof: StudyProfile,
+    method: str,
+    problems: Any,
+    groups: dict[str, str],
+    log: Callable[[str], None],
+) -> tuple[MethodRun | None, dict[str, float | None], dict[str, str]]:
     """Every learning rate of the grid in the full-participation setting; the run with the
     best validation score (None when every grid point diverged), the scores, the failures."""
     best: tuple[float, MethodRun] | None = None
@@ -688,19 +855,29 @@ def _tune_method(study: PaperStudy, prof: StudyProfile, method: str, problems: A
     return (None if best is None else best[1]), scores, failures
 
 
-def _full_participation(study: PaperStudy, prof: StudyProfile, methods: Sequence[str],
-                        tables: _StudyTables, log: Callable[[str], None]) -> None:
+def _full_participation(
+    study: PaperStudy,
+    prof: StudyProfile,
+    methods: Sequence[str],
+    tables: _StudyTables,
+    log: Callable[[str], None],
+) -> None:
     """Table 2: every method tuned on the validation speakers, reported on the test ones."""
     problems, groups = study.problems(None)
     for method in methods:
         run, scores, failures = _tune_method(study, prof, method, problems, groups, log)
         hp = method_hyperparams(method, prof.lr_grid[0] if run is None else run.lr, prof)
-        tables.tuning[method] = {"selected_lr": None if run is None else run.lr,
-                                 "validation_score": scores, "diverged": failures,
-                                 "hyperparams": _describe(hp)}
+        tables.tuning[method] = {
+            "selected_lr": None if run is None else run.lr,
+            "validation_score": scores,
+            "diverged": failures,
+            "hyperparams": _describe(hp),
+        }
         if run is None:
-            tables.rows += [{"setting": SETTING_FULL, "method": method, **rec}
-                            for rec in study.diverged_rows(method, (ALL_STATES, *STATES), failures)]
+            tables.rows += [
+                {"setting": SETTING_FULL, "method": method, **rec}
+                for rec in study.diverged_rows(method, (ALL_STATES, *STATES), failures)
+            ]
             continue
         tables.selected[method] = run
         tables.timings[f"{SETTING_FULL}/{method}"] = round(run.seconds, 1)
@@ -711,8 +888,14 @@ def _full_participation(study: PaperStudy, prof: StudyProfile, methods: Sequence
             tables.step_counts += _step_rows(SETTING_FULL, method, run, groups)
 
 
-def _client_sampling(study: PaperStudy, prof: StudyProfile, sampling_rates: Sequence[float],
-                     selffl_lr: float, tables: _StudyTables, log: Callable[[str], None]) -> None:
+def _client_sampling(
+    study: PaperStudy,
+    prof: StudyProfile,
+    sampling_rates: Sequence[float],
+    selffl_lr: float,
+    tables: _StudyTables,
+    log: Callable[[str], None],
+) -> None:
     """Tables 5 and 6: client- vs cluster-level Self-FL at each activity rate."""
     if not sampling_rates:
         return
@@ -720,10 +903,13 @@ def _client_sampling(study: PaperStudy, prof: StudyProfile, sampling_rates: Sequ
     for rate in sampling_rates:
         setting = f"sampling-{rate:g}"
         for level, cluster in (("selffl-client", False), ("selffl-cluster", True)):
-            log(f"[study] {setting}: {METHOD_LABELS[level]} lr={selffl_lr:g}, "
-                f"{len(problems)} clients, {prof.sampling_rounds} rounds")
-            run = study.run_method("selffl", selffl_lr, problems, groups, prof.sampling_rounds,
-                                   rate, cluster=cluster)
+            log(
+                f"[study] {setting}: {METHOD_LABELS[level]} lr={selffl_lr:g}, "
+                f"{len(problems)} clients, {prof.sampling_rounds} rounds"
+            )
+            run = study.run_method(
+                "selffl", selffl_lr, problems, groups, prof.sampling_rounds, rate, cluster=cluster
+            )
             tables.timings[f"{setting}/{level}"] = round(run.seconds, 1)
             for rec in study.evaluate(run, "test", (ALL_STATES, *STATES), prof.n_boot):
                 tables.rows.append({"setting": setting, "method": level, **rec})
@@ -733,15 +919,23 @@ def _client_sampling(study: PaperStudy, prof: StudyProfile, sampling_rates: Sequ
 def _check_ablations(methods: Sequence[str], ablations: Sequence[str]) -> None:
     unknown = [a for a in ablations if a not in SELFFL_ABLATIONS]
     if unknown:
-        raise ConfigError(f"unknown Self-FL ablation(s) {', '.join(unknown)}; choose from "
-                          f"{', '.join(SELFFL_ABLATIONS)}")
+        raise ConfigError(
+            f"unknown Self-FL ablation(s) {', '.join(unknown)}; choose from "
+            f"{', '.join(SELFFL_ABLATIONS)}"
+        )
     if ablations and "selffl" not in methods:
         raise ConfigError("the Self-FL ablations need 'selffl' in the methods")
 
 
-def _selffl_ablations(study: PaperStudy, prof: StudyProfile, sampling_rates: Sequence[float],
-                      selffl_lr: float, ablations: Sequence[str], tables: _StudyTables,
-                      log: Callable[[str], None]) -> None:
+def _selffl_ablations(
+    study: PaperStudy,
+    prof: StudyProfile,
+    sampling_rates: Sequence[float],
+    selffl_lr: float,
+    ablations: Sequence[str],
+    tables: _StudyTables,
+    log: Callable[[str], None],
+) -> None:
     """Self-FL (Alg. 1) with some of its deviations switched back to the paper's rules:
     full participation and client-level sampling, at the selected learning rate, in
     settings "ablation-full-participation" and "ablation-sampling-<C>" (the tables of the
@@ -750,24 +944,47 @@ def _selffl_ablations(study: PaperStudy, prof: StudyProfile, sampling_rates: Seq
         return
     runs = [(f"ablation-{SETTING_FULL}", "selffl", None, prof.rounds, 1.0)]
     if sampling_rates:
-        runs += [(f"ablation-sampling-{rate:g}", "selffl-client", prof.clients_per_type,
-                  prof.sampling_rounds, rate) for rate in sampling_rates]
+        runs += [
+            (
+                f"ablation-sampling-{rate:g}",
+                "selffl-client",
+                prof.clients_per_type,
+                prof.sampling_rounds,
+                rate,
+            )
+            for rate in sampling_rates
+        ]
     for setting, level, per_type, rounds, rate in runs:
         problems, groups = study.problems(per_type)
         for name in ablations:
             label = f"{level}+{name}"
             log(f"[study] {setting}: Self-FL with {name} lr={selffl_lr:g}")
-            run = study.run_method("selffl", selffl_lr, problems, groups, rounds, rate,
-                                   overrides=SELFFL_ABLATIONS[name])
+            run = study.run_method(
+                "selffl",
+                selffl_lr,
+                problems,
+                groups,
+                rounds,
+                rate,
+                overrides=SELFFL_ABLATIONS[name],
+            )
             tables.timings[f"{setting}/{label}"] = round(run.seconds, 1)
             for rec in study.evaluate(run, "test", (ALL_STATES, *STATES), prof.n_boot):
                 tables.rows.append({"setting": setting, "method": label, **rec})
             tables.step_counts += _step_rows(setting, label, run, groups)
 
 
-def _study_config(study: PaperStudy, prof: StudyProfile, seed: int, methods: Sequence[str],
-                  sampling_rates: Sequence[float], manifest_path: Path, tables: _StudyTables,
-                  selffl_lr: float, command: str) -> dict[str, Any]:
+def _study_config(
+    study: PaperStudy,
+    prof: StudyProfile,
+    seed: int,
+    methods: Sequence[str],
+    sampling_rates: Sequence[float],
+    manifest_path: Path,
+    tables: _StudyTables,
+    selffl_lr: float,
+    command: str,
+) -> dict[str, Any]:
     """The `config` block of results.json: what ran, on what, how it was tuned and scored."""
     import torch
 
@@ -776,7 +993,9 @@ def _study_config(study: PaperStudy, prof: StudyProfile, seed: int, methods: Seq
         "profile": asdict(prof),
         "seed": seed,
         "methods": list(methods),
-        "method_labels": {m: METHOD_LABELS[m] for m in (*methods, "selffl-client", "selffl-cluster")},
+        "method_labels": {
+            m: METHOD_LABELS[m] for m in (*methods, "selffl-client", "selffl-cluster")
+        },
         "device_types": study.device_types,
         "states": list(STATES),
         "settings": [SETTING_FULL, *(f"sampling-{r:g}" for r in sampling_rates)],
@@ -785,22 +1004,29 @@ def _study_config(study: PaperStudy, prof: StudyProfile, seed: int, methods: Seq
         "baseline_checkpoint": str(study.baseline_path),
         "model_params": int(study.initial.numel()),
         "train_clips_per_device_type": train_sizes,
-        "test_clips_per_device_type": {dt: len(study.evalsets["test"][dt].labels)
-                                       for dt in study.device_types},
+        "test_clips_per_device_type": {
+            dt: len(study.evalsets["test"][dt].labels) for dt in study.device_types
+        },
         "tuning": {
             "grid": {"lr": list(prof.lr_grid)},
-            "selection": ("mean relative FA (global and personalized models, every device "
-                          "type) on the validation speakers; the same grid for every method"),
+            "selection": (
+                "mean relative FA (global and personalized models, every device "
+                "type) on the validation speakers; the same grid for every method"
+            ),
             "per_method": tables.tuning,
             "sampling_lr": selffl_lr,
         },
         "evaluation": {
             "target_fr": prof.target_fr,
-            "ci": ("95% percentile bootstrap over test speakers, each background-only clip its "
-                   "own unit (paired, matching redone per replicate)"),
+            "ci": (
+                "95% percentile bootstrap over test speakers, each background-only clip its "
+                "own unit (paired, matching redone per replicate)"
+            ),
             "n_boot": prof.n_boot,
-            "personalized_sampling": ("the 4 personalized models of a device type score every "
-                                      "test clip of it; pooled at one matched-FR threshold"),
+            "personalized_sampling": (
+                "the 4 personalized models of a device type score every "
+                "test clip of it; pooled at one matched-FR threshold"
+            ),
         },
         "timings_s": tables.timings,
         "command": command,
@@ -831,16 +1057,30 @@ def source_revision() -> str:
 
     root = Path(__file__).resolve().parent.parent
     try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True,
-                              text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=root, capture_output=True, text=True, timeout=10,
-                               check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return head + ("+dirty" if dirty else "")
 
 
 def _describe(hp: dict[str, Any]) -> dict[str, Any]:
-    return {k: (v if isinstance(v, int | float | str | bool) or v is None else str(v))
-            for k, v in hp.items() if k != "head"}
+    return {
+        k: (v if isinstance(v, int | float | str | bool) or v is None else str(v))
+        for k, v in hp.items()
+        if k != "head"
+    }

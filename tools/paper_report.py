@@ -14,12 +14,14 @@ from typing import Any
 import numpy as np
 
 ALL = "all"
+
+
 def _fmt(x: float | None) -> str:
     return "unbounded" if x is None else f"{x:.2f}"
 
 
 def ci_side(ci: Sequence[float | None] | None) -> str:
-    """"below" when a ratio's interval lies wholly below 1, "above" when wholly above,
+    """ "below" when a ratio's interval lies wholly below 1, "above" when wholly above,
     "includes 1" otherwise (a missing lower bound counts as 0, a missing upper one as
     unbounded)."""
     lo, hi = (ci or [None, None])[:2]
@@ -47,7 +49,9 @@ def format_cell(row: dict[str, Any] | None, with_ci: bool = True) -> str:
     cell = _fmt(row.get("relative_fa"))
     if with_ci:
         lo, hi = row.get("relative_fa_ci") or [None, None]
-        cell += f" [{'-' if lo is None else f'{lo:.2f}'}, {'unbounded' if hi is None else f'{hi:.2f}'}]"
+        cell += (
+            f" [{'-' if lo is None else f'{lo:.2f}'}, {'unbounded' if hi is None else f'{hi:.2f}'}]"
+        )
         if row.get("relative_fa") is not None:
             cell += _MARK[ci_side([lo, hi])]
     return cell
@@ -57,12 +61,21 @@ def _index(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, str, str, str, str
     return {(r["setting"], r["method"], r["model"], r["device_type"], r["state"]): r for r in rows}
 
 
-def _best_per_column(idx: dict, setting: str, model: str, methods: Sequence[str],
-                     device_types: Sequence[str], state: str) -> dict[str, set[str]]:
+def _best_per_column(
+    idx: dict,
+    setting: str,
+    model: str,
+    methods: Sequence[str],
+    device_types: Sequence[str],
+    state: str,
+) -> dict[str, set[str]]:
     best: dict[str, set[str]] = {}
     for dt in device_types:
-        vals = {m: idx[(setting, m, model, dt, state)]["relative_fa"]
-                for m in methods if (setting, m, model, dt, state) in idx}
+        vals = {
+            m: idx[(setting, m, model, dt, state)]["relative_fa"]
+            for m in methods
+            if (setting, m, model, dt, state) in idx
+        }
         finite = {m: v for m, v in vals.items() if v is not None}
         if finite:
             low = min(finite.values())
@@ -70,14 +83,19 @@ def _best_per_column(idx: dict, setting: str, model: str, methods: Sequence[str]
     return best
 
 
-def method_table(result: dict[str, Any], setting: str, model: str, state: str = ALL,
-                 field: str = "relative_fa") -> str:
+def method_table(
+    result: dict[str, Any], setting: str, model: str, state: str = ALL, field: str = "relative_fa"
+) -> str:
     """Rows = methods, columns = device types (paper Table 2 layout). Bold = lowest."""
     cfg = result["config"]
     idx = _index(result["rows"])
     dts = cfg["device_types"]
-    methods = [m for m in cfg["methods"] if any((setting, m, model, dt, state) in idx for dt in dts)]
-    best = _best_per_column(idx, setting, model, methods, dts, state) if field == "relative_fa" else {}
+    methods = [
+        m for m in cfg["methods"] if any((setting, m, model, dt, state) in idx for dt in dts)
+    ]
+    best = (
+        _best_per_column(idx, setting, model, methods, dts, state) if field == "relative_fa" else {}
+    )
     lines = ["| Method | " + " | ".join(dts) + " |", "|---|" + "---|" * len(dts)]
     for m in methods:
         cells = []
@@ -88,8 +106,13 @@ def method_table(result: dict[str, Any], setting: str, model: str, state: str = 
                 if row is not None and m in best.get(dt, set()):
                     cell = f"**{cell}**"
             else:
-                cell = ("n/a" if row is None else "diverged"
-                        if (row.get("note") or "").startswith("diverged") else _fmt(row.get(field)))
+                cell = (
+                    "n/a"
+                    if row is None
+                    else "diverged"
+                    if (row.get("note") or "").startswith("diverged")
+                    else _fmt(row.get(field))
+                )
             cells.append(cell)
         lines.append(f"| {cfg['method_labels'].get(m, m)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -100,7 +123,10 @@ def sampling_table(result: dict[str, Any], model: str) -> str:
     cfg = result["config"]
     idx = _index(result["rows"])
     dts = cfg["device_types"]
-    lines = ["| C | State | Self-FL | " + " | ".join(dts) + " |", "|---|---|---|" + "---|" * len(dts)]
+    lines = [
+        "| C | State | Self-FL | " + " | ".join(dts) + " |",
+        "|---|---|---|" + "---|" * len(dts),
+    ]
     for rate in cfg["activity_rates"]:
         setting = f"sampling-{rate:g}"
         for state in (*cfg["states"], ALL):
@@ -121,11 +147,14 @@ def tuning_table(result: dict[str, Any]) -> str:
         t = tun["per_method"][m]
         fixed = ", ".join(f"{k}={v}" for k, v in sorted(t["hyperparams"].items()))
         vals = [t["validation_score"].get(f"{g:g}") for g in grid]
-        cells = ["diverged" if f"{g:g}" in t.get("diverged", {}) else "-" if v is None
-                 else f"{v:.3f}" for g, v in zip(grid, vals, strict=True)]
+        cells = [
+            "diverged" if f"{g:g}" in t.get("diverged", {}) else "-" if v is None else f"{v:.3f}"
+            for g, v in zip(grid, vals, strict=True)
+        ]
         sel = "none (all diverged)" if t["selected_lr"] is None else f"{t['selected_lr']:g}"
-        lines.append(f"| {cfg['method_labels'].get(m, m)} | {fixed} | " + " | ".join(cells)
-                     + f" | {sel} |")
+        lines.append(
+            f"| {cfg['method_labels'].get(m, m)} | {fixed} | " + " | ".join(cells) + f" | {sel} |"
+        )
     return "\n".join(lines)
 
 
@@ -139,8 +168,11 @@ def shape_findings(result: dict[str, Any]) -> list[str]:
     out: list[str] = []
 
     def vals(method: str, model: str) -> dict[str, float | None]:
-        return {dt: idx[(s, method, model, dt, ALL)]["relative_fa"]
-                for dt in dts if (s, method, model, dt, ALL) in idx}
+        return {
+            dt: idx[(s, method, model, dt, ALL)]["relative_fa"]
+            for dt in dts
+            if (s, method, model, dt, ALL) in idx
+        }
 
     mismatch: list[str] = []
     for method, label in (("selffl", "Alg. 1"), ("selffl-alg2", "Alg. 2")):
@@ -151,34 +183,49 @@ def shape_findings(result: dict[str, Any]) -> list[str]:
             below = [dt for dt, v in sf.items() if v is not None and v < 1.0]
             best = _best_per_column(idx, s, model, cfg["methods"], dts, ALL)
             wins = [dt for dt in dts if method in best.get(dt, set())]
-            sig = [dt for dt in dts if (s, method, model, dt, ALL) in idx
-                   and (idx[(s, method, model, dt, ALL)]["relative_fa_ci"][1] or np.inf) < 1.0]
+            sig = [
+                dt
+                for dt in dts
+                if (s, method, model, dt, ALL) in idx
+                and (idx[(s, method, model, dt, ALL)]["relative_fa_ci"][1] or np.inf) < 1.0
+            ]
             out.append(
                 f"Self-FL ({label}) {model} model: relative FA below 1 on {len(below)} of "
                 f"{len(sf)} device types ({', '.join(below) or 'none'}); the 95% CI lies wholly "
                 f"below 1 on {len(sig)} ({', '.join(sig) or 'none'}); lowest of all methods on "
                 f"{len(wins)} of {len(dts)} ({', '.join(wins) or 'none'}). Paper: below 1 on 4 "
-                "of 5 (global) and 5 of 5 (personalized), best on most device types.")
+                "of 5 (global) and 5 of 5 (personalized), best on most device types."
+            )
             if 2 * len(wins) <= len(dts):
-                mismatch.append(f"Self-FL ({label})'s {model} model is the best method on "
-                                f"{len(wins)} of {len(dts)} device types, not on most")
+                mismatch.append(
+                    f"Self-FL ({label})'s {model} model is the best method on "
+                    f"{len(wins)} of {len(dts)} device types, not on most"
+                )
             if len(below) < len(sf) - 1:
-                mismatch.append(f"Self-FL ({label})'s {model} model does not improve on the "
-                                f"baseline on {len(sf) - len(below)} device types")
+                mismatch.append(
+                    f"Self-FL ({label})'s {model} model does not improve on the "
+                    f"baseline on {len(sf) - len(below)} device types"
+                )
     fw, fe = vals("fedavg-w", "global"), vals("fedavg-e", "global")
     if fw and fe:
-        worse = [dt for dt in dts if fw.get(dt) is not None and fe.get(dt) is not None
-                 and fw[dt] > fe[dt]]
+        worse = [
+            dt
+            for dt in dts
+            if fw.get(dt) is not None and fe.get(dt) is not None and fw[dt] > fe[dt]
+        ]
         big = [dt for dt in dts if fw.get(dt) is None or fw[dt] > 2.0]
         out.append(
             f"Sample-size weighting: FedAvg-w's global model is worse than FedAvg-e's on "
             f"{len(worse)} of {len(dts)} device types, and above 2x the baseline's FA on "
             f"{len(big)}. Paper: FedAvg-w and DITTO-w 4.0-12.8x, far worse than every "
-            "equally weighted method.")
+            "equally weighted method."
+        )
         if not big:
             sizes = cfg.get("train_clips_per_device_type", {})
-            mismatch.append("sample-size weighting does not blow up the FA as in the paper "
-                            f"(training clips per device type here: {sizes})")
+            mismatch.append(
+                "sample-size weighting does not blow up the FA as in the paper "
+                f"(training clips per device type here: {sizes})"
+            )
     if mismatch:
         out.append("Where the shape differs from the paper's: " + "; ".join(mismatch) + ".")
     elif out:
@@ -192,25 +239,38 @@ def power_table(result: dict[str, Any]) -> str:
     cfg = result["config"]
     idx = _index(result["rows"])
     s = "full-participation"
-    lines = ["| Device type | training clips (share) | test wake-word / other clips | baseline FR "
-             "| baseline false accepts | median CI width (hi/lo), global models |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| Device type | training clips (share) | test wake-word / other clips | baseline FR "
+        "| baseline false accepts | median CI width (hi/lo), global models |",
+        "|---|---|---|---|---|---|",
+    ]
     sizes = cfg.get("train_clips_per_device_type", {})
     total = sum(sizes.values()) or 1
     for dt in cfg["device_types"]:
-        rows = [idx[(s, m, "global", dt, ALL)] for m in cfg["methods"]
-                if (s, m, "global", dt, ALL) in idx]
+        rows = [
+            idx[(s, m, "global", dt, ALL)]
+            for m in cfg["methods"]
+            if (s, m, "global", dt, ALL) in idx
+        ]
         ref = next((r for r in rows if r.get("baseline_fa") is not None), None)
-        widths = [r["relative_fa_ci"][1] / r["relative_fa_ci"][0] for r in rows
-                  if r["relative_fa_ci"][0] and r["relative_fa_ci"][1]]
+        widths = [
+            r["relative_fa_ci"][1] / r["relative_fa_ci"][0]
+            for r in rows
+            if r["relative_fa_ci"][0] and r["relative_fa_ci"][1]
+        ]
         if ref is None:
             continue
         fa_count = ref.get("baseline_fa_count")
-        fa = f"{fa_count} of {ref['n_negative']}" if fa_count is not None else f"{ref['baseline_fa']:.3f}"
+        fa = (
+            f"{fa_count} of {ref['n_negative']}"
+            if fa_count is not None
+            else f"{ref['baseline_fa']:.3f}"
+        )
         lines.append(
             f"| {dt} | {sizes.get(dt, '?')} ({100 * sizes.get(dt, 0) / total:.0f} %) | "
             f"{ref['n_positive']} / {ref['n_negative']} | {ref['baseline_fr']:.3f} | {fa} | "
-            f"{'n/a' if not widths else f'{float(np.median(widths)):.2f}x'} |")
+            f"{'n/a' if not widths else f'{float(np.median(widths)):.2f}x'} |"
+        )
     return "\n".join(lines)
 
 
@@ -219,10 +279,12 @@ def comparison_table(result: dict[str, Any]) -> str:
     cfg = result["config"]
     idx = _index(result["rows"])
     labels = cfg["method_labels"]
-    lines = ["| Model | Method | Device type | false accepts (candidate / baseline) | relative FA "
-             "[95% CI] | vs baseline | best other method (relative FA) | FA ratio to it [95% CI] "
-             "| vs best other |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| Model | Method | Device type | false accepts (candidate / baseline) | relative FA "
+        "[95% CI] | vs baseline | best other method (relative FA) | FA ratio to it [95% CI] "
+        "| vs best other |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for c in result.get("comparisons", []):
         row = idx.get((c["setting"], c["method"], c["model"], c["device_type"], c["state"]))
         if row is None:
@@ -231,14 +293,19 @@ def comparison_table(result: dict[str, Any]) -> str:
         vs1 = {"below": "better", "above": "worse", "includes 1": "not resolved"}[vs1]
         r, (lo, hi) = c["ratio_to_best_other"], c["ratio_to_best_other_ci"]
         side = {"below": "better", "above": "worse", "includes 1": "not resolved"}[
-            ci_side(c["ratio_to_best_other_ci"])]
-        ratio = (f"{_fmt(r)} [{'-' if lo is None else f'{lo:.2f}'}, {_fmt(hi)}]")
-        counts = ("n/a" if row.get("candidate_fa_count") is None else
-                  f"{row['candidate_fa_count']} / {row['baseline_fa_count']} of {row['n_negative']}")
+            ci_side(c["ratio_to_best_other_ci"])
+        ]
+        ratio = f"{_fmt(r)} [{'-' if lo is None else f'{lo:.2f}'}, {_fmt(hi)}]"
+        counts = (
+            "n/a"
+            if row.get("candidate_fa_count") is None
+            else f"{row['candidate_fa_count']} / {row['baseline_fa_count']} of {row['n_negative']}"
+        )
         lines.append(
             f"| {c['model']} | {labels.get(c['method'], c['method'])} | {c['device_type']} | "
             f"{counts} | {format_cell(row)} | {vs1} | {labels.get(c['best_other'], c['best_other'])} "
-            f"({_fmt(c['best_other_relative_fa'])}) | {ratio} | {side} |")
+            f"({_fmt(c['best_other_relative_fa'])}) | {ratio} | {side} |"
+        )
     return "\n".join(lines)
 
 
@@ -247,7 +314,11 @@ def _steps_summary(result: dict[str, Any], method: str) -> dict[str, list[int]]:
     warm-up rounds (clients with a variance)."""
     out: dict[str, list[int]] = {}
     for r in result.get("step_counts", []):
-        if r["setting"] == "full-participation" and r["method"] == method and r.get("sigma_sq", 1.0):
+        if (
+            r["setting"] == "full-participation"
+            and r["method"] == method
+            and r.get("sigma_sq", 1.0)
+        ):
             out.setdefault(r["device_type"], []).append(int(r["local_steps"]))
     return out
 
@@ -262,21 +333,28 @@ def why_findings(result: dict[str, Any]) -> list[str]:
         f"Scale: {prof['rounds']} rounds of a width-{prof['width']:g} model on synthetic "
         "speech through simulated devices, against the paper's internal far-field recordings "
         "and many more rounds; the paper's Self-FL gains are a few percent of FA (Table 2a: "
-        "0.91-1.01), well inside the intervals a corpus of this size gives.")
+        "0.91-1.01), well inside the intervals a corpus of this size gives."
+    )
     return out
 
 
 def _why_resolution(result: dict[str, Any]) -> list[str]:
     """How many cells the intervals resolve, against the warm start and the best other."""
-    cells = [r for r in result["rows"] if r["setting"] == "full-participation"
-             and r["state"] == ALL and r["relative_fa"] is not None]
+    cells = [
+        r
+        for r in result["rows"]
+        if r["setting"] == "full-participation"
+        and r["state"] == ALL
+        and r["relative_fa"] is not None
+    ]
     sides = [ci_side(r["relative_fa_ci"]) for r in cells]
     out = [
         f"Resolution: of {len(cells)} full-participation cells (every method, both models, all "
         f"states pooled), the 95% CI lies wholly below 1 in {sides.count('below')} and wholly "
         f"above 1 in {sides.count('above')}; the rest cannot be told apart from the warm start. "
         "The baseline's false-accept counts per device type are in the table above: the "
-        "interval of a ratio of two such counts is what bounds every conclusion here."]
+        "interval of a ratio of two such counts is what bounds every conclusion here."
+    ]
     comps = result.get("comparisons", [])
     if comps:
         cs = [ci_side(c["ratio_to_best_other_ci"]) for c in comps]
@@ -284,7 +362,8 @@ def _why_resolution(result: dict[str, Any]) -> list[str]:
             f"Against the best other method of each cell (chosen on the test set, which favours "
             f"it): Self-FL's FA is lower beyond the CI in {cs.count('below')} of {len(comps)} "
             f"comparisons, higher in {cs.count('above')}, not resolved in "
-            f"{cs.count('includes 1')}.")
+            f"{cs.count('includes 1')}."
+        )
     return out
 
 
@@ -298,33 +377,51 @@ def _why_steps(result: dict[str, Any]) -> list[str]:
         steps = _steps_summary(result, method)
         if not steps:
             continue
-        per = "; ".join(f"{dt} {np.mean(v):.1f} ({min(v)}-{max(v)})" for dt, v in sorted(steps.items()))
+        per = "; ".join(
+            f"{dt} {np.mean(v):.1f} ({min(v)}-{max(v)})" for dt, v in sorted(steps.items())
+        )
         label = cfg["method_labels"].get(method, method)
-        extra = (f"; the model it sends trains {prof['converge_steps']} more steps towards "
-                 "local convergence" if method == "selffl-alg2" else "")
+        extra = (
+            f"; the model it sends trains {prof['converge_steps']} more steps towards "
+            "local convergence"
+            if method == "selffl-alg2"
+            else ""
+        )
         out.append(
             f"{label}: Eqn 16 gave {per} local steps per round after the warm-up rounds "
             f"(mean, range; cap l_max = {prof['l_max']}), against the fixed {k} of the "
-            f"baselines{extra}.")
+            f"baselines{extra}."
+        )
     st1 = _steps_summary(result, "selffl")
     if not st1:
         return out
     mean1 = float(np.mean([x for v in st1.values() for x in v]))
     if mean1 < k:
-        sig = [r for r in result.get("step_counts", []) if r["setting"] == "full-participation"
-               and r["method"] == "selffl" and r.get("sigma_sq")]
+        sig = [
+            r
+            for r in result.get("step_counts", [])
+            if r["setting"] == "full-participation"
+            and r["method"] == "selffl"
+            and r.get("sigma_sq")
+        ]
         med = float(np.median([r["sigma_sq"] for r in sig])) if sig else float("nan")
         lr = (cfg["tuning"]["per_method"].get("selffl") or {}).get("selected_lr")
-        rate = "" if not (sig and lr) else (
-            f" With the selected eta = {lr:g} and B = {prof['batch_size']}, the median "
-            f"sigma_m^2 = {med:.3g} (trace variance over the client's past personal "
-            f"models) makes eta/(B sigma_m^2) = {lr / (prof['batch_size'] * med):.3g} per "
-            "step, so a few steps already cover the distance Eqn 16 asks for.")
+        rate = (
+            ""
+            if not (sig and lr)
+            else (
+                f" With the selected eta = {lr:g} and B = {prof['batch_size']}, the median "
+                f"sigma_m^2 = {med:.3g} (trace variance over the client's past personal "
+                f"models) makes eta/(B sigma_m^2) = {lr / (prof['batch_size'] * med):.3g} per "
+                "step, so a few steps already cover the distance Eqn 16 asks for."
+            )
+        )
         out.append(
             f"Self-FL (Alg. 1) therefore trains {mean1:.1f} steps per round on average "
             "after the warm-up rounds, "
             f"fewer than the baselines' {k}: its models stay closer to the warm start, "
-            f"which limits how far their FA can move either way.{rate}")
+            f"which limits how far their FA can move either way.{rate}"
+        )
     return out
 
 
@@ -340,28 +437,53 @@ def _why_imbalance(result: dict[str, Any]) -> list[str]:
     total = sum(sizes.values())
     top = max(sizes, key=lambda d: sizes[d])
     ran = [m for m in ("selffl", "selffl-alg2") if m in cfg["methods"]]
-    worse = {m: [dt for dt in dts if (s, m, "global", dt, ALL) in idx
-                 and ci_side(idx[(s, m, "global", dt, ALL)]["relative_fa_ci"]) == "above"]
-             for m in ran}
-    above = {m: [dt for dt in dts if (s, m, "global", dt, ALL) in idx
-                 and (idx[(s, m, "global", dt, ALL)]["relative_fa"] or np.inf) > 1.0]
-             for m in ran}
+    worse = {
+        m: [
+            dt
+            for dt in dts
+            if (s, m, "global", dt, ALL) in idx
+            and ci_side(idx[(s, m, "global", dt, ALL)]["relative_fa_ci"]) == "above"
+        ]
+        for m in ran
+    }
+    above = {
+        m: [
+            dt
+            for dt in dts
+            if (s, m, "global", dt, ALL) in idx
+            and (idx[(s, m, "global", dt, ALL)]["relative_fa"] or np.inf) > 1.0
+        ]
+        for m in ran
+    }
     short = {"selffl": "Alg. 1", "selffl-alg2": "Alg. 2"}
     fw = (idx.get((s, "fedavg-w", "global", top, ALL)) or {}).get("relative_fa")
     fe = (idx.get((s, "fedavg-e", "global", top, ALL)) or {}).get("relative_fa")
-    weighting = "" if fw is None or fe is None else (
-        f" On {top}, sample-size-weighted FedAvg-w reaches {fw:.2f} and equally weighted "
-        f"FedAvg-e {fe:.2f}: " + ("keeping " + top + "'s share of the training signal helps "
-                                  "it" if fw < fe else "giving the smaller device types an "
-                                  "equal say does not cost " + top + " here") + ".")
+    weighting = (
+        ""
+        if fw is None or fe is None
+        else (
+            f" On {top}, sample-size-weighted FedAvg-w reaches {fw:.2f} and equally weighted "
+            f"FedAvg-e {fe:.2f}: "
+            + (
+                "keeping " + top + "'s share of the training signal helps it"
+                if fw < fe
+                else "giving the smaller device types an equal say does not cost " + top + " here"
+            )
+            + "."
+        )
+    )
     return [
         f"Data imbalance: device type {top} holds {100 * sizes[top] / total:.0f} % of the "
         "pooled training clips the warm start was trained on; Self-FL's precision weights "
         "give every device type a similar say in the global model, as equal weighting does."
-        f"{weighting}" + "".join(
+        f"{weighting}"
+        + "".join(
             f" Self-FL ({short[m]}) global model: above 1 on "
             f"{', '.join(above[m]) or 'no device type'}, beyond the CI on "
-            f"{', '.join(worse[m]) or 'none'}." for m in ran)]
+            f"{', '.join(worse[m]) or 'none'}."
+            for m in ran
+        )
+    ]
 
 
 def _why_sampling(result: dict[str, Any]) -> list[str]:
@@ -372,8 +494,14 @@ def _why_sampling(result: dict[str, Any]) -> list[str]:
     out = []
     for rate in cfg.get("activity_rates", []):
         setting = f"sampling-{rate:g}"
-        pers = [r for r in result["rows"] if r["setting"] == setting and r["state"] == ALL
-                and r["model"] == "personalized" and r["relative_fa"] is not None]
+        pers = [
+            r
+            for r in result["rows"]
+            if r["setting"] == setting
+            and r["state"] == ALL
+            and r["model"] == "personalized"
+            and r["relative_fa"] is not None
+        ]
         if not pers:
             continue
         up = sum(ci_side(r["relative_fa_ci"]) == "above" for r in pers)
@@ -393,7 +521,8 @@ def _why_sampling(result: dict[str, Any]) -> list[str]:
             f"{min(counts)}-{max(counts)} of {prof['sampling_rounds']} rounds (client level); a "
             "client with fewer than 2 rounds has no variance yet and personalizes with the "
             "warm-up rule (the fixed warm-up steps from the global model), at the learning rate "
-            "selected with full participation, where each client had 4 times the data.")
+            "selected with full participation, where each client had 4 times the data."
+        )
     return out
 
 
@@ -410,8 +539,14 @@ def render_markdown(result: dict[str, Any], figures: dict[str, Any] | None = Non
         for name, path in figures.items():
             md.append(f"- {name}: `{Path(path).name}`")
         md.append("")
-    md += ["## Timings (s)", "", f"Total: {cfg.get('seconds_total', 0):.0f} s.", "",
-           "| run | seconds |", "|---|---|"]
+    md += [
+        "## Timings (s)",
+        "",
+        f"Total: {cfg.get('seconds_total', 0):.0f} s.",
+        "",
+        "| run | seconds |",
+        "|---|---|",
+    ]
     md += [f"| {k} | {v} |" for k, v in cfg["timings_s"].items()]
     return "\n".join(md) + "\n"
 
@@ -424,12 +559,16 @@ def _md_heading(cfg: dict[str, Any]) -> str:
         f"{prof['sampling_rounds']} with client sampling"
     )
     if prof["name"] != "full":
-        heading += (" — reduced width and rounds (paper-scale settings are the `full` profile: "
-                    "width 1, 30/60 rounds, 20 fixed local steps, Self-FL l_max 40)")
+        heading += (
+            " — reduced width and rounds (paper-scale settings are the `full` profile: "
+            "width 1, 30/60 rounds, 20 fixed local steps, Self-FL l_max 40)"
+        )
     grid = cfg.get("tuning", {}).get("grid", {}).get("lr")
     if grid:
-        heading += (f"; every method tuned over the same learning rates "
-                    f"{{{', '.join(f'{g:g}' for g in grid)}}}")
+        heading += (
+            f"; every method tuned over the same learning rates "
+            f"{{{', '.join(f'{g:g}' for g in grid)}}}"
+        )
     return heading
 
 
@@ -458,11 +597,18 @@ def _md_preamble(result: dict[str, Any]) -> list[str]:
         "",
     ]
     if cfg["profile"]["name"] != "full":
-        md += ["The corpus, model and round counts are far smaller than the paper's: "
-               "differences within the confidence intervals are noise.", ""]
+        md += [
+            "The corpus, model and round counts are far smaller than the paper's: "
+            "differences within the confidence intervals are noise.",
+            "",
+        ]
     if any(r.get("baseline_fa_count") is not None for r in result["rows"]):
-        md += ["## What the test cells hold (full participation, all states)", "",
-               power_table(result), ""]
+        md += [
+            "## What the test cells hold (full participation, all states)",
+            "",
+            power_table(result),
+            "",
+        ]
     return md
 
 
@@ -471,46 +617,80 @@ def _md_tables(result: dict[str, Any]) -> list[str]:
     cfg = result["config"]
     ev = cfg["evaluation"]
     full = "full-participation"
-    md = ["## Table 2a: updated global model, full participation (5 clients, all active)", "",
-          method_table(result, full, "global"), "",
-          "Matched relative FR of the same cells (close to 1 means the match held):", "",
-          method_table(result, full, "global", field="relative_fr"), "",
-          "## Table 2b: personalized models, full participation", "",
-          method_table(result, full, "personalized"), "",
-          "Matched relative FR:", "",
-          method_table(result, full, "personalized", field="relative_fr"), ""]
+    md = [
+        "## Table 2a: updated global model, full participation (5 clients, all active)",
+        "",
+        method_table(result, full, "global"),
+        "",
+        "Matched relative FR of the same cells (close to 1 means the match held):",
+        "",
+        method_table(result, full, "global", field="relative_fr"),
+        "",
+        "## Table 2b: personalized models, full participation",
+        "",
+        method_table(result, full, "personalized"),
+        "",
+        "Matched relative FR:",
+        "",
+        method_table(result, full, "personalized", field="relative_fr"),
+        "",
+    ]
     for state in cfg["states"]:
-        md += [f"### Device state `{state}`: global model", "",
-               method_table(result, full, "global", state=state), ""]
+        md += [
+            f"### Device state `{state}`: global model",
+            "",
+            method_table(result, full, "global", state=state),
+            "",
+        ]
     if cfg["activity_rates"]:
-        md += [f"## Table 5: client sampling, updated global model ({4 * len(cfg['device_types'])} "
-               "clients, 4 per device type; cluster-level = clusters by device type)", "",
-               sampling_table(result, "global"), "",
-               "## Table 6: client sampling, personalized models "
-               f"({ev['personalized_sampling']})", "",
-               sampling_table(result, "personalized"), ""]
-    md += ["## Tuning (the same grid for every method)", "",
-           f"Grid: learning rate in {cfg['tuning']['grid']['lr']}; selection: "
-           f"{cfg['tuning']['selection']}. A one-point grid runs no selection. Client sampling "
-           f"reuses Self-FL's selected learning rate ({cfg['tuning']['sampling_lr']:g}).", "",
-           tuning_table(result), ""]
+        md += [
+            f"## Table 5: client sampling, updated global model ({4 * len(cfg['device_types'])} "
+            "clients, 4 per device type; cluster-level = clusters by device type)",
+            "",
+            sampling_table(result, "global"),
+            "",
+            f"## Table 6: client sampling, personalized models ({ev['personalized_sampling']})",
+            "",
+            sampling_table(result, "personalized"),
+            "",
+        ]
+    md += [
+        "## Tuning (the same grid for every method)",
+        "",
+        f"Grid: learning rate in {cfg['tuning']['grid']['lr']}; selection: "
+        f"{cfg['tuning']['selection']}. A one-point grid runs no selection. Client sampling "
+        f"reuses Self-FL's selected learning rate ({cfg['tuning']['sampling_lr']:g}).",
+        "",
+        tuning_table(result),
+        "",
+    ]
     if result.get("comparisons"):
-        md += ["## Self-FL against the warm start and against the best other method "
-               "(full participation, all states)", "",
-               "`vs baseline`: the relative FA's 95% CI lies wholly below 1 (better), wholly "
-               "above (worse), or includes 1 (not resolved). `FA ratio to it`: Self-FL's FA "
-               "over the best other method's FA at the same matched FR, with a paired bootstrap "
-               f"over the same resampling units ({ev['n_boot']} replicates); the best other "
-               "method is picked on the test set, which favours it.", "",
-               comparison_table(result), ""]
+        md += [
+            "## Self-FL against the warm start and against the best other method "
+            "(full participation, all states)",
+            "",
+            "`vs baseline`: the relative FA's 95% CI lies wholly below 1 (better), wholly "
+            "above (worse), or includes 1 (not resolved). `FA ratio to it`: Self-FL's FA "
+            "over the best other method's FA at the same matched FR, with a paired bootstrap "
+            f"over the same resampling units ({ev['n_boot']} replicates); the best other "
+            "method is picked on the test set, which favours it.",
+            "",
+            comparison_table(result),
+            "",
+        ]
     return md
 
 
 # ---- plots ------------------------------------------------------------------------------
 
 
-def plot_step_counts(step_counts: Sequence[dict[str, Any]], settings: Sequence[str],
-                     method: str, path: Path, title: str) -> Path | None:
+def plot_step_counts(
+    step_counts: Sequence[dict[str, Any]],
+    settings: Sequence[str],
+    method: str,
+    path: Path,
+    title: str,
+) -> Path | None:
     """Local step counts per client and round (one panel per setting)."""
     import matplotlib
 
@@ -519,8 +699,12 @@ def plot_step_counts(step_counts: Sequence[dict[str, Any]], settings: Sequence[s
 
     methods = method.split("|")
     # One panel per (setting, method): a client's points of two methods must not be joined.
-    panels = [(s, m) for s in settings for m in methods
-              if any(r["setting"] == s and r["method"] == m for r in step_counts)]
+    panels = [
+        (s, m)
+        for s in settings
+        for m in methods
+        if any(r["setting"] == s and r["method"] == m for r in step_counts)
+    ]
     if not panels:
         return None
     fig, axes = plt.subplots(1, len(panels), figsize=(4.8 * len(panels), 3.8), squeeze=False)
@@ -543,8 +727,9 @@ def plot_step_counts(step_counts: Sequence[dict[str, Any]], settings: Sequence[s
     return path
 
 
-def plot_det_curves(det: dict[str, Any], labels: dict[str, str], out: Path, stem: str,
-                    title: str) -> dict[str, Path]:
+def plot_det_curves(
+    det: dict[str, Any], labels: dict[str, str], out: Path, stem: str, title: str
+) -> dict[str, Path]:
     """One DET plot per device type (`wakefl.tools.det_plot`): the baseline and each method."""
     from wakefl.sdk.wake_metrics import det_curve
     from wakefl.tools.det_plot import plot_det
@@ -552,35 +737,52 @@ def plot_det_curves(det: dict[str, Any], labels: dict[str, str], out: Path, stem
     paths: dict[str, Path] = {}
     for dt in sorted(det):
         lab = det[dt]["labels"]
-        curves = {labels.get(name, name): det_curve(scores[lab == 1], scores[lab == 0])
-                  for name, scores in det[dt]["scores"].items()}  # baseline first
-        paths[dt] = plot_det(curves, out / f"{stem}_{dt}.png", f"{title}, device type {dt}",
-                             int((lab == 1).sum()), int((lab == 0).sum()))
+        curves = {
+            labels.get(name, name): det_curve(scores[lab == 1], scores[lab == 0])
+            for name, scores in det[dt]["scores"].items()
+        }  # baseline first
+        paths[dt] = plot_det(
+            curves,
+            out / f"{stem}_{dt}.png",
+            f"{title}, device type {dt}",
+            int((lab == 1).sum()),
+            int((lab == 0).sum()),
+        )
     return paths
 
 
-def write_report(result: dict[str, Any], out: Path, det: dict[str, dict[str, Any]] | None = None
-                 ) -> dict[str, Path]:
+def write_report(
+    result: dict[str, Any], out: Path, det: dict[str, dict[str, Any]] | None = None
+) -> dict[str, Path]:
     """Write results.json, the figures and results.md into `out`; return their paths."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cfg = result["config"]
     figures: dict[str, Path] = {}
     sampling = [s for s in cfg["settings"] if s.startswith("sampling")]
-    p = plot_step_counts(result["step_counts"], ["full-participation"], "selffl|selffl-alg2",
-                         out / "fig11_steps_full_participation.png",
-                         "Self-FL local steps per client and round, full participation (Fig. 11)")
+    p = plot_step_counts(
+        result["step_counts"],
+        ["full-participation"],
+        "selffl|selffl-alg2",
+        out / "fig11_steps_full_participation.png",
+        "Self-FL local steps per client and round, full participation (Fig. 11)",
+    )
     if p:
         figures["Figure 11: Self-FL steps, full participation"] = p
-    p = plot_step_counts(result["step_counts"], sampling, "selffl-client|selffl-cluster",
-                         out / "fig12_steps_sampling.png",
-                         "Self-FL local steps per client and round, client sampling (Fig. 12)")
+    p = plot_step_counts(
+        result["step_counts"],
+        sampling,
+        "selffl-client|selffl-cluster",
+        out / "fig12_steps_sampling.png",
+        "Self-FL local steps per client and round, client sampling (Fig. 12)",
+    )
     if p:
         figures["Figure 12: Self-FL steps, client sampling"] = p
     for key, d in sorted((det or {}).items()):
         setting, model = key.split("/")
-        for dt, p in plot_det_curves(d, cfg["method_labels"], out, f"det_{setting}_{model}",
-                                     f"{setting}, {model}").items():
+        for dt, p in plot_det_curves(
+            d, cfg["method_labels"], out, f"det_{setting}_{model}", f"{setting}, {model}"
+        ).items():
             figures[f"DET curves, {setting}, {model} models, device type {dt}"] = p
     paths = {"json": out / "results.json", "markdown": out / "results.md", **figures}
     paths["json"].write_text(json.dumps(result, indent=1, sort_keys=True) + "\n", encoding="utf-8")

@@ -101,8 +101,9 @@ def _decode(path: Path) -> np.ndarray:
     return load_audio(path, 16000)
 
 
-def load_pretrain_data(manifest: Path, window: int, val_stream_seconds: float,
-                       progress: bool = True, seed: int = 0) -> PretrainData:
+def load_pretrain_data(
+    manifest: Path, window: int, val_stream_seconds: float, progress: bool = True, seed: int = 0
+) -> PretrainData:
     from tqdm import tqdm
 
     from wakefl.sdk.dataset import load_clip
@@ -114,20 +115,26 @@ def load_pretrain_data(manifest: Path, window: int, val_stream_seconds: float,
         raise ConfigError(f"{manifest}: no wake-phrase clips in the train split")
     if not any(r.split == "val" and r.label == 1 for r in clips):
         raise ConfigError(f"{manifest}: no wake-phrase clips in the val split")
-    waves = [load_clip(r.resolve(manifest), window)
-             for r in tqdm(clips, desc="decode clips", unit="clip", disable=not progress, leave=False)]
+    waves = [
+        load_clip(r.resolve(manifest), window)
+        for r in tqdm(clips, desc="decode clips", unit="clip", disable=not progress, leave=False)
+    ]
     arr = np.stack(waves).astype(np.float32)
     labels = np.array([r.label for r in clips])
     train = np.array([r.split == "train" for r in clips])
-    streams = {sp: [_decode(r.resolve(manifest)) for r in rows if r.kind == "stream" and r.split == sp]
-               for sp in ("train", "val")}
+    streams = {
+        sp: [_decode(r.resolve(manifest)) for r in rows if r.kind == "stream" and r.split == sp]
+        for sp in ("train", "val")
+    }
     cap = int(val_stream_seconds * 16000)
     from wakefl.tools.wave_augment import AugmentBank
 
     return PretrainData(
-        pos=arr[train & (labels == 1)], neg=arr[train & (labels == 0)],
+        pos=arr[train & (labels == 1)],
+        neg=arr[train & (labels == 0)],
         train_streams=[s for s in streams["train"] if s.size >= window],
-        val_clips=arr[~train], val_labels=labels[~train],
+        val_clips=arr[~train],
+        val_labels=labels[~train],
         val_streams=[s[:cap] for s in streams["val"] if s.size >= window],
         bank=AugmentBank.make(seed),
     )
@@ -150,15 +157,16 @@ def make_batch(data: PretrainData, step: int, s: PretrainSettings) -> tuple[np.n
         elif i < n_pos + n_cut:
             stream = data.train_streams[int(rng.integers(len(data.train_streams)))]
             start = int(rng.integers(0, stream.size - data.window + 1))
-            src = stream[start:start + data.window]
+            src = stream[start : start + data.window]
         else:
             src = data.neg[int(rng.integers(len(data.neg)))]
         out[i] = augment_window(src, int(labels[i]), rng, data.bank)
     return out, labels
 
 
-def batch_stream(data: PretrainData, start_step: int, s: PretrainSettings,
-                 workers: int = 1) -> Iterator[tuple[Any, Any]]:
+def batch_stream(
+    data: PretrainData, start_step: int, s: PretrainSettings, workers: int = 1
+) -> Iterator[tuple[Any, Any]]:
     """Batches from `start_step` on, prepared in a worker process while the model trains."""
     import torch
     from torch.utils.data import DataLoader, IterableDataset
@@ -177,8 +185,15 @@ def batch_stream(data: PretrainData, start_step: int, s: PretrainSettings,
         return iter(_Batches())
     # Workers take steps round-robin and the loader returns them in worker order, so the
     # batches arrive in step order.
-    return iter(DataLoader(_Batches(), batch_size=None, num_workers=workers, prefetch_factor=4,
-                           persistent_workers=False))
+    return iter(
+        DataLoader(
+            _Batches(),
+            batch_size=None,
+            num_workers=workers,
+            prefetch_factor=4,
+            persistent_workers=False,
+        )
+    )
 
 
 # ---------------------------------------------------------------- validation
@@ -209,8 +224,9 @@ def count_events(scores: np.ndarray, threshold: float, refractory_hops: int) -> 
     return count
 
 
-def threshold_for_fa(streams_scores: list[np.ndarray], hours: float, fa_per_hour: float,
-                     refractory_hops: int) -> float:
+def threshold_for_fa(
+    streams_scores: list[np.ndarray], hours: float, fa_per_hour: float, refractory_hops: int
+) -> float:
     """The lowest threshold at which the streams give at most `fa_per_hour` false accepts
     per hour (bisection: the event count falls as the threshold rises)."""
     allowed = math.floor(fa_per_hour * hours + 1e-9)
@@ -236,7 +252,7 @@ def score_batches(model: Any, windows: np.ndarray, batch: int = 256) -> np.ndarr
     out = []
     with torch.no_grad():
         for i in range(0, len(windows), batch):
-            x = torch.from_numpy(np.ascontiguousarray(windows[i:i + batch], dtype=np.float32))
+            x = torch.from_numpy(np.ascontiguousarray(windows[i : i + batch], dtype=np.float32))
             out.append(model.predict_proba(x.to(next(model.parameters()).device)).cpu().numpy())
     return np.concatenate(out) if out else np.zeros(0)
 
@@ -249,15 +265,20 @@ def validate(model: Any, data: PretrainData, s: PretrainSettings) -> dict[str, f
     try:
         clip_scores = score_batches(model, data.val_clips)
         hop = int(round(HOP_S * 16000))
-        stream_scores = [smoothed(score_batches(model, stream_windows(w, data.window, hop)), SMOOTHING)
-                         for w in data.val_streams]
+        stream_scores = [
+            smoothed(score_batches(model, stream_windows(w, data.window, hop)), SMOOTHING)
+            for w in data.val_streams
+        ]
     finally:
         model.train(was)
     pos = clip_scores[data.val_labels == 1]
     neg = clip_scores[data.val_labels == 0]
     hours = sum(w.size for w in data.val_streams) / 16000 / 3600
-    thr = (threshold_for_fa(stream_scores, hours, s.val_fa_per_hour, int(round(REFRACTORY_S / HOP_S)))
-           if stream_scores else float(np.quantile(neg, 0.99)))
+    thr = (
+        threshold_for_fa(stream_scores, hours, s.val_fa_per_hour, int(round(REFRACTORY_S / HOP_S)))
+        if stream_scores
+        else float(np.quantile(neg, 0.99))
+    )
     return {
         "threshold": float(thr),
         "frr": float(np.mean(pos < thr)),
@@ -272,7 +293,10 @@ def better(a: dict[str, float], b: dict[str, float] | None) -> bool:
     """Lower FRR at the fixed FA/h wins; on a tie, fewer clip false accepts at 0.5."""
     if b is None:
         return True
-    return (a["frr"], a["far_at_half"] + a["frr_at_half"]) < (b["frr"], b["far_at_half"] + b["frr_at_half"])
+    return (a["frr"], a["far_at_half"] + a["frr_at_half"]) < (
+        b["frr"],
+        b["far_at_half"] + b["frr_at_half"],
+    )
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -311,13 +335,17 @@ def load_state(out: Path, model: Any, opt: Any) -> dict[str, Any]:
     with torch.no_grad():
         for k, p in model.named_parameters():
             if f"model.{k}" not in tensors or tensors[f"model.{k}"].shape != p.shape:
-                raise ConfigError(f"cannot resume from {out}: its weights do not fit this model ({k})")
+                raise ConfigError(
+                    f"cannot resume from {out}: its weights do not fit this model ({k})"
+                )
             p.copy_(tensors[f"model.{k}"])
     for i, p in enumerate(opt.param_groups[0]["params"]):
         if f"opt.{i}.exp_avg" in tensors:
-            opt.state[p] = {"exp_avg": tensors[f"opt.{i}.exp_avg"].clone(),
-                            "exp_avg_sq": tensors[f"opt.{i}.exp_avg_sq"].clone(),
-                            "step": tensors[f"opt.{i}.step"].reshape(()).clone()}
+            opt.state[p] = {
+                "exp_avg": tensors[f"opt.{i}.exp_avg"].clone(),
+                "exp_avg_sq": tensors[f"opt.{i}.exp_avg_sq"].clone(),
+                "step": tensors[f"opt.{i}.step"].reshape(()).clone(),
+            }
     return info
 
 
@@ -329,8 +357,14 @@ def save_best(out: Path, model: Any, metrics: dict[str, float], info: dict[str, 
     save_model(model, tmp)
     tmp.with_suffix(".json").replace(out / "best.json")
     tmp.replace(out / BEST)
-    card = {"threshold": metrics["threshold"], "hop_s": HOP_S, "smoothing": SMOOTHING,
-            "refractory_s": REFRACTORY_S, "validation": metrics, **info}
+    card = {
+        "threshold": metrics["threshold"],
+        "hop_s": HOP_S,
+        "smoothing": SMOOTHING,
+        "refractory_s": REFRACTORY_S,
+        "validation": metrics,
+        **info,
+    }
     write_atomic(out / BEST_CARD, (json.dumps(card, indent=1) + "\n").encode())
 
 
@@ -340,8 +374,10 @@ def save_best(out: Path, model: Any, metrics: dict[str, float], info: dict[str, 
 def _settings_match(saved: dict[str, Any], s: PretrainSettings) -> None:
     for key in ("width", "phrase", "seed", "batch_size"):
         if saved.get(key) != getattr(s, key):
-            raise ConfigError(f"--resume: the checkpoint was made with {key}={saved.get(key)!r}, "
-                              f"this run asks for {getattr(s, key)!r}")
+            raise ConfigError(
+                f"--resume: the checkpoint was made with {key}={saved.get(key)!r}, "
+                f"this run asks for {getattr(s, key)!r}"
+            )
 
 
 def spec_mask(feats: Any, generator: Any) -> Any:
@@ -372,12 +408,24 @@ def forward_train(model: Any, wave: Any, generator: Any, masks: bool) -> Any:
     return model.head(x)
 
 
-def _start_info(out: Path, s: PretrainSettings, manifest: Path, model: Any, opt: Any,
-                resume: bool, init_from: Path | None) -> dict[str, Any]:
+def _start_info(
+    out: Path,
+    s: PretrainSettings,
+    manifest: Path,
+    model: Any,
+    opt: Any,
+    resume: bool,
+    init_from: Path | None,
+) -> dict[str, Any]:
     """The run's state info: a new run (from `init_from`'s weights when given) or the saved
     one (model and optimizer restored) when resuming."""
-    info: dict[str, Any] = {"settings": asdict(s), "step": 0, "best": None, "seconds": 0.0,
-                            "manifest": str(manifest)}
+    info: dict[str, Any] = {
+        "settings": asdict(s),
+        "step": 0,
+        "best": None,
+        "seconds": 0.0,
+        "manifest": str(manifest),
+    }
     if init_from is not None and not (resume and (out / STATE_INFO).exists()):
         from wakefl.models.kws_cnn import load_model
 
@@ -397,8 +445,9 @@ def _start_info(out: Path, s: PretrainSettings, manifest: Path, model: Any, opt:
     return info
 
 
-def _train_step(model: Any, opt: Any, x: Any, y: Any, step: int, gen: Any,
-                s: PretrainSettings) -> float:
+def _train_step(
+    model: Any, opt: Any, x: Any, y: Any, step: int, gen: Any, s: PretrainSettings
+) -> float:
     """One optimizer step at the schedule's learning rate; returns the batch loss."""
     import torch
     import torch.nn.functional as F
@@ -415,24 +464,48 @@ def _train_step(model: Any, opt: Any, x: Any, y: Any, step: int, gen: Any,
     return loss.item()
 
 
-def _validate_and_record(out: Path, model: Any, data: Any, s: PretrainSettings,
-                         info: dict[str, Any], step: int, running: float) -> dict[str, Any]:
+def _validate_and_record(
+    out: Path,
+    model: Any,
+    data: Any,
+    s: PretrainSettings,
+    info: dict[str, Any],
+    step: int,
+    running: float,
+) -> dict[str, Any]:
     """Validate after `step`, append the record to the history, keep the best model."""
     metrics = validate(model, data, s)
-    record = {"step": step + 1, "samples": (step + 1) * s.batch_size, "loss": running,
-              "lr": lr_at(step, s), "seconds": info["seconds"], **metrics}
+    record = {
+        "step": step + 1,
+        "samples": (step + 1) * s.batch_size,
+        "loss": running,
+        "lr": lr_at(step, s),
+        "seconds": info["seconds"],
+        **metrics,
+    }
     with (out / HISTORY).open("a", encoding="utf-8") as f:
         f.write(json.dumps(record) + "\n")
     if better(metrics, info["best"]):
         info["best"] = record
-        save_best(out, model, metrics, {"step": step + 1, "samples": record["samples"],
-                                       "phrase": s.phrase, "width": s.width})
+        save_best(
+            out,
+            model,
+            metrics,
+            {"step": step + 1, "samples": record["samples"], "phrase": s.phrase, "width": s.width},
+        )
     return metrics
 
 
-def pretrain(manifest: Path, out: Path, s: PretrainSettings, resume: bool = False,
-             init_from: Path | None = None, max_minutes: float | None = None,
-             progress: bool = True, max_steps: int | None = None) -> dict[str, Any]:
+def pretrain(
+    manifest: Path,
+    out: Path,
+    s: PretrainSettings,
+    resume: bool = False,
+    init_from: Path | None = None,
+    max_minutes: float | None = None,
+    progress: bool = True,
+    max_steps: int | None = None,
+) -> dict[str, Any]:
     """Train (or resume) into `out`; returns the final state info. Stops at `s.samples` or
     after `max_minutes` or `max_steps` in this call (checkpointing first). `init_from` starts a
     new run from saved weights (a shipped model: its optimizer state is not shipped)."""
@@ -445,19 +518,28 @@ def pretrain(manifest: Path, out: Path, s: PretrainSettings, resume: bool = Fals
     torch.set_num_threads(max(1, s.threads))
     out.mkdir(parents=True, exist_ok=True)
     if not resume and (out / STATE_INFO).exists():
-        raise ConfigError(f"{out} already holds a pretraining run; pass --resume to continue it "
-                          "or choose a new --out")
+        raise ConfigError(
+            f"{out} already holds a pretraining run; pass --resume to continue it "
+            "or choose a new --out"
+        )
     torch.manual_seed(s.seed)
     model = KwsCnn(ModelConfig(width=s.width)).to(s.device)
     opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
     info = _start_info(out, s, manifest, model, opt, resume, init_from)
-    data = load_pretrain_data(manifest, model.cfg.window_samples, s.val_stream_seconds, progress, s.seed)
+    data = load_pretrain_data(
+        manifest, model.cfg.window_samples, s.val_stream_seconds, progress, s.seed
+    )
     start_step = int(info["step"])
     gen = torch.Generator()
     t0, last_ckpt = time.monotonic(), time.monotonic()
     seconds0 = float(info["seconds"])
-    bar = tqdm(total=s.total_steps, initial=start_step, desc=f"pretrain w{s.width}", unit="step",
-               disable=not progress)
+    bar = tqdm(
+        total=s.total_steps,
+        initial=start_step,
+        desc=f"pretrain w{s.width}",
+        unit="step",
+        disable=not progress,
+    )
     running = None
     step = start_step
     model.train()
@@ -468,12 +550,16 @@ def pretrain(manifest: Path, out: Path, s: PretrainSettings, resume: bool = Fals
         info["seconds"] = seconds0 + time.monotonic() - t0
         bar.update(1)
         done = step + 1 >= s.total_steps
-        out_of_time = ((max_minutes is not None and time.monotonic() - t0 > max_minutes * 60)
-                       or (max_steps is not None and step + 1 - start_step >= max_steps))
+        out_of_time = (max_minutes is not None and time.monotonic() - t0 > max_minutes * 60) or (
+            max_steps is not None and step + 1 - start_step >= max_steps
+        )
         if (step + 1) % s.eval_every_steps == 0 or done or out_of_time:
             metrics = _validate_and_record(out, model, data, s, info, step, running)
-            bar.set_postfix(loss=f"{running:.3f}", frr=f"{metrics['frr']:.3f}",
-                            best=f"{info['best']['frr']:.3f}")
+            bar.set_postfix(
+                loss=f"{running:.3f}",
+                frr=f"{metrics['frr']:.3f}",
+                best=f"{info['best']['frr']:.3f}",
+            )
         if done or out_of_time or time.monotonic() - last_ckpt > s.checkpoint_minutes * 60:
             save_state(out, model, opt, info)
             last_ckpt = time.monotonic()
@@ -503,8 +589,11 @@ def publish(run: Path, name: str, dest: Path | None = None) -> Path:
     tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in model.named_parameters()}
     out = dest / f"{name}.safetensors"
     tmp = dest / f".{name}.tmp.safetensors"
-    save_file(tensors, str(tmp), metadata={"architecture": "kws_cnn",
-                                           "config": json.dumps(model.cfg.to_dict())})
+    save_file(
+        tensors,
+        str(tmp),
+        metadata={"architecture": "kws_cnn", "config": json.dumps(model.cfg.to_dict())},
+    )
     # The config JSON also carries the shipped threshold, where `wakefl eval
     # --at-shipped-threshold` looks for a model's operating point.
     meta = json.loads((run / "best.json").read_text(encoding="utf-8"))

@@ -37,7 +37,9 @@ def exponential_rir(
     state = np.zeros(1)
     for i in range(0, length, _BLOCK):  # coefficient constant per block keeps this vectorised
         a = float(alpha[i])
-        smoothed[i : i + _BLOCK], state = lfilter([1.0 - a], [1.0, -a], tail[i : i + _BLOCK], zi=state)
+        smoothed[i : i + _BLOCK], state = lfilter(
+            [1.0 - a], [1.0, -a], tail[i : i + _BLOCK], zi=state
+        )
     tail = smoothed
     # The first few milliseconds belong to the discrete early reflections, not the tail.
     gap = int(0.004 * sample_rate)
@@ -47,7 +49,11 @@ def exponential_rir(
     for _ in range(n_early):
         delay = direct + int(rng.uniform(0.003, 0.04) * sample_rate)
         if delay < n:
-            rir[delay] += rng.choice([-1.0, 1.0]) * rng.uniform(0.2, 0.7) * np.exp(-6.9078 * (delay - direct) / sample_rate / rt60_s)
+            rir[delay] += (
+                rng.choice([-1.0, 1.0])
+                * rng.uniform(0.2, 0.7)
+                * np.exp(-6.9078 * (delay - direct) / sample_rate / rt60_s)
+            )
     reverb = rir.copy()
     reverb[direct] = 0.0
     e_rev = float(np.sum(reverb**2))

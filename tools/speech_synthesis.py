@@ -82,7 +82,9 @@ def engine_version(engine: str) -> str:
         try:
             import py_nanotts  # noqa: F401
         except ImportError as exc:
-            raise ConfigError(f"the Pico engine needs the py-nanotts package ({exc}); run scripts/setup.sh") from None
+            raise ConfigError(
+                f"the Pico engine needs the py-nanotts package ({exc}); run scripts/setup.sh"
+            ) from None
         from importlib.metadata import version
 
         return f"py-nanotts {version('py-nanotts')}"
@@ -91,10 +93,16 @@ def engine_version(engine: str) -> str:
         raise ConfigError(f"unknown speech engine {engine!r}")
     if shutil.which(exe) is None:
         package = "festival" if engine == "festival" else exe
-        raise ConfigError(f"{exe} is not installed (Debian package '{package}'; run scripts/setup.sh)")
+        raise ConfigError(
+            f"{exe} is not installed (Debian package '{package}'; run scripts/setup.sh)"
+        )
     cmd = ["festival", "--version"] if engine == "festival" else [exe, "--version"]
     out = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    return (out.stdout + out.stderr).strip().splitlines()[0] if (out.stdout + out.stderr).strip() else exe
+    return (
+        (out.stdout + out.stderr).strip().splitlines()[0]
+        if (out.stdout + out.stderr).strip()
+        else exe
+    )
 
 
 def cache_key(voice: Voice, text: str) -> str:
@@ -114,10 +122,22 @@ def _to_16k(wave: np.ndarray, sr: int) -> np.ndarray:
 def _run_engine(voice: Voice, text: str) -> np.ndarray:
     if voice.engine == "espeak-ng":
         name = f"{voice.voice}+{voice.variant}" if voice.variant else voice.voice
-        cmd = ["espeak-ng", "-v", name, "-s", str(voice.rate), "-p", str(voice.pitch), "--stdout", text]
+        cmd = [
+            "espeak-ng",
+            "-v",
+            name,
+            "-s",
+            str(voice.rate),
+            "-p",
+            str(voice.pitch),
+            "--stdout",
+            text,
+        ]
         res = subprocess.run(cmd, capture_output=True, check=False)
         if res.returncode != 0 or not res.stdout:
-            raise AudioError(f"espeak-ng failed for {voice.describe()}: {res.stderr.decode(errors='replace')[:200]}")
+            raise AudioError(
+                f"espeak-ng failed for {voice.describe()}: {res.stderr.decode(errors='replace')[:200]}"
+            )
         wave, sr = sf.read(io.BytesIO(res.stdout), dtype="float32")
     elif voice.engine == "flite":
         with tempfile.TemporaryDirectory(prefix="wakefl-flite-") as tmp:
@@ -130,7 +150,9 @@ def _run_engine(voice: Voice, text: str) -> np.ndarray:
             ]  # fmt: skip
             res = subprocess.run(cmd, capture_output=True, check=False)
             if res.returncode != 0 or not out.exists():
-                raise AudioError(f"flite failed for {voice.describe()}: {res.stderr.decode(errors='replace')[:200]}")
+                raise AudioError(
+                    f"flite failed for {voice.describe()}: {res.stderr.decode(errors='replace')[:200]}"
+                )
             wave, sr = sf.read(str(out), dtype="float32")
     elif voice.engine == "festival":
         wave, sr = _run_festival(voice, text)
@@ -146,7 +168,9 @@ def _run_engine(voice: Voice, text: str) -> np.ndarray:
 
 def _run_festival(voice: Voice, text: str) -> tuple[np.ndarray, int]:
     if voice.voice not in FESTIVAL_VOICES:
-        raise ConfigError(f"unknown festival voice {voice.voice!r}; choose one of {', '.join(FESTIVAL_VOICES)}")
+        raise ConfigError(
+            f"unknown festival voice {voice.voice!r}; choose one of {', '.join(FESTIVAL_VOICES)}"
+        )
     # text2wave reads the text from a file; the voice and the speaking rate are Scheme
     # expressions evaluated before synthesis.
     with tempfile.TemporaryDirectory(prefix="wakefl-festival-") as tmp:
@@ -172,13 +196,18 @@ def _run_pico(voice: Voice, text: str) -> tuple[np.ndarray, int]:
     import py_nanotts
 
     if voice.voice not in PICO_VOICES:
-        raise ConfigError(f"unknown Pico voice {voice.voice!r}; choose one of {', '.join(PICO_VOICES)}")
-    pcm = py_nanotts.NanoTTS().speak(text, voice=voice.voice, speed=voice.rate / 100.0,
-                                     pitch=voice.pitch / 100.0)
+        raise ConfigError(
+            f"unknown Pico voice {voice.voice!r}; choose one of {', '.join(PICO_VOICES)}"
+        )
+    pcm = py_nanotts.NanoTTS().speak(
+        text, voice=voice.voice, speed=voice.rate / 100.0, pitch=voice.pitch / 100.0
+    )
     return np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0, SAMPLE_RATE
 
 
-def trim_silence(wave: np.ndarray, threshold_db: float = -45.0, margin_s: float = 0.03) -> np.ndarray:
+def trim_silence(
+    wave: np.ndarray, threshold_db: float = -45.0, margin_s: float = 0.03
+) -> np.ndarray:
     """Cut leading and trailing silence (relative to the peak), keeping a short margin."""
     peak = float(np.max(np.abs(wave)))
     if peak == 0:

@@ -64,11 +64,16 @@ def make_fleet(case: str, generator: torch.Generator, num_clients: int = NUM_CLI
     """Draw one fleet of the given case with its closed-form targets (Eqns 2 and 3)."""
     s0, n_lo, n_hi = CASES[case]
     n = torch.randint(n_lo, n_hi + 1, (num_clients,), generator=generator)
-    theta = THETA0 + torch.randn(num_clients, generator=generator, dtype=torch.float64) * math.sqrt(s0)
+    theta = THETA0 + torch.randn(num_clients, generator=generator, dtype=torch.float64) * math.sqrt(
+        s0
+    )
     z = torch.stack(
         [
-            (theta[i] + torch.randn(int(n[i]), generator=generator, dtype=torch.float64)
-             * math.sqrt(SAMPLE_VAR)).mean()
+            (
+                theta[i]
+                + torch.randn(int(n[i]), generator=generator, dtype=torch.float64)
+                * math.sqrt(SAMPLE_VAR)
+            ).mean()
             for i in range(num_clients)
         ]
     )
@@ -79,15 +84,21 @@ def make_fleet(case: str, generator: torch.Generator, num_clients: int = NUM_CLI
     local = (z / sig + (w * z).sum() - w * z) / (1.0 / sig + s_others)
     ids = [f"client{i:02d}" for i in range(num_clients)]
     return Fleet(
-        problems={cid: GaussianLocalProblem(z[i], float(sig[i]), int(n[i])) for i, cid in enumerate(ids)},
+        problems={
+            cid: GaussianLocalProblem(z[i], float(sig[i]), int(n[i])) for i, cid in enumerate(ids)
+        },
         global_target=glob,
         local_target={cid: float(local[i]) for i, cid in enumerate(ids)},
         min_sigma_sq=float(sig.min()),
     )
 
 
-def build(name: str, factory: Callable[..., Strategy], step: float,
-          selffl_overrides: dict[str, object] | None = None) -> Strategy:
+def build(
+    name: str,
+    factory: Callable[..., Strategy],
+    step: float,
+    selffl_overrides: dict[str, object] | None = None,
+) -> Strategy:
     """The method with every step-size hyperparameter set to `step`; `selffl_overrides`
     (an ablation row, e.g. {"eqn10": "paper"}) replace Self-FL's hyperparameters."""
     params = inspect.signature(factory).parameters
@@ -98,7 +109,9 @@ def build(name: str, factory: Callable[..., Strategy], step: float,
     return factory(**hp)
 
 
-def errors(strategy: Strategy, fleet: Fleet, rate: float, rounds: int, seed: int) -> tuple[float, float]:
+def errors(
+    strategy: Strategy, fleet: Fleet, rate: float, rounds: int, seed: int
+) -> tuple[float, float]:
     """(|global - theta^(G)|, mean_m |personalized_m - theta_m^(FL)|) after `rounds` rounds;
     (inf, inf) when the method diverges (refuses non-finite numbers) at this step size."""
     init = torch.zeros(1, dtype=torch.float64)
@@ -110,20 +123,28 @@ def errors(strategy: Strategy, fleet: Fleet, rate: float, rounds: int, seed: int
     local = []
     for i, cid in enumerate(sorted(fleet.problems)):
         p = strategy.personalized_params(
-            res.server, res.clients[cid], fleet.problems[cid], client_generator(seed, rounds + 1, i),
+            res.server,
+            res.clients[cid],
+            fleet.problems[cid],
+            client_generator(seed, rounds + 1, i),
             client_id=cid,
         )
         local.append(abs(float(p.reshape(-1)[0]) - fleet.local_target[cid]))
     return g_err, sum(local) / len(local)
 
 
-def _build_at(name: str, factory: Callable[..., Strategy],
-              selffl_overrides: dict[str, object] | None, step: float) -> Strategy:
+def _build_at(
+    name: str,
+    factory: Callable[..., Strategy],
+    selffl_overrides: dict[str, object] | None,
+    step: float,
+) -> Strategy:
     return build(name, factory, step, selffl_overrides)
 
 
-def _tune_step(make: Callable[[float], Strategy], fleet: Fleet, rounds: int, seed: int,
-               bar: Any) -> float:
+def _tune_step(
+    make: Callable[[float], Strategy], fleet: Fleet, rounds: int, seed: int, bar: Any
+) -> float:
     """The step factor (of the fleet's smallest sigma_m^2) with the lowest local error at
     C = 1 on the tuning fleet."""
     best: tuple[float, float] | None = None
@@ -136,8 +157,9 @@ def _tune_step(make: Callable[[float], Strategy], fleet: Fleet, rounds: int, see
     return best[1]
 
 
-def _result_row(case: str, rate: float, name: str, g_errs: list[float],
-                l_errs: list[float]) -> dict[str, object]:
+def _result_row(
+    case: str, rate: float, name: str, g_errs: list[float], l_errs: list[float]
+) -> dict[str, object]:
     return {
         "case": case,
         "activity_rate": rate,
@@ -172,9 +194,13 @@ def run_study(
     total = len(CASES) * len(names) * (len(STEP_FACTORS) + reps * len(rates))
     bar = tqdm(total=total, desc="synthetic study", disable=not progress, leave=False)
     for case_idx, case in enumerate(CASES):
-        tune_fleet = make_fleet(case, torch.Generator().manual_seed(seed * 7919 + 1000 + case_idx), num_clients)
+        tune_fleet = make_fleet(
+            case, torch.Generator().manual_seed(seed * 7919 + 1000 + case_idx), num_clients
+        )
         fleets = [
-            make_fleet(case, torch.Generator().manual_seed(seed * 7919 + 10 * r + case_idx), num_clients)
+            make_fleet(
+                case, torch.Generator().manual_seed(seed * 7919 + 10 * r + case_idx), num_clients
+            )
             for r in range(reps)
         ]
         tuned[case] = {}
@@ -186,7 +212,9 @@ def run_study(
             for rate in rates:
                 g_errs, l_errs = [], []
                 for r, fleet in enumerate(fleets):
-                    g, loc = errors(make(factor * fleet.min_sigma_sq), fleet, rate, rounds, seed + r)
+                    g, loc = errors(
+                        make(factor * fleet.min_sigma_sq), fleet, rate, rounds, seed + r
+                    )
                     g_errs.append(g)
                     l_errs.append(loc)
                     bar.update()
@@ -196,14 +224,23 @@ def run_study(
     bar.close()
     return {
         "config": {
-            "num_clients": num_clients, "theta0": THETA0, "sample_var": SAMPLE_VAR,
-            "cases": {k: {"sigma0_sq": v[0], "n_min": v[1], "n_max": v[2]} for k, v in CASES.items()},
-            "activity_rates": list(rates), "repetitions": reps, "rounds": rounds, "seed": seed,
+            "num_clients": num_clients,
+            "theta0": THETA0,
+            "sample_var": SAMPLE_VAR,
+            "cases": {
+                k: {"sigma0_sq": v[0], "n_min": v[1], "n_max": v[2]} for k, v in CASES.items()
+            },
+            "activity_rates": list(rates),
+            "repetitions": reps,
+            "rounds": rounds,
+            "seed": seed,
             "selffl_overrides": dict(selffl_overrides or {}),
-            "step_grid": {"factors_of_min_sigma_m_sq": list(STEP_FACTORS),
-                          "step_params": {n: list(STEP_PARAMS.get(n, ("lr",))) for n in names},
-                          "fixed": {k: v for k, v in FIXED_PARAMS.items() if k in names},
-                          "criterion": "lowest local MAE on a separate tuning fleet at C=1"},
+            "step_grid": {
+                "factors_of_min_sigma_m_sq": list(STEP_FACTORS),
+                "step_params": {n: list(STEP_PARAMS.get(n, ("lr",))) for n in names},
+                "fixed": {k: v for k, v in FIXED_PARAMS.items() if k in names},
+                "criterion": "lowest local MAE on a separate tuning fleet at C=1",
+            },
         },
         "methods": names,
         "tuned_step_factor": tuned,
@@ -236,11 +273,18 @@ def write_plots(doc: dict[str, object], out_dir: Path) -> list[str]:
     rows = doc["results"]
     for case in CASES:
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        for ax, metric, title in zip(axes, ("global_mae", "local_mae"),
-                                     ("global parameter vs theta^(G)", "local parameters vs theta_m^(FL)"),
-                                     strict=True):
+        for ax, metric, title in zip(
+            axes,
+            ("global_mae", "local_mae"),
+            ("global parameter vs theta^(G)", "local parameters vs theta_m^(FL)"),
+            strict=True,
+        ):
             for name in doc["methods"]:  # type: ignore[union-attr]
-                pts = [(r["activity_rate"], r[metric]) for r in rows if r["case"] == case and r["method"] == name]  # type: ignore[union-attr]
+                pts = [
+                    (r["activity_rate"], r[metric])
+                    for r in rows
+                    if r["case"] == case and r["method"] == name
+                ]  # type: ignore[union-attr]
                 pts = [(x, y) for x, y in pts if y is not None]
                 if pts:
                     xs, ys = zip(*pts, strict=True)

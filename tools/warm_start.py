@@ -29,10 +29,18 @@ def _corpus_fingerprint(manifest: Path) -> str:
     return h.hexdigest()
 
 
-def baseline_key(manifest: Path, width: float, seed: int, epochs: int, lr: float,
-                 batch_size: int) -> str:
-    recipe = {"v": RECIPE_VERSION, "width": width, "seed": seed, "epochs": epochs, "lr": lr,
-              "batch_size": batch_size, "corpus": _corpus_fingerprint(manifest)}
+def baseline_key(
+    manifest: Path, width: float, seed: int, epochs: int, lr: float, batch_size: int
+) -> str:
+    recipe = {
+        "v": RECIPE_VERSION,
+        "width": width,
+        "seed": seed,
+        "epochs": epochs,
+        "lr": lr,
+        "batch_size": batch_size,
+        "corpus": _corpus_fingerprint(manifest),
+    }
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:20]
 
 
@@ -68,20 +76,27 @@ def train_or_load_baseline(
         return out
 
     cfg = ModelConfig(width=width)
-    device_types = sorted({r.device_type for r in read_manifest(manifest)
-                           if r.kind == "clip" and r.split == "train"})
-    pooled = ConcatDataset([
-        WakeWordDataset(manifest, dt, "train", window_samples=cfg.window_samples,
-                        augment=True, seed=seed)
-        for dt in device_types
-    ])
+    device_types = sorted(
+        {r.device_type for r in read_manifest(manifest) if r.kind == "clip" and r.split == "train"}
+    )
+    pooled = ConcatDataset(
+        [
+            WakeWordDataset(
+                manifest, dt, "train", window_samples=cfg.window_samples, augment=True, seed=seed
+            )
+            for dt in device_types
+        ]
+    )
     torch.manual_seed(seed)
     model = KwsCnn(cfg)
     if progress:
-        print(f"[warm-start] training the baseline on {len(pooled)} pooled clips of "
-              f"{len(device_types)} device types, width {width}, {epochs} epochs")
-    train_supervised(model, pooled, epochs=epochs, lr=lr, batch_size=batch_size, seed=seed,
-                     progress=progress)
+        print(
+            f"[warm-start] training the baseline on {len(pooled)} pooled clips of "
+            f"{len(device_types)} device types, width {width}, {epochs} epochs"
+        )
+    train_supervised(
+        model, pooled, epochs=epochs, lr=lr, batch_size=batch_size, seed=seed, progress=progress
+    )
     cache.mkdir(parents=True, exist_ok=True)
     # Write under a temporary name, then rename both files: a crash never leaves a
     # half-written checkpoint that a later run would take for a cached one.
@@ -94,7 +109,9 @@ def train_or_load_baseline(
 
 # The shipped model of each width: a run at one of these widths starts from it by default.
 PRETRAINED_BY_WIDTH = {0.25: "small", 1.0: "full"}
-BASELINE_CHOICES = "'pretrained', 'pretrained:small', 'pretrained:full', 'scratch' or a .safetensors path"
+BASELINE_CHOICES = (
+    "'pretrained', 'pretrained:small', 'pretrained:full', 'scratch' or a .safetensors path"
+)
 
 
 def pretrained_checkpoint(name: str, cache_dir: Path | str | None = None) -> Path:
@@ -124,9 +141,15 @@ def pretrained_checkpoint(name: str, cache_dir: Path | str | None = None) -> Pat
     return out
 
 
-def resolve_baseline(spec: str | Path | None, manifest: Path | str | None, width: float,
-                     seed: int = 0, cache_dir: Path | str | None = None,
-                     epochs: int | None = None, progress: bool = True) -> Path:
+def resolve_baseline(
+    spec: str | Path | None,
+    manifest: Path | str | None,
+    width: float,
+    seed: int = 0,
+    cache_dir: Path | str | None = None,
+    epochs: int | None = None,
+    progress: bool = True,
+) -> Path:
     """The warm-start checkpoint a run starts from.
 
     `spec`: None or "pretrained" takes the shipped model of `width` (small at 0.25, full at
@@ -146,15 +169,20 @@ def resolve_baseline(spec: str | Path | None, manifest: Path | str | None, width
         if name not in NAMES:
             raise ConfigError(f"unknown shipped model {name!r}; the baseline is {BASELINE_CHOICES}")
         if progress:
-            print(f"[warm-start] starting from the shipped pretrained model '{name}'", file=sys.stderr)
+            print(
+                f"[warm-start] starting from the shipped pretrained model '{name}'", file=sys.stderr
+            )
         return pretrained_checkpoint(name, cache_dir)
     if text == "scratch":
         if manifest is None:
             raise ConfigError("training a baseline from scratch needs a corpus manifest")
-        return train_or_load_baseline(manifest, width=width, seed=seed, cache_dir=cache_dir,
-                                      epochs=epochs, progress=progress)
+        return train_or_load_baseline(
+            manifest, width=width, seed=seed, cache_dir=cache_dir, epochs=epochs, progress=progress
+        )
     path = Path(text)
     if path.suffix != ".safetensors" or not path.is_file():
-        raise ConfigError(f"baseline {text!r} is not an existing .safetensors checkpoint; the "
-                          f"baseline is {BASELINE_CHOICES}")
+        raise ConfigError(
+            f"baseline {text!r} is not an existing .safetensors checkpoint; the "
+            f"baseline is {BASELINE_CHOICES}"
+        )
     return path

@@ -50,12 +50,12 @@ def fit_window(x: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
     (its background), never digital silence."""
     if x.size >= n:
         start = (x.size - n) // 2
-        return x[start:start + n]
+        return x[start : start + n]
     pad = n - x.size
     left = pad // 2
     right = pad - left
-    lpad = np.resize(x[:max(1, min(x.size, 400))][::-1], left)
-    rpad = np.resize(x[-max(1, min(x.size, 400)):][::-1], right)
+    lpad = np.resize(x[: max(1, min(x.size, 400))][::-1], left)
+    rpad = np.resize(x[-max(1, min(x.size, 400)) :][::-1], right)
     return np.concatenate([lpad, x, rpad]).astype(np.float32)
 
 
@@ -73,39 +73,59 @@ class AugmentBank:
     rirs: tuple[np.ndarray, ...]
 
     @classmethod
-    def make(cls, seed: int, settings: AugmentSettings = DEFAULT_AUGMENT, n_each: int = 24,
-             seconds: float = 6.0) -> AugmentBank:
+    def make(
+        cls,
+        seed: int,
+        settings: AugmentSettings = DEFAULT_AUGMENT,
+        n_each: int = 24,
+        seconds: float = 6.0,
+    ) -> AugmentBank:
         rng = np.random.default_rng([seed, 4242])
         n = int(seconds * SAMPLE_RATE)
         bg = [music_like(rng, n) for _ in range(n_each)]
         bg += [alarm_tones(rng, n) for _ in range(n_each // 2)]
         bg += [colored_noise(rng, n, float(rng.uniform(0.0, 2.0))) for _ in range(n_each)]
-        rirs = [exponential_rir(rng, float(rng.uniform(*settings.rt60_s)), float(rng.uniform(*settings.drr_db)))
-                for _ in range(4 * n_each)]
-        return cls(tuple((x / _rms(x)).astype(np.float32) for x in bg),
-                   tuple(r.astype(np.float32) for r in rirs))
+        rirs = [
+            exponential_rir(
+                rng, float(rng.uniform(*settings.rt60_s)), float(rng.uniform(*settings.drr_db))
+            )
+            for _ in range(4 * n_each)
+        ]
+        return cls(
+            tuple((x / _rms(x)).astype(np.float32) for x in bg),
+            tuple(r.astype(np.float32) for r in rirs),
+        )
 
     def background(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """A unit-RMS stretch of music-like, alarm-like or coloured noise (white to brown)."""
         x = self.backgrounds[int(rng.integers(len(self.backgrounds)))]
         start = int(rng.integers(0, x.size - n + 1))
-        y = x[start:start + n]
+        y = x[start : start + n]
         return y / np.float32(_rms(y))
 
     def rir(self, rng: np.random.Generator) -> np.ndarray:
         return self.rirs[int(rng.integers(len(self.rirs)))]
 
 
-def augment_window(x: np.ndarray, label: int, rng: np.random.Generator, bank: AugmentBank,
-                   settings: AugmentSettings = DEFAULT_AUGMENT) -> np.ndarray:
+def augment_window(
+    x: np.ndarray,
+    label: int,
+    rng: np.random.Generator,
+    bank: AugmentBank,
+    settings: AugmentSettings = DEFAULT_AUGMENT,
+) -> np.ndarray:
     """One augmented copy of window `x` (float32, any RMS), the same length."""
     n = x.size
     s = settings
     y = x.astype(np.float32, copy=True)
     if label == 0 and rng.random() < s.silence_neg_prob:
-        return (colored_noise(rng, n, float(rng.uniform(0.0, 2.0))) * 10 ** rng.uniform(-5, -3)).astype(np.float32)
+        return (
+            colored_noise(rng, n, float(rng.uniform(0.0, 2.0))) * 10 ** rng.uniform(-5, -3)
+        ).astype(np.float32)
     if rng.random() < s.speed_prob:
-        y = fit_window(change_speed(y, float(rng.uniform(*(s.speed_pos if label else s.speed_neg)))), n, rng)
+        y = fit_window(
+            change_speed(y, float(rng.uniform(*(s.speed_pos if label else s.speed_neg)))), n, rng
+        )
     shift_max = int((s.shift_pos_s if label else s.shift_neg_s) * SAMPLE_RATE)
     y = np.roll(y, int(rng.integers(-shift_max, shift_max + 1)))
     if rng.random() < s.rir_prob:

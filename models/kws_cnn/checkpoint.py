@@ -32,8 +32,11 @@ def save_model(model: KwsCnn, path: Path | str) -> Path:
         "config": model.cfg.to_dict(),
         "trainable_params": model.num_trainable_params(),
     }
-    save_file(tensors, str(path), metadata={"architecture": ARCHITECTURE,
-                                              "config": json.dumps(meta["config"])})
+    save_file(
+        tensors,
+        str(path),
+        metadata={"architecture": ARCHITECTURE, "config": json.dumps(meta["config"])},
+    )
     config_path(path).write_text(json.dumps(meta, indent=2) + "\n")
     return path
 
@@ -50,16 +53,17 @@ def read_config(path: Path | str) -> ModelConfig:
     if not isinstance(meta, dict) or "config" not in meta:
         raise ConfigError(f"model config {cpath} has no 'config' object")
     if meta.get("architecture") != ARCHITECTURE:
-        raise ConfigError(f"{cpath}: architecture {meta.get('architecture')!r} is not "
-                          f"{ARCHITECTURE!r}")
+        raise ConfigError(
+            f"{cpath}: architecture {meta.get('architecture')!r} is not {ARCHITECTURE!r}"
+        )
     version = meta.get("version")
     if version not in SUPPORTED_VERSIONS:
-        raise ConfigError(f"{cpath}: unknown model version {version!r}; this build supports "
-                          f"{SUPPORTED_VERSIONS}")
+        raise ConfigError(
+            f"{cpath}: unknown model version {version!r}; this build supports {SUPPORTED_VERSIONS}"
+        )
     cfg = ModelConfig.from_dict(meta["config"])
     if cfg.version != version:
-        raise ConfigError(f"{cpath}: version {version} disagrees with config version "
-                          f"{cfg.version}")
+        raise ConfigError(f"{cpath}: version {version} disagrees with config version {cfg.version}")
     return cfg
 
 
@@ -78,8 +82,11 @@ def load_model(path: Path | str) -> KwsCnn:
     expected = dict(model.named_parameters())
     missing = sorted(set(expected) - set(tensors))
     extra = sorted(set(tensors) - set(expected))
-    wrong = sorted(f"{k} {tuple(tensors[k].shape)} != {tuple(v.shape)}"
-                   for k, v in expected.items() if k in tensors and tensors[k].shape != v.shape)
+    wrong = sorted(
+        f"{k} {tuple(tensors[k].shape)} != {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in tensors and tensors[k].shape != v.shape
+    )
     if missing or extra or wrong:
         parts = []
         if missing:
@@ -88,8 +95,9 @@ def load_model(path: Path | str) -> KwsCnn:
             parts.append(f"unexpected {extra[:5]}{'...' if len(extra) > 5 else ''}")
         if wrong:
             parts.append(f"wrong shape {wrong[:5]}{'...' if len(wrong) > 5 else ''}")
-        raise ConfigError(f"checkpoint {path} does not match its config "
-                          f"(width {cfg.width}): " + "; ".join(parts))
+        raise ConfigError(
+            f"checkpoint {path} does not match its config (width {cfg.width}): " + "; ".join(parts)
+        )
     with torch.no_grad():
         for name, p in expected.items():
             t = tensors[name]

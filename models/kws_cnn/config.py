@@ -45,7 +45,8 @@ class ModelConfig:
             raise ConfigError("the wake-word model has exactly two classes")
         if self.version not in SUPPORTED_VERSIONS:
             raise ConfigError(
-                f"unknown model version {self.version}; this build supports {SUPPORTED_VERSIONS}")
+                f"unknown model version {self.version}; this build supports {SUPPORTED_VERSIONS}"
+            )
 
     @property
     def window_samples(self) -> int:

@@ -39,7 +39,7 @@ def set_flat_params(model: nn.Module, vec: torch.Tensor) -> None:
     with torch.no_grad():
         for p in _trainable(model):
             n = p.numel()
-            p.copy_(vec[offset:offset + n].view_as(p).to(p.dtype))
+            p.copy_(vec[offset : offset + n].view_as(p).to(p.dtype))
             offset += n
 
 

@@ -49,15 +49,22 @@ class KwsCnn(nn.Module):
                 assert isinstance(arg, int)
                 cout = scaled_channels(arg, self.cfg.width)
                 # No conv bias: GroupNorm's shift makes it redundant.
-                layers += [nn.Conv2d(cin, cout, 3, padding=1, bias=False),
-                           nn.GroupNorm(GROUPS, cout), nn.ReLU(inplace=True)]
+                layers += [
+                    nn.Conv2d(cin, cout, 3, padding=1, bias=False),
+                    nn.GroupNorm(GROUPS, cout),
+                    nn.ReLU(inplace=True),
+                ]
                 cin = cout
             else:
                 layers.append(nn.MaxPool2d(arg))
         self.features = nn.Sequential(*layers)
         # Registered last so the head's parameters come last in `parameters()` order.
-        self.head = nn.Sequential(nn.Flatten(), nn.Linear(cin, HEAD_HIDDEN), nn.ReLU(inplace=True),
-                                  nn.Linear(HEAD_HIDDEN, self.cfg.n_classes))
+        self.head = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(cin, HEAD_HIDDEN),
+            nn.ReLU(inplace=True),
+            nn.Linear(HEAD_HIDDEN, self.cfg.n_classes),
+        )
 
     def forward(self, wave: torch.Tensor) -> torch.Tensor:
         x = self.frontend(wave).unsqueeze(1)

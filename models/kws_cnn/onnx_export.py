@@ -71,9 +71,15 @@ def _export_fp32(model: KwsCnn, out: Path) -> None:
         with warnings.catch_warnings(), contextlib.redirect_stdout(quiet):
             warnings.simplefilter("ignore")
             program = torch.onnx.export(
-                wrapped, (example,), dynamo=True, opset_version=OPSET,
-                input_names=[INPUT_NAME], output_names=[OUTPUT_NAME],
-                dynamic_shapes=({0: batch},), external_data=False, verbose=False,
+                wrapped,
+                (example,),
+                dynamo=True,
+                opset_version=OPSET,
+                input_names=[INPUT_NAME],
+                output_names=[OUTPUT_NAME],
+                dynamic_shapes=({0: batch},),
+                external_data=False,
+                verbose=False,
             )
             if program is None:
                 raise RuntimeError("torch.onnx.export returned no program")
@@ -82,8 +88,12 @@ def _export_fp32(model: KwsCnn, out: Path) -> None:
         exporter_log.setLevel(old)
 
 
-def export_onnx(model: KwsCnn, out_path: Path | str, int8: bool = False,
-                calibration_windows: np.ndarray | None = None) -> Path:
+def export_onnx(
+    model: KwsCnn,
+    out_path: Path | str,
+    int8: bool = False,
+    calibration_windows: np.ndarray | None = None,
+) -> Path:
     """Exports `model` to `out_path` (fp32, or static-QDQ int8 with `int8=True`, calibrated
     on `calibration_windows` [N, window_samples] or on synthetic audio when None)."""
     out = Path(out_path)
@@ -99,8 +109,10 @@ def export_onnx(model: KwsCnn, out_path: Path | str, int8: bool = False,
         calibration_windows = synthetic_calibration_windows(cfg.window_samples, cfg.sample_rate)
     calibration_windows = np.asarray(calibration_windows, dtype=np.float32)
     if calibration_windows.ndim != 2 or calibration_windows.shape[1] != cfg.window_samples:
-        raise ConfigError(f"calibration windows must be [N, {cfg.window_samples}], got "
-                          f"{calibration_windows.shape}")
+        raise ConfigError(
+            f"calibration windows must be [N, {cfg.window_samples}], got "
+            f"{calibration_windows.shape}"
+        )
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         fp32 = Path(tmp) / "fp32.onnx"
         _export_fp32(model, fp32)

@@ -16,8 +16,9 @@ from wakefl.errors import ConfigError
 QUANTIZED_OPS = ["Conv", "Gemm"]
 
 
-def synthetic_calibration_windows(window_samples: int, sample_rate: int, n: int = 16,
-                                  seed: int = 0) -> np.ndarray:
+def synthetic_calibration_windows(
+    window_samples: int, sample_rate: int, n: int = 16, seed: int = 0
+) -> np.ndarray:
     """Deterministic calibration audio spanning quiet to loud levels: noise, tone sweeps
     and amplitude-modulated harmonics (speech-like energy in 100 Hz-4 kHz). Real windows
     from a corpus calibrate better; this is the fallback."""
@@ -59,8 +60,9 @@ class _WindowReader:
         self._it = iter(self._windows)
 
 
-def quantize_int8(fp32_path: Path | str, out_path: Path | str,
-                  calibration_windows: np.ndarray) -> Path:
+def quantize_int8(
+    fp32_path: Path | str, out_path: Path | str, calibration_windows: np.ndarray
+) -> Path:
     """Writes the static-QDQ int8 version of `fp32_path` to `out_path`."""
     import onnx
     from onnxruntime.quantization import (
@@ -86,7 +88,9 @@ def quantize_int8(fp32_path: Path | str, out_path: Path | str,
     root.setLevel(logging.ERROR)
     try:
         quantize_static(
-            str(fp32_path), str(out_path), Reader(input_name, windows),
+            str(fp32_path),
+            str(out_path),
+            Reader(input_name, windows),
             quant_format=QuantFormat.QDQ,
             op_types_to_quantize=QUANTIZED_OPS,
             per_channel=True,

@@ -52,7 +52,9 @@ class PrecisionSum:
             raise ConfigError(f"{what} has {flat.numel()} entries, expected {self.numel}")
         w = precision(sigma0_sq, sigma_sq)
         if math.isinf(w):
-            self.certain = _f64(flat).clone() if self.certain is None else self.certain.add_(_f64(flat))
+            self.certain = (
+                _f64(flat).clone() if self.certain is None else self.certain.add_(_f64(flat))
+            )
             self.certain_count += 1
         else:
             self.weighted.add_(_f64(flat), alpha=w)
@@ -97,7 +99,9 @@ def aggregate_stream(updates: Iterable[tuple[Tensor, float]], sigma0_sq: float) 
     return total.mean("aggregated parameters")
 
 
-def aggregate(params: Sequence[Tensor] | Tensor, sigma_sq: Sequence[float], sigma0_sq: float) -> Tensor:
+def aggregate(
+    params: Sequence[Tensor] | Tensor, sigma_sq: Sequence[float], sigma0_sq: float
+) -> Tensor:
     """Eqn 11, batch form: `params` is a sequence of vectors (or a [n, d] tensor) and
     `sigma_sq` their intra-client variances. Same edge cases as `aggregate_stream`."""
     rows = list(params.unbind(0)) if isinstance(params, Tensor) else list(params)

@@ -43,8 +43,9 @@ class ScalarSpec:
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.low) and math.isfinite(self.high) and self.low <= self.high):
-            raise ValueError(f"a scalar's bounds must be finite with low <= high, got "
-                             f"[{self.low}, {self.high}]")
+            raise ValueError(
+                f"a scalar's bounds must be finite with low <= high, got [{self.low}, {self.high}]"
+            )
 
 
 RecordSchema = Mapping[str, ScalarSpec]
@@ -63,12 +64,15 @@ def check_scalar(value: Any, spec: ScalarSpec, name: str) -> float:
         raise RecordError("malformed", f"{name} must be a number, got {type(value).__name__}")
     if isinstance(value, int) and not spec.low <= value <= spec.high:
         # checked before float(): float(10**400) raises OverflowError
-        raise RecordError("out_of_range",
-                          f"{name} is {_short(value)}, outside [{spec.low:g}, {spec.high:g}]")
+        raise RecordError(
+            "out_of_range", f"{name} is {_short(value)}, outside [{spec.low:g}, {spec.high:g}]"
+        )
     if not math.isfinite(value):
         raise RecordError("non_finite", f"{name} is {value}")
     if not spec.low <= value <= spec.high:
-        raise RecordError("out_of_range", f"{name} is {value:g}, outside [{spec.low:g}, {spec.high:g}]")
+        raise RecordError(
+            "out_of_range", f"{name} is {value:g}, outside [{spec.low:g}, {spec.high:g}]"
+        )
     if spec.integer and value != int(value):
         raise RecordError("malformed", f"{name} must be a whole number, got {value:g}")
     return float(value)
@@ -81,8 +85,11 @@ def check_record(record: Mapping[str, Any], schema: RecordSchema, what: str) -> 
         raise RecordError("malformed", f"{what} must be an object")
     unknown = [k for k in record if k not in schema]
     if unknown:
-        raise RecordError("malformed", f"{what} holds {_short(sorted(map(str, unknown)))}, "
-                          f"which the strategy does not declare")
+        raise RecordError(
+            "malformed",
+            f"{what} holds {_short(sorted(map(str, unknown)))}, "
+            f"which the strategy does not declare",
+        )
     missing = [k for k, spec in schema.items() if spec.required and k not in record]
     if missing:
         raise RecordError("malformed", f"{what} lacks {sorted(missing)}")
@@ -92,9 +99,20 @@ def check_record(record: Mapping[str, Any], schema: RecordSchema, what: str) -> 
 def finite_part(record: Mapping[str, Any]) -> dict[str, float]:
     """The finite numeric entries of a mapping: what a record can carry on the wire (an
     infinite value, e.g. S_-m of a client alone in its fleet, is left out)."""
-    return {k: float(v) for k, v in record.items()
-            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
+    return {
+        k: float(v)
+        for k, v in record.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    }
 
 
-__all__ = ["MAX_RECORD_ABS", "MAX_STEPS", "RecordError", "RecordSchema", "ScalarSpec", "check_record", "check_scalar",
-           "finite_part"]
+__all__ = [
+    "MAX_RECORD_ABS",
+    "MAX_STEPS",
+    "RecordError",
+    "RecordSchema",
+    "ScalarSpec",
+    "check_record",
+    "check_scalar",
+    "finite_part",
+]

@@ -25,7 +25,9 @@ from wakefl.sdk.selffl.running_variance import RunningVariance
 
 def precision(sigma0_sq: float, sigma_sq: float) -> float:
     """w = 1 / (sigma_0^2 + sigma_k^2); +inf when both are 0 (a perfectly certain client)."""
-    total = require_finite_scalar(sigma0_sq, "sigma0^2") + require_finite_scalar(sigma_sq, "sigma_m^2")
+    total = require_finite_scalar(sigma0_sq, "sigma0^2") + require_finite_scalar(
+        sigma_sq, "sigma_m^2"
+    )
     if total < 0.0:
         raise HyperparameterError(f"variances must be >= 0, got sigma0^2 + sigma_m^2 = {total}")
     return math.inf if total == 0.0 else 1.0 / total
@@ -127,8 +129,9 @@ def initial_point(
             f"global and personal parameters differ in shape: {tuple(global_params.shape)} "
             f"vs {tuple(personal_params.shape)}"
         )
-    factor = eqn10_factor(sigma_m_sq, others_precision, sigma0_sq=sigma0_sq, share=share,
-                          max_factor=max_factor)
+    factor = eqn10_factor(
+        sigma_m_sq, others_precision, sigma0_sq=sigma0_sq, share=share, max_factor=max_factor
+    )
     if factor == 0.0:
         return global_params.clone()
     out = global_params - factor * (personal_params - global_params)
@@ -188,7 +191,9 @@ def sampled_count(activity_rate: float, n_clients: int) -> int:
     the devices online and may raise the count to its quorum)."""
     rate = require_activity_rate(activity_rate)
     if isinstance(n_clients, bool) or int(n_clients) != n_clients or n_clients < 1:
-        raise HyperparameterError(f"the number of clients must be an integer >= 1, got {n_clients!r}")
+        raise HyperparameterError(
+            f"the number of clients must be an integer >= 1, got {n_clients!r}"
+        )
     n = int(n_clients)
     return max(1, min(n, math.floor(rate * n + _SAMPLING_SLACK)))
 
@@ -234,7 +239,9 @@ def local_steps(
     sigma_m_sq = require_finite_scalar(sigma_m_sq, "sigma_m^2")
     s_others = require_finite_scalar(others_precision, "S_-m", allow_inf=True)
     if sigma_m_sq < 0.0 or s_others < 0.0:
-        raise HyperparameterError(f"need sigma_m^2 >= 0 and S_-m >= 0, got {sigma_m_sq}, {s_others}")
+        raise HyperparameterError(
+            f"need sigma_m^2 >= 0 and S_-m >= 0, got {sigma_m_sq}, {s_others}"
+        )
     if math.isinf(s_others):
         return 1
     if s_others == 0.0:

@@ -184,25 +184,39 @@ class SelfFL(Strategy):
         self.l_max = require_count(l_max, "l_max", minimum=1)
         self.warmup_steps = require_count(warmup_steps, "warmup_steps")
         self.cluster_by_group = bool(cluster_by_group)
-        self.intra_variance = require_choice(intra_variance, ("running", "problem"), "intra_variance")
+        self.intra_variance = require_choice(
+            intra_variance, ("running", "problem"), "intra_variance"
+        )
         if sigma0_sq is not None:
             require_non_negative(require_finite_scalar(sigma0_sq, "sigma0^2"), "sigma0^2")
         self.fixed_sigma0_sq = sigma0_sq
         self.converge_steps = require_count(converge_steps, "converge_steps")
         self.eqn10 = require_choice(eqn10, ("share", "paper"), "eqn10")
-        self.eqn10_max_factor = (None if eqn10_max_factor is None else require_non_negative(
-            require_finite_scalar(eqn10_max_factor, "eqn10_max_factor"), "eqn10_max_factor"))
+        self.eqn10_max_factor = (
+            None
+            if eqn10_max_factor is None
+            else require_non_negative(
+                require_finite_scalar(eqn10_max_factor, "eqn10_max_factor"), "eqn10_max_factor"
+            )
+        )
         self.step_rate_loss = require_choice(step_rate_loss, LOSS_SCALINGS, "step_rate_loss")
         self.early_variance = bool(early_variance)
-        self.max_local_epochs = (None if max_local_epochs is None else require_positive(
-            require_finite_scalar(max_local_epochs, "max_local_epochs"), "max_local_epochs"))
+        self.max_local_epochs = (
+            None
+            if max_local_epochs is None
+            else require_positive(
+                require_finite_scalar(max_local_epochs, "max_local_epochs"), "max_local_epochs"
+            )
+        )
         self.name = "selffl" if algorithm == 1 else "selffl-alg2"
 
     # ---- server side -------------------------------------------------------------------
     def init_server(self, initial_params: Tensor) -> ServerState:
         require_finite(initial_params, "initial parameters")
         s0 = 0.0 if self.fixed_sigma0_sq is None else float(self.fixed_sigma0_sq)
-        return ServerState(round_id=0, global_params=initial_params.clone(), scalars={"sigma0_sq": s0})
+        return ServerState(
+            round_id=0, global_params=initial_params.clone(), scalars={"sigma0_sq": s0}
+        )
 
     @staticmethod
     def _fill_sigma(clients: dict[str, dict[str, float]]) -> float:
@@ -221,7 +235,9 @@ class SelfFL(Strategy):
             total += precision(s0, sig)
         return total
 
-    def configure_client(self, server: ServerState, client_id: str, round_id: int) -> ClientInstructions:
+    def configure_client(
+        self, server: ServerState, client_id: str, round_id: int
+    ) -> ClientInstructions:
         scalars = {
             "sigma0_sq": float(server.scalars.get("sigma0_sq", 0.0)),
             "others_precision": self.others_precision(server, client_id),
@@ -230,7 +246,9 @@ class SelfFL(Strategy):
         if share is not None:
             scalars["own_share"] = float(share)
         return ClientInstructions(
-            client_id=client_id, round_id=round_id, global_params=server.global_params,
+            client_id=client_id,
+            round_id=round_id,
+            global_params=server.global_params,
             scalars=scalars,
         )
 
@@ -241,10 +259,14 @@ class SelfFL(Strategy):
         rv = RunningVariance()
         reported: list[ReportedUncertainty] = []
         for r in results:
-            sig = require_finite_scalar(r.scalars.get("sigma_sq", 0.0), f"sigma_m^2 of {r.client_id}")
+            sig = require_finite_scalar(
+                r.scalars.get("sigma_sq", 0.0), f"sigma_m^2 of {r.client_id}"
+            )
             rv.update(r.params)
             reported.append(
-                ReportedUncertainty(r.client_id, sig, r.scalars.get("has_variance", 1.0) > 0, r.group)
+                ReportedUncertainty(
+                    r.client_id, sig, r.scalars.get("has_variance", 1.0) > 0, r.group
+                )
             )
         if not reported:
             raise ConfigError("no client results to aggregate")
@@ -267,8 +289,9 @@ class SelfFL(Strategy):
                 info.update(sigma_sq=u.sigma_sq, has_variance=1.0 if u.has_variance else 0.0)
         # Pass 2: Eqn 11 (and the cluster representatives).
         if self.cluster_by_group:
-            new_global = self._aggregate_clusters(server, results, reported, sigmas, sigma0_sq,
-                                                  new_tensors, new_scalars, clients)
+            new_global = self._aggregate_clusters(
+                server, results, reported, sigmas, sigma0_sq, new_tensors, new_scalars, clients
+            )
         else:
             theta_hat = aggregate_stream(
                 ((r.params, s) for r, s in zip(results, sigmas, strict=True)), sigma0_sq
@@ -290,9 +313,14 @@ class SelfFL(Strategy):
         )
 
     def _aggregate_clusters(
-        self, server: ServerState, results: Iterable[ClientResult],
-        reported: list[ReportedUncertainty], sigmas: list[float], sigma0_sq: float,
-        new_tensors: dict[str, Tensor], new_scalars: dict[str, float],
+        self,
+        server: ServerState,
+        results: Iterable[ClientResult],
+        reported: list[ReportedUncertainty],
+        sigmas: list[float],
+        sigma0_sq: float,
+        new_tensors: dict[str, Tensor],
+        new_scalars: dict[str, float],
         clients: dict[str, dict[str, float]],
     ) -> Tensor:
         """Cluster-level Eqn 11 (Appendix G.4): the round's results update their group's
@@ -300,7 +328,7 @@ class SelfFL(Strategy):
         the clients' shares go into `new_tensors`, `new_scalars` and `clients` (in place).
         Returns the new global model."""
         reps = {
-            k[len(_REP):]: Representative(v, server.scalars[_REP_SIG + k[len(_REP):]])
+            k[len(_REP) :]: Representative(v, server.scalars[_REP_SIG + k[len(_REP) :]])
             for k, v in server.tensors.items()
             if k.startswith(_REP)
         }
@@ -319,15 +347,21 @@ class SelfFL(Strategy):
 
     @staticmethod
     def _cluster_shares(
-        scalars: dict[str, float], clients: dict[str, dict[str, float]],
-        reported: list[ReportedUncertainty], sigmas: list[float], sigma0_sq: float,
-        reps: dict[str, Representative], cluster_s0: float,
+        scalars: dict[str, float],
+        clients: dict[str, dict[str, float]],
+        reported: list[ReportedUncertainty],
+        sigmas: list[float],
+        sigma0_sq: float,
+        reps: dict[str, Representative],
+        cluster_s0: float,
     ) -> None:
         """Each known client's weight in the cluster-level global model (in place): its
         weight in its cluster's representative (Eqn 11 within the cluster; 0 once the
         representative was replaced in a round it did not take part in) times the
         representative's weight in the global model (Eqn 11 over representatives)."""
-        codes = {k[len(_CLUSTER_CODE):]: v for k, v in scalars.items() if k.startswith(_CLUSTER_CODE)}
+        codes = {
+            k[len(_CLUSTER_CODE) :]: v for k, v in scalars.items() if k.startswith(_CLUSTER_CODE)
+        }
         members: dict[str, list[int]] = {}
         for i, u in enumerate(reported):
             members.setdefault(u.group, []).append(i)
@@ -343,16 +377,24 @@ class SelfFL(Strategy):
             for i, a in zip(idx, weight_shares([sigmas[i] for i in idx], sigma0_sq), strict=True):
                 clients[reported[i].client_id].update(cluster=codes[group], rep_share=a)
         order = sorted(reps)
-        by_code = {codes[g]: a for g, a in zip(
-            order, weight_shares([reps[g].sigma_sq for g in order], cluster_s0), strict=True)
-            if g in codes}
+        by_code = {
+            codes[g]: a
+            for g, a in zip(
+                order, weight_shares([reps[g].sigma_sq for g in order], cluster_s0), strict=True
+            )
+            if g in codes
+        }
         for info in clients.values():
             if "cluster" in info:
-                info["share"] = min(1.0, info.get("rep_share", 0.0) * by_code.get(info["cluster"], 0.0))
+                info["share"] = min(
+                    1.0, info.get("rep_share", 0.0) * by_code.get(info["cluster"], 0.0)
+                )
 
     def describe_result(self, record: dict[str, float]) -> str:
-        return (f"{int(record.get('local_steps', 0))} local steps, "
-                f"sigma_m^2={record.get('sigma_sq', 0.0):.4g}")
+        return (
+            f"{int(record.get('local_steps', 0))} local steps, "
+            f"sigma_m^2={record.get('sigma_sq', 0.0):.4g}"
+        )
 
     def describe_server(self, server: ServerState) -> str:
         return f"sigma0^2={server.scalars.get('sigma0_sq', 0.0):.4g}"
@@ -422,31 +464,55 @@ class SelfFL(Strategy):
             return require_finite_scalar(problem.sigma_sq, "problem sigma_m^2")  # type: ignore[attr-defined]
         return rv.value if rv.count >= 2 else None
 
-    def _initial_point(self, instructions: ClientInstructions, state: ClientState,
-                       sigma_m_sq: float | None, s0: float, s_others: float) -> Tensor:
+    def _initial_point(
+        self,
+        instructions: ClientInstructions,
+        state: ClientState,
+        sigma_m_sq: float | None,
+        s0: float,
+        s_others: float,
+    ) -> Tensor:
         """Eqn 10's starting point (the global model during warm-up)."""
         g = instructions.global_params
         anchor = state.tensors.get("converged" if self.algorithm == 2 else "personal")
         if sigma_m_sq is None or anchor is None:
             return g.clone()
         share = instructions.scalars.get("own_share") if self.eqn10 == "share" else None
-        return initial_point(g, anchor, sigma_m_sq, s_others, sigma0_sq=s0, share=share,
-                             max_factor=self.eqn10_max_factor)
+        return initial_point(
+            g,
+            anchor,
+            sigma_m_sq,
+            s_others,
+            sigma0_sq=s0,
+            share=share,
+            max_factor=self.eqn10_max_factor,
+        )
 
-    def _step_count(self, problem: LocalProblem, sigma_m_sq: float | None,
-                    s_others: float) -> int:
+    def _step_count(self, problem: LocalProblem, sigma_m_sq: float | None, s_others: float) -> int:
         """Eqn 16's local step count, capped at l_max and at the data's epochs."""
         # A known sigma_m^2 (intra_variance="problem") already carries the data size
         # (sigma_m^2 = s^2 / n_m); the running variance of the client's models does not.
         epochs = self.max_local_epochs if self.intra_variance == "running" else None
         cap = data_step_cap(int(problem.num_samples), self.batch_size, epochs)
         l_cap = self.l_max if cap is None else min(self.l_max, cap)
-        return local_steps(self.lr, self.batch_size, sigma_m_sq, s_others, l_cap,
-                           self.warmup_steps, loss=self.step_rate_loss)
+        return local_steps(
+            self.lr,
+            self.batch_size,
+            sigma_m_sq,
+            s_others,
+            l_cap,
+            self.warmup_steps,
+            loss=self.step_rate_loss,
+        )
 
-    def _local_training(self, theta_init: Tensor, problem: LocalProblem,
-                        generator: torch.Generator, steps: int,
-                        early: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+    def _local_training(
+        self,
+        theta_init: Tensor,
+        problem: LocalProblem,
+        generator: torch.Generator,
+        steps: int,
+        early: bool,
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
         """The personal model, the model sent (Algorithm 2: trained on towards local
         convergence) and, with `early`, the iterate halfway through (else None)."""
         midway: Tensor | None = None
@@ -466,8 +532,12 @@ class SelfFL(Strategy):
         return personal, sent, midway
 
     def personalized_params(
-        self, server: ServerState, state: ClientState, problem: LocalProblem,
-        generator: torch.Generator, client_id: str | None = None,
+        self,
+        server: ServerState,
+        state: ClientState,
+        problem: LocalProblem,
+        generator: torch.Generator,
+        client_id: str | None = None,
     ) -> Tensor:
         """The personal model a device holds after receiving the current broadcast: the
         Self-FL client rule (Eqns 10 and 16 and the local steps) applied to the latest global
@@ -477,7 +547,8 @@ class SelfFL(Strategy):
         `client_id` lets S_-m leave this client's own precision out, as Eqns 10 and 16 ask;
         without it the client is not identifiable and the precision of every known client is
         used (one client more than S_-m at most)."""
-        ins = self.configure_client(server, "\x00evaluation" if client_id is None else client_id,
-                                    server.round_id + 1)
+        ins = self.configure_client(
+            server, "\x00evaluation" if client_id is None else client_id, server.round_id + 1
+        )
         result, _ = self.client_update(ins, state, problem, generator)
         return result.tensors.get("personal", result.params).clone()

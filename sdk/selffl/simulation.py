@@ -101,4 +101,6 @@ def run_simulation(
         records.append(record)
         if on_round is not None:
             on_round(r, server, record)
-    return SimulationResult(server=server, clients=states, records=records, participation=participation)
+    return SimulationResult(
+        server=server, clients=states, records=records, participation=participation
+    )

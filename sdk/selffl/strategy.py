@@ -130,8 +130,12 @@ class Strategy(ABC):
 
     @abstractmethod
     def personalized_params(
-        self, server: ServerState, state: ClientState, problem: LocalProblem,
-        generator: torch.Generator, client_id: str | None = None,
+        self,
+        server: ServerState,
+        state: ClientState,
+        problem: LocalProblem,
+        generator: torch.Generator,
+        client_id: str | None = None,
     ) -> Tensor:
         """The client's personalized model for evaluation (may run local steps, e.g.
         Per-FedAvg or fine-tuning). `client_id` names the client, for strategies whose
@@ -152,9 +156,13 @@ class Strategy(ABC):
         """The state after a round that aggregated no update (every sampled client
         declined, stayed silent or was screened out): by default the same state, one round
         on."""
-        return ServerState(round_id=server.round_id + 1, global_params=server.global_params,
-                           tensors=server.tensors, scalars=server.scalars,
-                           clients=server.clients)
+        return ServerState(
+            round_id=server.round_id + 1,
+            global_params=server.global_params,
+            tensors=server.tensors,
+            scalars=server.scalars,
+            clients=server.clients,
+        )
 
     def describe_result(self, record: dict[str, float]) -> str:
         """One client's uplink record for a progress line."""

@@ -80,8 +80,10 @@ class Screening:
 def delta_norm(params: Tensor, global_params: Tensor) -> float:
     """||theta_m - theta_global||_2 in float64 (float32 would overflow for 3e38 entries)."""
     if params.shape != global_params.shape:
-        raise ConfigError(f"update of shape {tuple(params.shape)} against a global model of "
-                          f"shape {tuple(global_params.shape)}")
+        raise ConfigError(
+            f"update of shape {tuple(params.shape)} against a global model of "
+            f"shape {tuple(global_params.shape)}"
+        )
     return float(torch.linalg.vector_norm(params.double() - global_params.double()))
 
 
@@ -89,10 +91,15 @@ def _median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
 
 
-def screen_updates(norms: Sequence[float], sigmas_sq: Sequence[float], global_norm: float,
-                   rules: ScreeningRules | None = None, *,
-                   previous_norm: float | None = None,
-                   previous_sigma_sq: float | None = None) -> Screening:
+def screen_updates(
+    norms: Sequence[float],
+    sigmas_sq: Sequence[float],
+    global_norm: float,
+    rules: ScreeningRules | None = None,
+    *,
+    previous_norm: float | None = None,
+    previous_sigma_sq: float | None = None,
+) -> Screening:
     """Verdicts for one round's updates given their distances from the global model
     (`delta_norm`), reported variances and ||theta_global||. See the module docstring."""
     rules = rules or ScreeningRules()
@@ -103,8 +110,15 @@ def screen_updates(norms: Sequence[float], sigmas_sq: Sequence[float], global_no
             raise ConfigError(f"screening needs finite non-negative inputs, got {v}")
     enough = len(norms) >= rules.min_reference_updates
     ref_norm = _median(norms) if enough else previous_norm
-    ref_sigma = _median(sigmas_sq) if enough else (
-        previous_sigma_sq if previous_sigma_sq is not None else (_median(sigmas_sq) if sigmas_sq else None))
+    ref_sigma = (
+        _median(sigmas_sq)
+        if enough
+        else (
+            previous_sigma_sq
+            if previous_sigma_sq is not None
+            else (_median(sigmas_sq) if sigmas_sq else None)
+        )
+    )
     floor = rules.sigma_floor_frac * ref_sigma if ref_sigma is not None else 0.0
     abs_bound = rules.abs_factor * max(global_norm, 1.0)
     if ref_norm is not None and ref_norm > 0:
@@ -117,13 +131,30 @@ def screen_updates(norms: Sequence[float], sigmas_sq: Sequence[float], global_no
     for n, s in zip(norms, sigmas_sq, strict=True):
         sigma = max(s, floor)
         if n > refuse_bound:
-            why = ("absolute bound" if refuse_bound == abs_bound else
-                   f"{rules.refuse_factor:g}x the round's median distance {ref_norm:.4g}")
-            verdicts.append(Verdict("refuse", 0.0, sigma, n, f"distance {n:.4g} from the global "
-                                    f"model exceeds {refuse_bound:.4g} ({why})"))
+            why = (
+                "absolute bound"
+                if refuse_bound == abs_bound
+                else f"{rules.refuse_factor:g}x the round's median distance {ref_norm:.4g}"
+            )
+            verdicts.append(
+                Verdict(
+                    "refuse",
+                    0.0,
+                    sigma,
+                    n,
+                    f"distance {n:.4g} from the global model exceeds {refuse_bound:.4g} ({why})",
+                )
+            )
         elif n > clip_bound:
-            verdicts.append(Verdict("clip", clip_bound / n, sigma, n,
-                                    f"distance {n:.4g} clipped to {clip_bound:.4g}"))
+            verdicts.append(
+                Verdict(
+                    "clip",
+                    clip_bound / n,
+                    sigma,
+                    n,
+                    f"distance {n:.4g} clipped to {clip_bound:.4g}",
+                )
+            )
         else:
             verdicts.append(Verdict("keep", 1.0, sigma, n))
     return Screening(verdicts, ref_norm, ref_sigma, floor, clip_bound, refuse_bound)

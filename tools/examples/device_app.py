@@ -37,11 +37,20 @@ def start_demo_fleet(workdir: Path, width: float, rounds: int, device_id: str, d
     cfg = ModelConfig(width=width)
     args = {"lr": 0.05, "batch_size": 8, "l_max": 5, "warmup_steps": 3}
     server = AggregationServer(
-        ServerConfig(broker_url=broker.url, state_dir=workdir / "server",
-                     initial_params=get_flat_params(KwsCnn(cfg)), model_config=cfg.to_dict(),
-                     rounds=rounds, round_timeout=120, devices={device_id: device_type},
-                     strategy_args=args, ack_timeout_s=5),
-        make_strategy("selffl", **args), progress=lambda line: print(f"  [server] {line}"))
+        ServerConfig(
+            broker_url=broker.url,
+            state_dir=workdir / "server",
+            initial_params=get_flat_params(KwsCnn(cfg)),
+            model_config=cfg.to_dict(),
+            rounds=rounds,
+            round_timeout=120,
+            devices={device_id: device_type},
+            strategy_args=args,
+            ack_timeout_s=5,
+        ),
+        make_strategy("selffl", **args),
+        progress=lambda line: print(f"  [server] {line}"),
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     return broker, server, thread
@@ -52,16 +61,21 @@ def serve_detections(onnx_path: Path, manifest: Path, device_type: str) -> None:
     played back to back, as a microphone would deliver them)."""
     scorer = OnnxScorer(onnx_path, threads=1)
     detector = StreamingDetector(scorer, hop_s=0.1, threshold=0.5)
-    rows = [r for r in read_manifest(manifest)
-            if r.device_type == device_type and r.split == "test" and r.kind == "clip"][:8]
+    rows = [
+        r
+        for r in read_manifest(manifest)
+        if r.device_type == device_type and r.split == "test" and r.kind == "clip"
+    ][:8]
     audio = np.concatenate([load_audio(r.resolve(manifest), scorer.sample_rate) for r in rows])
     truth = [i * 1.5 for i, r in enumerate(rows) if r.label == 1]
     chunk = scorer.sample_rate // 10  # 100 ms of audio at a time
     detections = []
     for start in range(0, audio.size, chunk):
-        detections += detector.push(audio[start:start + chunk])
-    print(f"streamed {audio.size / scorer.sample_rate:.1f} s of audio; wake word spoken in "
-          f"the clips starting at {truth} s")
+        detections += detector.push(audio[start : start + chunk])
+    print(
+        f"streamed {audio.size / scorer.sample_rate:.1f} s of audio; wake word spoken in "
+        f"the clips starting at {truth} s"
+    )
     for d in detections:
         print(f"  detection at {d.time_s:.1f} s (score {d.score:.2f})")
     if not detections:
@@ -73,7 +87,9 @@ def main() -> None:
     ap.add_argument("--data", required=True, help="corpus manifest.csv")
     ap.add_argument("--type", default="A", help="this device's type")
     ap.add_argument("--id", default="kitchen-speaker-1", help="this device's id")
-    ap.add_argument("--broker", default=None, help="join this broker's fleet (default: a local demo fleet)")
+    ap.add_argument(
+        "--broker", default=None, help="join this broker's fleet (default: a local demo fleet)"
+    )
     ap.add_argument("--state", default=None, help="state folder (default: a temporary one)")
     ap.add_argument("--width", type=float, default=0.25, help="model width of the demo fleet")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of the demo fleet")
@@ -85,7 +101,9 @@ def main() -> None:
     broker = server = thread = None
     try:
         if args.broker is None:
-            broker, server, thread = start_demo_fleet(work, args.width, args.rounds, args.id, args.type)
+            broker, server, thread = start_demo_fleet(
+                work, args.width, args.rounds, args.id, args.type
+            )
         url = args.broker or broker.url
 
         # 1. The device's local data: its own training clips, and validation clips for the
@@ -95,15 +113,26 @@ def main() -> None:
 
         # 2. Join the fleet and take part in rounds until the server ends the run. State
         #    (personal model, variance, pending update) survives a power cut at any point.
-        with DeviceClient(args.id, args.type, train, state_dir, validation=val,
-                          broker_url=url, progress=lambda line: print(f"  [device] {line}")) as device:
+        with DeviceClient(
+            args.id,
+            args.type,
+            train,
+            state_dir,
+            validation=val,
+            broker_url=url,
+            progress=lambda line: print(f"  [device] {line}"),
+        ) as device:
             summary = device.run()
-            print(f"took part in {summary.rounds_trained} round(s); "
-                  f"{summary.updates_accepted} update(s) accepted by the server")
+            print(
+                f"took part in {summary.rounds_trained} round(s); "
+                f"{summary.updates_accepted} update(s) accepted by the server"
+            )
             for o in summary.outcomes:
                 if o.relative_fa is not None:
-                    print(f"  round {o.round_id}: relative FA {o.relative_fa:.3f} at relative "
-                          f"FR {o.relative_fr:.3f} against the baseline (local validation clips)")
+                    print(
+                        f"  round {o.round_id}: relative FA {o.relative_fa:.3f} at relative "
+                        f"FR {o.relative_fr:.3f} against the baseline (local validation clips)"
+                    )
 
             # 3. Hand the personal model to the edge runtime (ONNX: waveform in, score out).
             onnx_path = device.export_onnx(work / "personal.onnx")

@@ -42,8 +42,9 @@ class Ditto(FedAvg):
     ):
         super().__init__(weighting=weighting, lr=lr, local_steps=local_steps)
         self.lam = require_non_negative(lam, "lam")
-        self.personal_lr = require_positive(lr if personal_lr is None else personal_lr,
-                                            "personal_lr")
+        self.personal_lr = require_positive(
+            lr if personal_lr is None else personal_lr, "personal_lr"
+        )
         self.personal_steps = require_count(
             local_steps if personal_steps is None else personal_steps, "personal_steps"
         )
@@ -60,16 +61,25 @@ class Ditto(FedAvg):
         personal = stored_personal(state, global_params)
         start = global_params if personal is None else personal
         personal = sgd_steps(
-            start, problem, generator, self.personal_lr, self.personal_steps,
-            prox_center=global_params, lam=self.lam,
+            start,
+            problem,
+            generator,
+            self.personal_lr,
+            self.personal_steps,
+            prox_center=global_params,
+            lam=self.lam,
         )
         new_state = copy_state(new_state)
         new_state.tensors["personal"] = personal
         return result, new_state
 
     def personalized_params(
-        self, server: ServerState, state: ClientState, problem: LocalProblem,
-        generator: torch.Generator, client_id: str | None = None,
+        self,
+        server: ServerState,
+        state: ClientState,
+        problem: LocalProblem,
+        generator: torch.Generator,
+        client_id: str | None = None,
     ) -> Tensor:
         personal = stored_personal(state, server.global_params)
         return server.global_params if personal is None else personal

@@ -117,8 +117,12 @@ class FedAvg(Strategy):
         return result, copy_state(state)
 
     def personalized_params(
-        self, server: ServerState, state: ClientState, problem: LocalProblem,
-        generator: torch.Generator, client_id: str | None = None,
+        self,
+        server: ServerState,
+        state: ClientState,
+        problem: LocalProblem,
+        generator: torch.Generator,
+        client_id: str | None = None,
     ) -> Tensor:
         return server.global_params
 

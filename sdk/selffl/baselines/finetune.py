@@ -36,13 +36,18 @@ class FineTune(FedAvg):
     ):
         super().__init__(weighting=weighting, lr=lr, local_steps=local_steps)
         self.finetune_steps = require_count(finetune_steps, "finetune_steps")
-        self.finetune_lr = require_positive(lr if finetune_lr is None else finetune_lr,
-                                            "finetune_lr")
+        self.finetune_lr = require_positive(
+            lr if finetune_lr is None else finetune_lr, "finetune_lr"
+        )
         self.name = "finetune"
 
     def personalized_params(
-        self, server: ServerState, state: ClientState, problem: LocalProblem,
-        generator: torch.Generator, client_id: str | None = None,
+        self,
+        server: ServerState,
+        state: ClientState,
+        problem: LocalProblem,
+        generator: torch.Generator,
+        client_id: str | None = None,
     ) -> Tensor:
         return sgd_steps(
             server.global_params, problem, generator, self.finetune_lr, self.finetune_steps

@@ -71,8 +71,12 @@ class LocalOnly(FedAvg):
         return result, new_state
 
     def personalized_params(
-        self, server: ServerState, state: ClientState, problem: LocalProblem,
-        generator: torch.Generator, client_id: str | None = None,
+        self,
+        server: ServerState,
+        state: ClientState,
+        problem: LocalProblem,
+        generator: torch.Generator,
+        client_id: str | None = None,
     ) -> Tensor:
         personal = stored_personal(state, server.global_params)
         return server.global_params if personal is None else personal

@@ -55,7 +55,11 @@ class PerFedAvg(FedAvg):
         return require_finite(w, "locally trained parameters")
 
     def personalized_params(
-        self, server: ServerState, state: ClientState, problem: LocalProblem,
-        generator: torch.Generator, client_id: str | None = None,
+        self,
+        server: ServerState,
+        state: ClientState,
+        problem: LocalProblem,
+        generator: torch.Generator,
+        client_id: str | None = None,
     ) -> Tensor:
         return sgd_steps(server.global_params, problem, generator, self.alpha, self.adapt_steps)

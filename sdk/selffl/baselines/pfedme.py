@@ -84,8 +84,9 @@ class PFedMe(FedAvg):
         theta = self.received_global(instructions).detach().clone()
         v = theta
         for _ in range(self.local_steps):
-            v = prox_solve(theta, problem, generator, self.lam, self.personal_lr,
-                           self.inner_steps, start=v)
+            v = prox_solve(
+                theta, problem, generator, self.lam, self.personal_lr, self.inner_steps, start=v
+            )
             theta = theta - self.lr * self.lam * (theta - v)
         require_finite(theta, "locally trained parameters")
         require_finite(v, "personal parameters")
@@ -107,8 +108,12 @@ class PFedMe(FedAvg):
         return require_finite(mixed, "aggregated parameters")
 
     def personalized_params(
-        self, server: ServerState, state: ClientState, problem: LocalProblem,
-        generator: torch.Generator, client_id: str | None = None,
+        self,
+        server: ServerState,
+        state: ClientState,
+        problem: LocalProblem,
+        generator: torch.Generator,
+        client_id: str | None = None,
     ) -> Tensor:
         personal = stored_personal(state, server.global_params)
         return server.global_params if personal is None else personal

@@ -72,8 +72,9 @@ def head_range(head: slice | None, dim: int) -> slice:
 
 def confidence(mu: Tensor, sigma: Tensor, prior_mean: Tensor) -> float:
     """tau = d / (sum sigma^2 + ||mu - prior_mean||^2)."""
-    spread = float(sigma.double().square().sum() + (mu.double() - prior_mean.double())
-                   .square().sum())
+    spread = float(
+        sigma.double().square().sum() + (mu.double() - prior_mean.double()).square().sum()
+    )
     return mu.numel() / max(spread, _MIN_SPREAD)
 
 
@@ -154,8 +155,9 @@ class PFedVEM(FedAvg):
 
         params = global_params.detach().clone()
         for _ in range(self.local_steps):
-            grad, grad_sigma = self._mc_gradients(params, mu, F.softplus(pi), head, problem,
-                                                  generator)
+            grad, grad_sigma = self._mc_gradients(
+                params, mu, F.softplus(pi), head, problem, generator
+            )
             # KL(N(mu, sigma^2) || N(w, rho^2)) = sum log(rho/sigma) + (sigma^2 + (mu-w)^2)
             # / (2 rho^2) - 1/2. Its step is taken implicitly (proximal): an explicit step
             # is stable only while lr * kl_w / rho^2 < 2, and rho^2 = 1/tau becomes small
@@ -192,15 +194,23 @@ class PFedVEM(FedAvg):
         new_state.scalars = dict(new_state.scalars, rho_sq=1.0 / tau)
         return result, new_state
 
-    def _mc_gradients(self, params: Tensor, mu: Tensor, sigma: Tensor, head: slice,
-                      problem: LocalProblem, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    def _mc_gradients(
+        self,
+        params: Tensor,
+        mu: Tensor,
+        sigma: Tensor,
+        head: slice,
+        problem: LocalProblem,
+        generator: torch.Generator,
+    ) -> tuple[Tensor, Tensor]:
         """Monte Carlo estimates (`mc_samples` draws of the head from N(mu, sigma^2)) of the
         loss gradient in the parameters and in the head's sigma (reparameterised)."""
         grad = torch.zeros_like(params)
         grad_sigma = torch.zeros_like(mu)
         for _ in range(self.mc_samples):
-            eps = torch.randn(mu.shape, generator=generator, dtype=torch.float32,
-                              device=generator.device).to(mu.device, mu.dtype)
+            eps = torch.randn(
+                mu.shape, generator=generator, dtype=torch.float32, device=generator.device
+            ).to(mu.device, mu.dtype)
             sample = params.clone()
             sample[head] = mu + sigma * eps
             g = oracle_gradient(problem, sample, generator)
@@ -236,8 +246,12 @@ class PFedVEM(FedAvg):
         )
 
     def personalized_params(
-        self, server: ServerState, state: ClientState, problem: LocalProblem,
-        generator: torch.Generator, client_id: str | None = None,
+        self,
+        server: ServerState,
+        state: ClientState,
+        problem: LocalProblem,
+        generator: torch.Generator,
+        client_id: str | None = None,
     ) -> Tensor:
         head = head_range(self.head, server.global_params.numel())
         mu = stored_personal(state, server.global_params[head], key="mu")
