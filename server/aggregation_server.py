@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import random
 import threading
 import time
@@ -41,6 +40,7 @@ from wakefl.sdk.messages import (
     message_id,
 )
 from wakefl.sdk.mqtt_link import MqttLink
+from wakefl.sdk.selffl.rules import sampled_count
 from wakefl.sdk.selffl.strategy import ClientResult, ServerState, Strategy
 from wakefl.sdk.selffl.update_screening import (
     Screening,
@@ -559,7 +559,11 @@ class AggregationServer:
 
     # ------------------------------------------------------------------ rounds
     def _sample(self, round_id: int, online: list[str], registry_size: int) -> list[str]:
-        k = max(1, math.ceil(self.cfg.activity_rate * registry_size), self.cfg.min_clients or 0)
+        """The round's devices: `rules.sampled_count` (floor(C M), at least 1) of the
+        registry, raised to the quorum, drawn among the devices online."""
+        k = max(
+            sampled_count(self.cfg.activity_rate, max(1, registry_size)), self.cfg.min_clients or 0
+        )
         rng = random.Random(f"{self.run_id}:{self.cfg.seed}:{round_id}")
         return sorted(rng.sample(online, min(k, len(online))))
 

@@ -883,3 +883,34 @@ def test_a_state_folder_of_the_previous_store_format_is_refused_with_a_clear_mes
     again = StateStore(tmp_path / "new")  # and opens again
     assert again.get_meta("store_format") == 2
     again.close()
+
+
+@pytest.mark.parametrize(
+    ("rate", "registry", "quorum", "want"),
+    [
+        (0.3, 10, None, 3),
+        (0.25, 10, None, 2),
+        (0.1, 5, None, 1),
+        (0.25, 10, 4, 4),
+        (1.0, 3, None, 3),
+    ],
+)
+def test_server_samples_the_paper_count_raised_to_its_quorum(
+    tmp_path, rate, registry, quorum, want
+):
+    # floor(C M), at least 1 (rules.sampled_count), as the simulation and the studies
+    # count: 0.3 * 10 is 3.0000000000000004 in floating point, which ceil made 4.
+    reg = {f"d{i}": "speaker" for i in range(registry)}
+    srv = _server(
+        type("B", (), {"url": "mqtt://127.0.0.1:1"})(),
+        tmp_path,
+        reg,
+        activity_rate=rate,
+        min_clients=quorum,
+    )
+    try:
+        picked = srv._sample(1, sorted(reg), registry)
+        assert len(picked) == want and set(picked) <= set(reg)
+        assert len(srv._sample(1, ["d0", "d1"], registry)) == min(want, 2)  # among the online
+    finally:
+        srv.store.close()
