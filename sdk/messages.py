@@ -20,7 +20,7 @@ import json
 import math
 import struct
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -30,6 +30,7 @@ from torch import Tensor
 
 from wakefl.errors import ProtocolError
 from wakefl.finite import all_finite
+from wakefl.sdk import update_codec
 from wakefl.sdk.selffl.records import (
     MAX_RECORD_ABS,
     MAX_STEPS,
@@ -38,13 +39,17 @@ from wakefl.sdk.selffl.records import (
     check_record,
     finite_part,
 )
+from wakefl.sdk.update_codec import DELTA_CODECS, CodecError, Packed
 
 # Version 2: acks name the message they answer (`answers`), the `decline` uplink, and
 # bounds on every scalar field. Version 3: the strategy's own scalars travel as records
 # (`instructions` down, `record` up) checked against the strategy's declared schema; the
 # downlink's `sigma0_sq` and the uplink's `sigma_m_sq` and `local_steps` fields are gone
-# (docs/PROTOCOL.md).
-PROTOCOL_VERSION = 3
+# (docs/PROTOCOL.md). Version 4: an uplink may carry its parameters compressed relative to
+# the round's global model (`codec`: fp16 or int8 deltas with per-block scales, int8
+# tensors on the wire, a checksum of the decoded vector; sdk/update_codec.py), and the
+# downlink announces the fleet's `uplink_codec`.
+PROTOCOL_VERSION = 4
 MAGIC = b"WKFL"
 _HASH_LEN = 32
 _PREFIX_LEN = len(MAGIC) + _HASH_LEN
@@ -68,7 +73,9 @@ MAX_REASON_LEN = 200
 MESSAGE_ID_LEN = 32  # hex characters of `message_id`
 
 WIRE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
-_ST_DTYPES = {"F32": (torch.float32, 4), "F16": (torch.float16, 2)}
+_ST_DTYPES = {"F32": (torch.float32, 4), "F16": (torch.float16, 2), "I8": (torch.int8, 1)}
+# The only tensor that may be int8: the codes of an int8-delta uplink.
+_INT8_TENSOR = "params.q"
 
 REJECT_REASONS = (
     "malformed",  # not a frame, bad JSON, missing/ill-typed field
@@ -88,6 +95,7 @@ REJECT_REASONS = (
     "duplicate",  # second update for the same (round, device): QoS 1 redelivery or resend
     "out_of_range",  # a scalar field outside its documented bounds (e.g. num_samples >= 2^63)
     "outlier",  # refused at aggregation: too far from the global model (update_screening)
+    "checksum",  # a compressed update decodes to other values than the device's checksum
     "internal",  # the server failed while handling the message (a bug; logged with a traceback)
 )
 
@@ -146,6 +154,9 @@ class Uplink:
     relative_fr: float | None = None
     tensors: dict[str, Tensor] = field(default_factory=dict)  # e.g. Algorithm 2's model
     version: int = PROTOCOL_VERSION
+    # A compressed update as received (`params` is empty until `unpack_uplink` rebuilds it
+    # from the round's global model), or one to send as it is (already packed).
+    packed: Packed | None = None
 
 
 @dataclass(frozen=True)
@@ -278,7 +289,10 @@ def _frame(
     if wire_dtype not in WIRE_DTYPES:
         raise ProtocolError(f"wire dtype must be one of {sorted(WIRE_DTYPES)}, got {wire_dtype!r}")
     wire = WIRE_DTYPES[wire_dtype]
-    prepared = {k: _prepare_tensor(v, k, wire) for k, v in tensors.items()}
+    prepared = {
+        k: v.contiguous() if v.dtype == torch.int8 else _prepare_tensor(v, k, wire)
+        for k, v in tensors.items()
+    }
     body = st_save(
         prepared, metadata={"wakefl": json.dumps(meta, allow_nan=False, separators=(",", ":"))}
     )
@@ -288,9 +302,45 @@ def _frame(
     return payload
 
 
-def encode(msg: Message, *, wire_dtype: str = "fp32", max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+def _pack_params(
+    msg: Uplink, meta: dict[str, Any], tensors: dict[str, Tensor], codec: str, base: Tensor | None
+) -> str:
+    """Replace the uplink's `params` tensor by its packed form (`msg.packed`, or `codec`
+    relative to `base`) and describe it in `meta["codec"]`; returns the frame's float
+    dtype (int8 scales travel in fp32, an fp16 delta in fp16)."""
+    packed = msg.packed
+    if packed is None:
+        if base is None:
+            raise ProtocolError(f"uplink codec {codec} needs the round's global model")
+        try:
+            packed = update_codec.encode(msg.params, base, codec)
+        except ValueError as exc:
+            raise ProtocolError(f"cannot pack the update with {codec}: {exc}") from exc
+    del tensors["params"]
+    tensors.update({f"params.{k}": v for k, v in packed.tensors.items()})
+    meta["codec"] = {
+        "name": packed.codec,
+        "numel": packed.numel,
+        "block": packed.block,
+        "sha256": packed.checksum,
+    }
+    wire = "fp16" if packed.codec == "fp16-delta" else "fp32"
+    meta["wire_dtype"] = wire
+    return wire
+
+
+def encode(
+    msg: Message,
+    *,
+    wire_dtype: str = "fp32",
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    uplink_codec: str = "",
+    base: Tensor | None = None,
+) -> bytes:
     """Serialise a message to one wire frame. Raises ProtocolError for non-finite tensors
-    or scalars, and MessageRejected('oversized') past `max_bytes`."""
+    or scalars, and MessageRejected('oversized') past `max_bytes`. An `Uplink` is packed
+    relative to `base` (the round's global model, as the device decoded it) when
+    `uplink_codec` is a delta codec, or sent as its `packed` form when it has one."""
     try:
         if isinstance(msg, Downlink):
             meta = {
@@ -326,6 +376,8 @@ def encode(msg: Message, *, wire_dtype: str = "fp32", max_bytes: int = DEFAULT_M
             }
             tensors = {"params": msg.params}
             tensors.update({f"x.{k}": v for k, v in msg.tensors.items()})
+            if msg.packed is not None or uplink_codec in DELTA_CODECS:
+                wire_dtype = _pack_params(msg, meta, tensors, uplink_codec, base)
         elif isinstance(msg, Ack):
             meta = {
                 "v": msg.version,
@@ -390,9 +442,11 @@ def _check_tensor_entry(name: str, entry: Any, data_len: int) -> str:
     if not isinstance(entry, dict):
         raise MessageRejected("malformed", f"tensor entry {name!r} is not an object")
     dt, shape, offs = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if dt not in _ST_DTYPES:
+    if dt not in _ST_DTYPES or (dt == "I8" and name != _INT8_TENSOR):
         raise MessageRejected(
-            "dtype", f"tensor {name!r} has dtype {dt!r}; only F32/F16 are accepted"
+            "dtype",
+            f"tensor {name!r} has dtype {_short(dt)}; only F32/F16 are accepted "
+            f"(and I8 for {_INT8_TENSOR})",
         )
     if (
         not isinstance(shape, list)
@@ -422,9 +476,12 @@ def _parse_body(body: bytes) -> tuple[dict[str, Any], dict[str, Tensor], str]:
     if not isinstance(st_meta, dict) or not isinstance(st_meta.get("wakefl"), str):
         raise MessageRejected("malformed", "no wakefl metadata in the safetensors header")
     data_len = len(body) - 8 - hlen
-    dtypes = {_check_tensor_entry(name, entry, data_len) for name, entry in header.items()}
+    all_dtypes = {_check_tensor_entry(name, entry, data_len) for name, entry in header.items()}
+    dtypes = all_dtypes - {"I8"}  # the float tensors are all of one dtype
     if len(dtypes) > 1:
         raise MessageRejected("dtype", f"mixed tensor dtypes {sorted(dtypes)}")
+    if "I8" in all_dtypes:
+        dtypes = {"I8"}
     meta = _json(st_meta["wakefl"], "wakefl metadata")
     if not isinstance(meta, dict):
         raise MessageRejected("malformed", "wakefl metadata is not an object")
@@ -504,10 +561,55 @@ def _scalar_map(value: Any, name: str, schema: RecordSchema | None = None) -> di
         raise MessageRejected(exc.reason, exc.detail) from None
 
 
+def _uplink_params(
+    meta: dict[str, Any], tensors: dict[str, Tensor], expected_numel: int | None
+) -> tuple[Tensor, Packed | None]:
+    """The uplink's parameters: the plain `params` tensor, or (with a `codec` field) the
+    packed update's tensors taken out of `tensors` and checked field by field
+    (update_codec.check_packed); its `params` stay empty until `unpack_uplink`."""
+    codec = meta.get("codec")
+    if codec is None:
+        return _main_tensor(tensors, "params", expected_numel), None
+    if not isinstance(codec, dict):
+        raise MessageRejected("malformed", "codec must be an object")
+    if "params" in tensors:
+        raise MessageRejected("malformed", "a packed uplink carries no plain params tensor")
+    numel = codec.get("numel")
+    if expected_numel is not None and numel != expected_numel:
+        raise MessageRejected(
+            "shape", f"packed update of {_short(numel)} entries, the model has {expected_numel}"
+        )
+    parts = {k[len("params.") :]: v for k, v in tensors.items() if k.startswith("params.")}
+    for k in parts:
+        del tensors[f"params.{k}"]
+    try:
+        packed = update_codec.check_packed(
+            codec.get("name"), numel, codec.get("block", 0), codec.get("sha256"), parts
+        )
+    except CodecError as exc:
+        raise MessageRejected(exc.reason, exc.detail) from None
+    return torch.empty(0), packed
+
+
+def unpack_uplink(msg: Uplink, base: Tensor) -> Uplink:
+    """A packed uplink with its parameters rebuilt from `base` (the round's global model
+    as the devices decoded it), refused as `checksum` unless they are exactly what the
+    device computed (`non_finite`, `shape` likewise). A plain uplink is returned as it is."""
+    if msg.packed is None:
+        return msg
+    try:
+        params = update_codec.verified_decode(msg.packed, base)
+    except CodecError as exc:
+        raise MessageRejected(exc.reason, exc.detail) from None
+    return replace(msg, params=params)
+
+
 def _main_tensor(tensors: dict[str, Tensor], name: str, expected_numel: int | None) -> Tensor:
     t = tensors.get(name)
     if t is None:
         raise MessageRejected("malformed", f"tensor {name!r} is missing")
+    if not t.is_floating_point():
+        raise MessageRejected("dtype", f"{name} must be a float tensor")
     if t.dim() != 1:
         raise MessageRejected("shape", f"{name} must be a flat vector, got shape {list(t.shape)}")
     if expected_numel is not None and t.numel() != expected_numel:
@@ -606,6 +708,7 @@ def _decode_downlink(meta: dict[str, Any], tensors: dict[str, Tensor], expect: E
 
 def _decode_uplink(meta: dict[str, Any], tensors: dict[str, Tensor], expect: Expect) -> Uplink:
     expected_numel = expect.numel
+    params, packed = _uplink_params(meta, tensors, expected_numel)
     extras = _extras(tensors, "params")
     if expected_numel is not None:
         for k, v in extras.items():
@@ -617,7 +720,7 @@ def _decode_uplink(meta: dict[str, Any], tensors: dict[str, Tensor], expect: Exp
         device_id=_check_id(meta["device_id"], "device_id"),
         device_type=_check_id(meta["device_type"], "device_type"),
         round_id=_int(meta["round_id"], "round_id", 1),
-        params=_main_tensor(tensors, "params", expected_numel),
+        params=params,
         num_samples=_int(meta["num_samples"], "num_samples", 0, MAX_NUM_SAMPLES),
         record=_scalar_map(meta.get("record", {}), "record", expect.uplink_schema),
         relative_fa=_optional_float(
@@ -628,6 +731,7 @@ def _decode_uplink(meta: dict[str, Any], tensors: dict[str, Tensor], expect: Exp
         ),
         tensors=extras,
         version=meta["v"],
+        packed=packed,
     )
 
 
@@ -685,9 +789,10 @@ def decode_as(data: bytes, cls: type, **kw: Any) -> Any:
 
 
 def payload_dtype(data: bytes) -> str:
-    """'fp32', 'fp16' or '' (no tensors) of an already valid frame, for logs and benchmarks."""
+    """'fp32', 'fp16', 'int8' (an int8-delta uplink) or '' (no tensors) of an already
+    valid frame, for logs and benchmarks."""
     _, _, dt = _parse_body(bytes(data)[_PREFIX_LEN:])
-    return {"F32": "fp32", "F16": "fp16"}.get(dt, "")
+    return {"F32": "fp32", "F16": "fp16", "I8": "int8"}.get(dt, "")
 
 
 def wire_size(numel: int, wire_dtype: str = "fp32") -> int:

@@ -29,7 +29,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from wakefl.errors import ConfigError
+from wakefl.sdk import update_codec
 from wakefl.sdk.atomic_files import write_atomic
 from wakefl.sdk.messages import DEFAULT_MAX_BYTES, MAGIC, PROTOCOL_VERSION, Uplink
 from wakefl.sdk.selffl.strategy import ClientResult, ServerState
@@ -111,16 +112,38 @@ def server_state_from_bytes(data: bytes) -> ServerState:
 
 # The wire frame: MAGIC | sha256(body) | body, body = u64 header length | JSON header | data.
 _FRAME_PREFIX = len(MAGIC) + hashlib.sha256().digest_size
-_FILE_DTYPES = {"F32": torch.float32, "F16": torch.float16}
+_FILE_DTYPES = {"F32": torch.float32, "F16": torch.float16, "I8": torch.int8}
+BaseFn = Callable[[], torch.Tensor]
 
 
-def read_recorded_update(path: Path, expected_numel: int | None = None) -> Uplink:
+def _recorded_params(
+    tensors: dict[str, torch.Tensor], meta: dict[str, Any], base: BaseFn | None
+) -> torch.Tensor:
+    """The update's float32 parameters: the plain tensor, or a packed update (protocol v4)
+    rebuilt from the round's global model `base()`. Its checksum was verified on receipt,
+    against the same base, so it is not recomputed here."""
+    codec = meta.get("codec")
+    if codec is None:
+        return tensors.pop("params").float()
+    if base is None:
+        raise ValueError("a packed update needs its round's global model to be read")
+    parts = {k[len("params.") :]: tensors.pop(k) for k in list(tensors) if k.startswith("params.")}
+    packed = update_codec.Packed(
+        codec["name"], int(codec["numel"]), int(codec["block"]), parts, codec["sha256"]
+    )
+    return update_codec.decode(packed, base())
+
+
+def read_recorded_update(
+    path: Path, expected_numel: int | None = None, base: BaseFn | None = None
+) -> Uplink:
     """One update file written by `StateStore.record_update`, read straight into tensors.
 
     The file is the uplink frame the server validated on receipt (hash, header, dtypes,
-    shapes, finiteness) and fsynced before acknowledging it, so it is trusted here: no
-    re-hashing and no second safetensors parse, each tensor is read once from the file into
-    its own buffer. A truncated or foreign file raises ConfigError."""
+    shapes, finiteness, a packed update's checksum) and fsynced before acknowledging it, so
+    it is trusted here: no re-hashing and no second safetensors parse, each tensor is read
+    once from the file into its own buffer. A packed update is rebuilt from `base()`, the
+    round's global model. A truncated or foreign file raises ConfigError."""
     try:
         with open(path, "rb") as f:
             head = f.read(_FRAME_PREFIX + 8)
@@ -138,7 +161,7 @@ def read_recorded_update(path: Path, expected_numel: int | None = None) -> Uplin
                 if f.readinto(t.numpy().data.cast("B")) != end - start:
                     raise ValueError(f"tensor {name!r} is truncated")
                 tensors[name] = t
-        params = tensors.pop("params").float()
+        params = _recorded_params(tensors, meta, base)
         if expected_numel is not None and params.numel() != expected_numel:
             raise ValueError(f"{params.numel()} parameters, the model has {expected_numel}")
         return Uplink(
@@ -173,12 +196,18 @@ class UpdateView:
     on each iteration (re-iterable; memory O(d) whatever the number of updates)."""
 
     def __init__(
-        self, store: StateStore, round_id: int, expected_numel: int | None, max_bytes: int
+        self,
+        store: StateStore,
+        round_id: int,
+        expected_numel: int | None,
+        max_bytes: int,
+        base: BaseFn | None = None,
     ) -> None:
         self.round_id = round_id
         self._root = store.root
         self._expected = expected_numel
         self._max_bytes = max_bytes
+        self._base = base  # the round's global model, for packed updates (called lazily)
         self.rows = store.update_rows(round_id)
 
     def __len__(self) -> int:
@@ -186,7 +215,7 @@ class UpdateView:
 
     def __iter__(self) -> Iterator[ClientResult]:
         for row in self.rows:
-            msg = read_recorded_update(self._root / row["path"], self._expected)
+            msg = read_recorded_update(self._root / row["path"], self._expected, self._base)
             scalars = dict(msg.record)
             yield ClientResult(
                 client_id=msg.device_id,
@@ -460,9 +489,14 @@ class StateStore:
         return [dict(r) for r in rows]
 
     def updates(
-        self, round_id: int, expected_numel: int | None = None, max_bytes: int = DEFAULT_MAX_BYTES
+        self,
+        round_id: int,
+        expected_numel: int | None = None,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        base: BaseFn | None = None,
     ) -> UpdateView:
-        return UpdateView(self, round_id, expected_numel, max_bytes)
+        """The round's updates; `base` returns the round's global model for packed ones."""
+        return UpdateView(self, round_id, expected_numel, max_bytes, base)
 
     def clients(self) -> dict[str, dict[str, Any]]:
         with self._lock:

@@ -1,0 +1,252 @@
+"""Compressed model updates: pure encoding and decoding of a flat parameter vector relative
+to the round's global model (no I/O; numpy for the arithmetic, so both ends compute the
+same float32 results bit for bit).
+
+Codecs (chosen per fleet by the server, announced in the downlink's
+`hyperparameters.uplink_codec`; docs/PROTOCOL.md):
+
+- `fp32`, `fp16`: the parameters themselves in that dtype (no base needed).
+- `fp16-delta`: delta = params - base in float16; decoded = base + float32(delta).
+- `int8-delta`: delta in blocks of `BLOCK` (256) entries; per block a float32 scale
+  s = max|delta| / 127 and int8 codes q = round(delta / s) in [-127, 127]; decoded =
+  base + float32(q) * s (the product and the sum each rounded once, in float32). Each
+  entry's quantisation error is at most s / 2 of its block. 256 entries per scale: the
+  scales cost 4/256 = 1.6 % on top of the 1 byte per entry, so an update is ~0.254x its
+  fp32 size, while a block still spans only part of one convolution's weights (the
+  full-size model's layers hold 10^3-10^6 entries), so one large entry widens the step of
+  at most 255 neighbours.
+
+The sender computes the decoded vector itself and sends its checksum (`checksum`: SHA-256
+over the decoded float32 vector's little-endian bytes); the receiver decodes with its own
+copy of the base and refuses the update when the checksums differ (a different base, a
+bug or tampering): what it aggregates is exactly what the device meant to send.
+
+Every field of a packed update is bounded and checked (`check_packed`) before any
+arithmetic; a violation raises `CodecError` with a reason from the wire protocol's reject
+codes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+PLAIN_CODECS = ("fp32", "fp16")
+DELTA_CODECS = ("fp16-delta", "int8-delta")
+CODECS = PLAIN_CODECS + DELTA_CODECS
+BLOCK = 256  # entries per int8 scale
+MIN_BLOCK, MAX_BLOCK = 16, 65536  # accepted block sizes (powers of two)
+# A scale larger than this cannot come from a finite float32 delta (max 3.4e38 / 127).
+MAX_SCALE = float(np.finfo(np.float32).max) / 127.0
+MAX_NUMEL = 1 << 28  # 256 M entries: far above any model this SDK ships
+CHECKSUM_LEN = 64  # hex characters of SHA-256
+
+# Tensor names inside a frame, per codec (the frame prefixes them with "params.").
+CODEC_TENSORS = {"fp16-delta": ("delta",), "int8-delta": ("q", "scale")}
+_DTYPES = {"delta": torch.float16, "q": torch.int8, "scale": torch.float32}
+
+
+class CodecError(ValueError):
+    """A packed update that cannot be decoded; `reason` is a wire reject code."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Packed:
+    """One encoded update: `tensors` by codec (`CODEC_TENSORS`), the decoded vector's
+    `numel` and `checksum`, the int8 `block` (0 for fp16-delta)."""
+
+    codec: str
+    numel: int
+    block: int
+    tensors: dict[str, Tensor]
+    checksum: str
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+
+def checksum(vec: Tensor) -> str:
+    """SHA-256 (hex) over the little-endian bytes of `vec` as a contiguous float32 vector."""
+    arr = np.ascontiguousarray(vec.detach().cpu().to(torch.float32).numpy(), dtype="<f4")
+    return hashlib.sha256(arr.data.cast("B")).hexdigest()
+
+
+def _f32(t: Tensor) -> np.ndarray:
+    return t.detach().cpu().to(torch.float32).contiguous().numpy()
+
+
+def quantize_int8(delta: np.ndarray, block: int = BLOCK) -> tuple[np.ndarray, np.ndarray]:
+    """(int8 codes, float32 scale per block) of a float32 vector; a zero block has scale 0."""
+    n = delta.size
+    nb = -(-n // block)
+    padded = np.zeros(nb * block, dtype=np.float32)
+    padded[:n] = delta
+    blocks = padded.reshape(nb, block)
+    scale = (np.abs(blocks).max(axis=1) / np.float32(127.0)).astype(np.float32)
+    safe = np.where(scale > 0, scale, np.float32(1.0))
+    q = np.clip(np.rint(blocks / safe[:, None]), -127, 127).astype(np.int8)
+    return q.reshape(-1)[:n], scale
+
+
+def dequantize_int8(q: np.ndarray, scale: np.ndarray, block: int) -> np.ndarray:
+    """float32(q) * scale of its block, one rounding per entry."""
+    per_entry = np.repeat(scale, block)[: q.size]
+    return np.multiply(q.astype(np.float32), per_entry, dtype=np.float32)
+
+
+def _decode_delta(packed: Packed) -> np.ndarray:
+    if packed.codec == "int8-delta":
+        return dequantize_int8(
+            packed.tensors["q"].numpy(), packed.tensors["scale"].numpy(), packed.block
+        )
+    return packed.tensors["delta"].numpy().astype(np.float32)
+
+
+def decode(packed: Packed, base: Tensor) -> Tensor:
+    """The float32 vector a packed update stands for, given the round's global model (no
+    checksum check: `verified_decode` does that)."""
+    b = _f32(base)
+    if b.size != packed.numel:
+        raise CodecError("shape", f"the base has {b.size} entries, the update {packed.numel}")
+    return torch.from_numpy(np.add(b, _decode_delta(packed), dtype=np.float32))
+
+
+def verified_decode(packed: Packed, base: Tensor) -> Tensor:
+    """`decode`, then insist on finite entries and the sender's checksum."""
+    out = decode(packed, base)
+    if not bool(np.isfinite(out.numpy()).all()):
+        raise CodecError("non_finite", "the decoded update holds NaN or Inf")
+    got = checksum(out)
+    if got != packed.checksum:
+        raise CodecError(
+            "checksum",
+            f"decoded update has sha256 {got[:16]}..., the device sent "
+            f"{packed.checksum[:16]}... (a different base model, or corrupted codes)",
+        )
+    return out
+
+
+def encode(params: Tensor, base: Tensor, codec: str, block: int = BLOCK) -> Packed:
+    """Pack `params` relative to `base` with a delta codec; the checksum is over what the
+    receiver will decode. ValueError when the delta does not fit the codec (fp16 overflow)
+    or the inputs are not finite vectors of one size."""
+    if codec not in DELTA_CODECS:
+        raise ValueError(f"codec must be one of {DELTA_CODECS}, got {codec!r}")
+    p, b = _f32(params).reshape(-1), _f32(base).reshape(-1)
+    if p.size != b.size:
+        raise ValueError(f"params have {p.size} entries, the base {b.size}")
+    delta = np.subtract(p, b, dtype=np.float32)
+    if not np.isfinite(delta).all():
+        raise ValueError("the update is not finite relative to the base")
+    if codec == "int8-delta":
+        _check_block(block)
+        q, scale = quantize_int8(delta, block)
+        tensors = {"q": torch.from_numpy(q), "scale": torch.from_numpy(scale)}
+    else:
+        with np.errstate(over="ignore"):
+            half = delta.astype(np.float16)
+        if not np.isfinite(half).all():
+            raise ValueError("the delta exceeds the float16 range")
+        tensors, block = {"delta": torch.from_numpy(half)}, 0
+    packed = Packed(codec, int(p.size), block, tensors, "")
+    return Packed(codec, packed.numel, block, tensors, checksum(decode(packed, base)))
+
+
+def _check_block(block: object) -> int:
+    if (
+        isinstance(block, bool)
+        or not isinstance(block, int)
+        or not MIN_BLOCK <= block <= MAX_BLOCK
+        or block & (block - 1)
+    ):
+        raise CodecError(
+            "out_of_range",
+            f"block size {block!r} is not a power of two in [{MIN_BLOCK}, {MAX_BLOCK}]",
+        )
+    return block
+
+
+def _check_tensor(name: str, t: Tensor, numel: int) -> None:
+    if t.dtype != _DTYPES[name]:
+        raise CodecError("dtype", f"{name} is {t.dtype}, the codec needs {_DTYPES[name]}")
+    if t.dim() != 1 or t.numel() != numel:
+        raise CodecError("shape", f"{name} has shape {list(t.shape)}, expected [{numel}]")
+
+
+def _check_fields(codec: object, numel: object, digest: object) -> None:
+    if codec not in DELTA_CODECS:
+        raise CodecError("malformed", f"unknown update codec {str(codec)[:40]!r}")
+    if isinstance(numel, bool) or not isinstance(numel, int) or not 0 < numel <= MAX_NUMEL:
+        raise CodecError("out_of_range", f"update size {str(numel)[:40]} outside [1, {MAX_NUMEL}]")
+    if (
+        not isinstance(digest, str)
+        or len(digest) != CHECKSUM_LEN
+        or any(c not in "0123456789abcdef" for c in digest)
+    ):
+        raise CodecError("malformed", "checksum must be 64 lowercase hex characters")
+
+
+def check_packed(
+    codec: object, numel: object, block: object, digest: object, tensors: dict[str, Tensor]
+) -> Packed:
+    """A `Packed` from untrusted fields, every one bounded: known codec, size within
+    MAX_NUMEL, block size, checksum format, exactly the codec's tensors with their dtypes
+    and sizes (int8: one scale per block), scales finite in [0, MAX_SCALE], codes in
+    [-127, 127], fp16 deltas finite."""
+    _check_fields(codec, numel, digest)
+    assert isinstance(codec, str) and isinstance(numel, int) and isinstance(digest, str)
+    names = CODEC_TENSORS[codec]
+    if set(tensors) != set(names):
+        raise CodecError("malformed", f"{codec} carries {sorted(names)}, got {sorted(tensors)}")
+    if codec == "int8-delta":
+        blk = _check_block(block)
+        _check_tensor("q", tensors["q"], numel)
+        _check_tensor("scale", tensors["scale"], math.ceil(numel / blk))
+        scale = tensors["scale"].numpy()
+        if not np.isfinite(scale).all():
+            raise CodecError("non_finite", "a block scale is NaN or Inf")
+        if scale.size and not (scale.min() >= 0 and scale.max() <= MAX_SCALE):
+            raise CodecError("out_of_range", f"block scales must lie in [0, {MAX_SCALE:.3g}]")
+        if int(tensors["q"].min()) < -127:
+            raise CodecError("out_of_range", "int8 codes must lie in [-127, 127]")
+    else:
+        if block != 0:
+            raise CodecError("out_of_range", "fp16-delta has no block size (0)")
+        blk = 0
+        _check_tensor("delta", tensors["delta"], numel)
+        if not bool(torch.isfinite(tensors["delta"]).all()):
+            raise CodecError("non_finite", "the fp16 delta holds NaN or Inf")
+    return Packed(codec, numel, blk, dict(tensors), digest)
+
+
+def size_ratio(numel: int, codec: str, block: int = BLOCK) -> float:
+    """Tensor bytes of one update with `codec` over its fp32 bytes (headers excluded)."""
+    per_entry = {"fp32": 4.0, "fp16": 2.0, "fp16-delta": 2.0, "int8-delta": 1.0}[codec]
+    extra = 4 * math.ceil(numel / block) if codec == "int8-delta" else 0
+    return (per_entry * numel + extra) / (4.0 * numel)
+
+
+__all__ = [
+    "BLOCK",
+    "CODECS",
+    "DELTA_CODECS",
+    "PLAIN_CODECS",
+    "CodecError",
+    "Packed",
+    "check_packed",
+    "checksum",
+    "decode",
+    "encode",
+    "size_ratio",
+    "verified_decode",
+]

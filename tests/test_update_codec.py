@@ -1,0 +1,235 @@
+"""Compressed updates (sdk/update_codec.py, wire protocol v4): error bounds against their
+closed forms, the decoded checksum, the size gain, and every hostile packed field refused
+with its reason."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save as st_save
+
+from wakefl.sdk import messages as M
+from wakefl.sdk import update_codec as C
+from wakefl.server.state_store import StateStore
+
+
+def _vectors(d: int = 5000, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn(d, generator=g)
+    # blocks of very different magnitudes, and one all-zero block
+    mag = torch.logspace(-6, 1, d // C.BLOCK + 1)[torch.arange(d) // C.BLOCK]
+    delta = torch.randn(d, generator=g) * mag
+    delta[C.BLOCK : 2 * C.BLOCK] = 0.0
+    return base, base + delta
+
+
+def _ulp(x: np.ndarray) -> np.ndarray:
+    return np.spacing(np.abs(x).astype(np.float32))
+
+
+@pytest.mark.parametrize("d", [5000, 256, 17, 4096 + 3])
+def test_int8_error_is_at_most_half_a_step_of_its_block(d):
+    base, params = _vectors(max(d, 600))
+    base, params = base[:d], params[:d]
+    packed = C.encode(params, base, "int8-delta")
+    out = C.decode(packed, base).numpy()
+    scale = np.repeat(packed.tensors["scale"].numpy(), C.BLOCK)[:d]
+    p = params.numpy()
+    # |q s - delta| <= s / 2 (rounding to the nearest code), plus one float32 rounding each
+    # for the delta, the product and the sum
+    bound = scale / 2 + 2 * _ulp(p) + _ulp(p - base.numpy())
+    assert (np.abs(out - p) <= bound * (1 + 1e-6)).all()
+    assert packed.tensors["q"].dtype == torch.int8 and int(packed.tensors["q"].min()) >= -127
+    assert packed.tensors["scale"].numel() == -(-d // C.BLOCK)
+
+
+def test_int8_zero_block_and_identical_model_decode_exactly():
+    base, params = _vectors()
+    out = C.decode(C.encode(params, base, "int8-delta"), base)
+    block = slice(C.BLOCK, 2 * C.BLOCK)
+    assert torch.equal(out[block], base[block])
+    assert torch.equal(C.decode(C.encode(base, base, "int8-delta"), base), base)
+
+
+def test_fp16_delta_error_is_half_an_fp16_ulp():
+    base, params = _vectors()
+    out = C.decode(C.encode(params, base, "fp16-delta"), base).numpy()
+    delta = (params - base).numpy()
+    half_ulp = np.spacing(np.abs(delta).astype(np.float16)).astype(np.float32) / 2
+    bound = half_ulp + _ulp(params.numpy()) + _ulp(delta)
+    assert (np.abs(out - params.numpy()) <= bound * (1 + 1e-6)).all()
+
+
+def test_checksum_is_sha256_of_the_decoded_float32_bytes():
+    base, params = _vectors()
+    packed = C.encode(params, base, "int8-delta")
+    decoded = C.decode(packed, base)
+    assert packed.checksum == hashlib.sha256(decoded.numpy().astype("<f4").tobytes()).hexdigest()
+    assert torch.equal(C.verified_decode(packed, base), decoded)
+
+
+def _up(params: torch.Tensor, **kw) -> M.Uplink:
+    return M.Uplink("f1", "run1", "dev-a", "speaker", 3, params, 120, {"sigma_sq": 0.25}, **kw)
+
+
+@pytest.mark.parametrize("codec", ["int8-delta", "fp16-delta"])
+def test_packed_uplink_round_trip_and_size(codec):
+    base, params = _vectors(100_000)
+    frame = M.encode(_up(params), uplink_codec=codec, base=base)
+    plain = M.encode(_up(params))
+    msg = M.decode(frame, expected_numel=params.numel())
+    assert msg.packed is not None and msg.packed.codec == codec and msg.params.numel() == 0
+    full = M.unpack_uplink(msg, base)
+    assert torch.equal(full.params, C.decode(msg.packed, base))
+    assert len(frame) / len(plain) <= (0.3 if codec == "int8-delta" else 0.51)
+    assert M.payload_dtype(frame) == ("int8" if codec == "int8-delta" else "fp16")
+
+
+def test_a_different_base_is_refused_as_checksum():
+    base, params = _vectors()
+    msg = M.decode(M.encode(_up(params), uplink_codec="int8-delta", base=base))
+    other = base.clone()
+    other[7] += 1e-3
+    with pytest.raises(M.MessageRejected) as info:
+        M.unpack_uplink(msg, other)
+    assert info.value.reason == "checksum"
+
+
+def _packed_frame(meta_codec: dict, tensors: dict, **meta_kw) -> bytes:
+    meta = {
+        "v": M.PROTOCOL_VERSION,
+        "kind": "up",
+        "fleet": "f1",
+        "run_id": "r",
+        "device_id": "a",
+        "device_type": "t",
+        "round_id": 1,
+        "num_samples": 1,
+        "record": {},
+        "codec": meta_codec,
+        **meta_kw,
+    }
+    body = st_save(tensors, metadata={"wakefl": json.dumps(meta)})
+    return M.MAGIC + hashlib.sha256(body).digest() + body
+
+
+def _good(d: int = 1000) -> tuple[dict, dict, torch.Tensor]:
+    base, params = _vectors(d)
+    p = C.encode(params, base, "int8-delta")
+    codec = {"name": p.codec, "numel": d, "block": p.block, "sha256": p.checksum}
+    return codec, {"params.q": p.tensors["q"], "params.scale": p.tensors["scale"]}, base
+
+
+def _reason(data: bytes, base: torch.Tensor | None = None, **kw) -> str:
+    with pytest.raises(M.MessageRejected) as info:
+        msg = M.decode(data, **kw)
+        if base is not None:
+            M.unpack_uplink(msg, base)
+    return info.value.reason
+
+
+def test_tampered_codes_with_a_valid_frame_hash_are_refused_as_checksum():
+    codec, t, base = _good()
+    q = t["params.q"].clone()
+    q[5] = 0 if q[5] != 0 else 1
+    assert _reason(_packed_frame(codec, {**t, "params.q": q}), base) == "checksum"
+    # the untampered frame goes through
+    msg = M.unpack_uplink(M.decode(_packed_frame(codec, t), expected_numel=1000), base)
+    assert msg.params.numel() == 1000
+
+
+def _scales(t: dict, value: float, at: int = 0) -> dict:
+    s = t["params.scale"].clone()
+    s[at] = value
+    return {**t, "params.scale": s}
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        (lambda c, t: (c, _scales(t, float("nan"))), "non_finite"),
+        (lambda c, t: (c, _scales(t, float("inf"))), "non_finite"),
+        (lambda c, t: (c, _scales(t, -1.0)), "out_of_range"),
+        (lambda c, t: (c, _scales(t, 1e37)), "out_of_range"),
+        # one scale too few / too many for the block count
+        (lambda c, t: (c, {**t, "params.scale": t["params.scale"][:-1]}), "shape"),
+        (lambda c, t: (c, {**t, "params.scale": torch.zeros(5000)}), "shape"),
+        (lambda c, t: ({**c, "block": 100}, t), "out_of_range"),
+        (lambda c, t: ({**c, "block": 1 << 20}, t), "out_of_range"),
+        (lambda c, t: ({**c, "block": "256"}, t), "out_of_range"),
+        (lambda c, t: ({**c, "numel": 2**40}, t), "shape"),
+        (lambda c, t: ({**c, "numel": -1}, t), "shape"),
+        (lambda c, t: ({**c, "numel": 999}, t), "shape"),
+        (lambda c, t: ({**c, "name": "zip-delta"}, t), "malformed"),
+        (lambda c, t: ({**c, "sha256": "00" * 31}, t), "malformed"),
+        (lambda c, t: ({**c, "sha256": "G" * 64}, t), "malformed"),
+        (lambda c, t: ({k: v for k, v in c.items() if k != "sha256"}, t), "malformed"),
+        (lambda c, t: ("int8-delta", t), "malformed"),
+        (lambda c, t: (c, {"params.q": t["params.q"]}), "malformed"),
+        (lambda c, t: (c, {**t, "params": torch.zeros(1000)}), "malformed"),
+        (lambda c, t: (c, {**t, "params.q": t["params.q"].float()}), "dtype"),
+        (lambda c, t: (c, {**t, "params.q": t["params.q"].reshape(10, 100)}), "shape"),
+        (
+            lambda c, t: (c, {**t, "params.q": torch.full((1000,), -128, dtype=torch.int8)}),
+            "out_of_range",
+        ),
+        (lambda c, t: (c, {**t, "x.personal": torch.zeros(1000, dtype=torch.int8)}), "dtype"),
+    ],
+)
+def test_hostile_packed_fields_are_refused_with_their_reason(change, reason):
+    codec, t, base = _good()
+    codec, t = change(codec, t)
+    assert _reason(_packed_frame(codec, t), base, expected_numel=1000) == reason
+
+
+def test_absurd_size_is_refused_before_any_arithmetic_without_expected_numel():
+    codec, t, _ = _good()
+    assert _reason(_packed_frame({**codec, "numel": 10**12}, t)) == "out_of_range"
+
+
+def test_int8_tensors_anywhere_else_are_refused():
+    codec, t, _ = _good()
+    meta = {
+        "v": M.PROTOCOL_VERSION,
+        "kind": "up",
+        "fleet": "f1",
+        "run_id": "r",
+        "device_id": "a",
+        "device_type": "t",
+        "round_id": 1,
+        "num_samples": 1,
+        "record": {},
+    }
+    body = st_save({"params": torch.zeros(1000, dtype=torch.int8)}, metadata={"wakefl": "{}"})
+    assert _reason(M.MAGIC + hashlib.sha256(body).digest() + body) == "dtype"
+    # codes without a codec field: not a known tensor
+    body = st_save(t, metadata={"wakefl": json.dumps(meta)})
+    assert _reason(M.MAGIC + hashlib.sha256(body).digest() + body) == "malformed"
+
+
+def test_packed_update_recorded_and_read_back_from_the_round_base(tmp_path):
+    base, params = _vectors()
+    frame = M.encode(_up(params), uplink_codec="int8-delta", base=base)
+    msg = M.unpack_uplink(M.decode(frame), base)
+    store = StateStore(tmp_path)
+    try:
+        assert store.record_update(msg, frame)
+        (res,) = list(store.updates(3, params.numel(), base=lambda: base))
+        assert torch.equal(res.params, msg.params)
+        assert (tmp_path / store.update_rows(3)[0]["path"]).stat().st_size == len(frame)
+    finally:
+        store.close()
+
+
+def test_encode_refuses_what_the_codec_cannot_carry():
+    base = torch.zeros(10)
+    with pytest.raises(ValueError):
+        C.encode(torch.full((10,), 1e6), base, "fp16-delta")
+    with pytest.raises(ValueError):
+        C.encode(torch.zeros(11), base, "int8-delta")
+    with pytest.raises(M.ProtocolError):
+        M.encode(_up(torch.zeros(10)), uplink_codec="int8-delta")  # no base
