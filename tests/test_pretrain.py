@@ -170,6 +170,13 @@ def test_publish_writes_fp16_weights_config_and_card(corpus: Path, tmp_path: Pat
     best = load_model(tmp_path / "run" / BEST)
     for (_, p), (_, q) in zip(model.named_parameters(), best.named_parameters(), strict=True):
         torch.testing.assert_close(p, q.half().float())
-    assert "threshold" in json.loads(out.with_suffix(".card.json").read_text())
+    card = json.loads(out.with_suffix(".card.json").read_text())
+    # The shipped threshold is set where the validation clips' FR is at most 5%, on the
+    # fp16 weights that ship; the config JSON carries it for `wakefl eval`.
+    assert card["operating_point"]["val_frr"] <= 0.05
+    assert card["threshold"] == card["operating_point"]["threshold"]
+    assert (
+        json.loads(out.with_suffix(".json").read_text())["shipped_threshold"] == card["threshold"]
+    )
     with pytest.raises(ConfigError):
         publish(tmp_path / "run", "medium", dest=tmp_path / "ship")

@@ -106,6 +106,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--run", type=Path, required=True, help="a `wakefl model pretrain` --out folder"
     )
     pub.add_argument("--name", choices=("full", "small"), required=True)
+    pub.add_argument(
+        "--corpus",
+        type=Path,
+        default=None,
+        metavar="MANIFEST",
+        help="set the shipped threshold on this corpus's validation clips (default: the run's)",
+    )
+    pub.add_argument(
+        "--target-frr",
+        type=float,
+        default=0.05,
+        help="the shipped threshold's false-reject rate on validation clips (default 0.05)",
+    )
     pub.set_defaults(func=_publish)
 
 
@@ -290,6 +303,8 @@ def _pretrain(args: argparse.Namespace) -> int:
 def _publish(args: argparse.Namespace) -> int:
     from wakefl.tools.pretrain import publish
 
-    out = publish(args.run, args.name)
+    if not 0.0 < args.target_frr < 1.0:
+        raise ConfigError("--target-frr must be in (0, 1)")
+    out = publish(args.run, args.name, manifest=args.corpus, target_frr=args.target_frr)
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB) with its config and card")
     return 0

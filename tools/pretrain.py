@@ -570,9 +570,40 @@ def pretrain(
     return info
 
 
-def publish(run: Path, name: str, dest: Path | None = None) -> Path:
+def shipped_operating_point(model: Any, manifest: Path, target_frr: float) -> dict[str, float]:
+    """The shipped threshold: where the validation clips' false-reject rate is `target_frr`
+    (a device maker ships a detector that hears its owner), with the clip false-accept rate
+    there. The stream false accepts per hour at it are what the detection benchmark reports."""
+    from wakefl.sdk.dataset import load_clip
+    from wakefl.sdk.manifest import read_manifest
+
+    rows = [r for r in read_manifest(manifest) if r.kind == "clip" and r.split == "val"]
+    if not any(r.label == 1 for r in rows):
+        raise ConfigError(f"{manifest}: no validation wake-phrase clips to set the threshold on")
+    waves = np.stack([load_clip(r.resolve(manifest), model.cfg.window_samples) for r in rows])
+    scores = score_batches(model, waves)
+    labels = np.array([r.label for r in rows])
+    pos, neg = scores[labels == 1], scores[labels == 0]
+    thr = float(np.quantile(pos, target_frr, method="lower"))
+    return {
+        "threshold": thr,
+        "val_frr": float(np.mean(pos < thr)),
+        "val_clip_far": float(np.mean(neg >= thr)),
+        "target_frr": target_frr,
+    }
+
+
+def publish(
+    run: Path,
+    name: str,
+    dest: Path | None = None,
+    manifest: Path | None = None,
+    target_frr: float = 0.05,
+) -> Path:
     """Copy a run's best model into the shipped-models folder as fp16 safetensors, with its
-    JSON config and operating-point card (threshold chosen on validation)."""
+    JSON config and operating-point card. With a corpus `manifest` (default: the run's own)
+    the shipped threshold is set on its validation clips at `target_frr`, scored with the
+    fp16 weights that ship; otherwise the run's validation threshold is kept."""
     import torch
     from safetensors.torch import save_file
 
@@ -587,6 +618,16 @@ def publish(run: Path, name: str, dest: Path | None = None) -> Path:
     model = load_model(run / BEST)
     card = json.loads((run / BEST_CARD).read_text(encoding="utf-8"))
     tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in model.named_parameters()}
+    if manifest is None and (run / STATE_INFO).exists():
+        saved = json.loads((run / STATE_INFO).read_text(encoding="utf-8")).get("manifest")
+        manifest = Path(saved) if saved and Path(saved).exists() else None
+    if manifest is not None:
+        with torch.no_grad():
+            for k, p in model.named_parameters():
+                p.copy_(tensors[k].float())
+        card["threshold_at_val_fa_per_hour"] = card["threshold"]
+        card["operating_point"] = shipped_operating_point(model, manifest, target_frr)
+        card["threshold"] = card["operating_point"]["threshold"]
     out = dest / f"{name}.safetensors"
     tmp = dest / f".{name}.tmp.safetensors"
     save_file(
