@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from wakefl.errors import ProtocolError
-from wakefl.sdk import messages, topics
+from wakefl.sdk import messages, topics, update_codec
 from wakefl.sdk.device_link import DeviceLink
 from wakefl.sdk.device_state import DeviceState, DeviceStateStore, PendingUpdate
 from wakefl.sdk.round_policy import ack_verdict, answers_update, supersedes
@@ -112,6 +112,14 @@ class UpdateDelivery:
             relative_fr=pending.report.get("relative_fr"),
             tensors=tensors,
         )
+        codec = str(down.hyperparameters.get("uplink_codec", "")) if down is not None else ""
+        if down is not None and codec in update_codec.DELTA_CODECS:
+            # relative to the round's global model as decoded; a re-send after a restart
+            # (no downlink at hand) goes plain, which the server accepts as well
+            try:
+                return messages.encode(up, uplink_codec=codec, base=down.global_params)
+            except ProtocolError as exc:
+                log.warning("round %d: sending the update plain: %s", pending.round_id, exc)
         return messages.encode(up, wire_dtype=wire)
 
     def deliver(

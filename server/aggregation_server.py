@@ -38,6 +38,7 @@ from wakefl.sdk.messages import (
     decode_as,
     encode,
     message_id,
+    unpack_uplink,
 )
 from wakefl.sdk.mqtt_link import MqttLink
 from wakefl.sdk.selffl.rules import sampled_count
@@ -49,6 +50,7 @@ from wakefl.sdk.selffl.update_screening import (
     delta_norm,
     screen_updates,
 )
+from wakefl.sdk.update_codec import CODECS
 from wakefl.server.state_store import StateStore, UpdateView
 
 log = logging.getLogger("wakefl.server")
@@ -81,7 +83,10 @@ class ServerConfig:
     devices: dict[str, str] | None = None  # static registry id -> type; None: Hello registers
     strategy_name: str = "selffl"
     strategy_args: dict[str, Any] = field(default_factory=dict)
-    wire_dtype: str = "fp32"
+    wire_dtype: str = "fp32"  # the downlink's tensors (and plain uplinks, by default)
+    # What devices send (announced in the downlink; sdk/update_codec.py): "" = plain in
+    # wire_dtype, or fp32 / fp16 / fp16-delta / int8-delta. Any known codec is accepted.
+    uplink_codec: str = ""
     max_bytes: int = DEFAULT_MAX_BYTES
     ack_timeout_s: float = 30.0
     start_timeout: float | None = None  # give up waiting for devices (None: wait forever)
@@ -103,6 +108,8 @@ class ServerConfig:
             raise ConfigError("--min-clients must be >= 1")
         if self.start_grace_s is not None and self.start_grace_s < 0:
             raise ConfigError("the start grace period must be >= 0 s")
+        if self.uplink_codec not in ("", *CODECS):
+            raise ConfigError(f"uplink codec must be one of {CODECS}, got {self.uplink_codec!r}")
         if self.initial_params.dim() != 1 or not all_finite(self.initial_params):
             raise ConfigError("initial parameters must be a finite flat vector")
 
@@ -193,6 +200,7 @@ class AggregationServer:
         self._changed = threading.Condition(self._lock)
         self._open: tuple[int, set[str], float] | None = None  # round, sampled, deadline
         self._downlink: bytes | None = None
+        self._base: tuple[bytes, Tensor] | None = None  # a downlink and its global model
         self._republish = False
         self.rejections: Counter[str] = Counter(self.store.rejection_counts())
         self.reports: list[RoundReport] = []
@@ -394,15 +402,37 @@ class AggregationServer:
                     "not_sampled", f"{dev} was not sampled for round {rid}", dev, rid, dev, mid
                 )
             else:
-                self.store.record_update(msg, payload)
-                self._send_ack(dev, rid, True, "", mid)
-                log.info(
-                    "round %d: update from %s accepted (%s)",
-                    rid,
-                    dev,
-                    self.strategy.describe_result(msg.record),
-                )
-                self._changed.notify_all()
+                self._accept(msg, payload, mid)
+
+    def _accept(self, msg: Uplink, payload: bytes, mid: _LazyId) -> None:
+        """Record and acknowledge an update of the open round; a packed one is first
+        rebuilt from the round's global model and must match its checksum."""
+        dev, rid = msg.device_id, msg.round_id
+        if msg.packed is not None:
+            try:
+                msg = unpack_uplink(msg, self._round_base())
+            except MessageRejected as exc:
+                self._reject(exc.reason, exc.detail, dev, rid, dev, mid)
+                return
+        self.store.record_update(msg, payload)
+        self._send_ack(dev, rid, True, "", mid)
+        log.info(
+            "round %d: update from %s accepted (%s)",
+            rid,
+            dev,
+            self.strategy.describe_result(msg.record),
+        )
+        self._changed.notify_all()
+
+    def _round_base(self, payload: bytes | None = None) -> Tensor:
+        """The global model of a downlink (default: the current one) exactly as the devices
+        decode it, the base of packed updates; decoded once per downlink."""
+        payload = payload if payload is not None else self._downlink
+        assert payload is not None, "no downlink published yet"
+        if self._base is None or self._base[0] is not payload:
+            down = decode_as(payload, Downlink, max_bytes=self.cfg.max_bytes)
+            self._base = (payload, down.global_params)
+        return self._base[1]
 
     def _handle_decline(self, msg: Decline, mid: _LazyId) -> None:
         dev, rid = msg.device_id, msg.round_id
@@ -540,6 +570,7 @@ class AggregationServer:
             "strategy_args": self.cfg.strategy_args,
             "ack_timeout_s": self.cfg.ack_timeout_s,
             "wire_dtype": self.cfg.wire_dtype,
+            "uplink_codec": self.cfg.uplink_codec or self.cfg.wire_dtype,
             "rounds": self.cfg.rounds,
         }
         msg = Downlink(
@@ -676,7 +707,10 @@ class AggregationServer:
         t_closed = time.monotonic()
         with self._lock:  # no update can be recorded for this round from here on
             self._open = None
-            view = self.store.updates(round_id, self.numel, self.cfg.max_bytes)
+            downlink = self._downlink
+            view = self.store.updates(
+                round_id, self.numel, self.cfg.max_bytes, base=lambda: self._round_base(downlink)
+            )
             declined = self.store.declines(round_id)
         new_state, rows, screened = self._aggregate_round(state, round_id, view)
         self.store.close_round(round_id, new_state)

@@ -115,6 +115,7 @@ def _handler(args: argparse.Namespace) -> int:
             strategy_name=args.strategy,
             strategy_args=strategy_args,
             wire_dtype=args.wire_dtype,
+            uplink_codec=args.uplink_codec,
             ack_timeout_s=args.ack_timeout,
             start_timeout=args.start_timeout,
             start_grace_s=args.start_grace,
@@ -174,7 +175,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="strategy hyperparameter (repeatable), e.g. lr=0.01 l_max=40",
     )
-    p.add_argument("--wire-dtype", choices=["fp32", "fp16"], default="fp32")
+    p.add_argument(
+        "--wire-dtype",
+        choices=["fp32", "fp16"],
+        default="fp32",
+        help="tensor dtype of the downlink (and of plain uplinks)",
+    )
+    p.add_argument(
+        "--uplink-codec",
+        choices=["fp32", "fp16", "fp16-delta", "int8-delta"],
+        default="",
+        help="what devices send, announced in the downlink: the parameters in fp32/fp16, or "
+        "the update relative to the round's global model in fp16 or int8 with one scale per "
+        "256 entries (~0.25x the fp32 bytes); default: plain in --wire-dtype",
+    )
     p.add_argument("--ack-timeout", type=float, default=30.0, help="device re-send interval (s)")
     p.add_argument(
         "--start-timeout",
