@@ -41,7 +41,7 @@ from safetensors.torch import save as st_save
 from wakefl.errors import ConfigError
 from wakefl.sdk import update_codec
 from wakefl.sdk.atomic_files import write_atomic
-from wakefl.sdk.messages import DEFAULT_MAX_BYTES, MAGIC, PROTOCOL_VERSION, Uplink
+from wakefl.sdk.messages import DEFAULT_MAX_BYTES, MAGIC, Uplink
 from wakefl.sdk.selffl.strategy import ClientResult, ServerState
 
 log = logging.getLogger("wakefl.server.store")
@@ -276,7 +276,7 @@ class StateStore:
             self._db.close()
             raise ConfigError(
                 f"server state {self.root} is in store format {found} (written before wire "
-                f"protocol v{PROTOCOL_VERSION}); this server reads format {STORE_FORMAT}. Finish "
+                f"protocol v3); this server reads format {STORE_FORMAT}. Finish "
                 "that run with the release that started it, or start this one in a new --state "
                 "folder"
             )

@@ -2,6 +2,7 @@
 
     python -m wakefl.tools.bench_federation [--devices 5 50] [--agg 20 200] [--rounds 3]
                                             [--warmup 2] [--wire-dtype fp32|fp16]
+                                            [--uplink-codec int8-delta --load-gen]
 
 Prints: bytes per update (fp32/fp16); per-round orchestration overhead (round wall time
 minus the slowest device's compute). Each simulated device is a separate process whose
@@ -377,6 +378,122 @@ def _agg_child(n: int, numel: int) -> None:
     )
 
 
+def _packed_up_bytes(params: torch.Tensor, codec: str) -> int:
+    up = M.Uplink("bench", "r", "dev0000", "type0", 1, params + 1e-3, 100, _RECORD)
+    if codec in ("fp32", "fp16"):
+        return len(M.encode(up, wire_dtype=codec))
+    return len(M.encode(up, uplink_codec=codec, base=params))
+
+
+def bench_rounds_loadgen(
+    n_devices: int,
+    rounds: int,
+    params: torch.Tensor,
+    model_cfg: dict,
+    wire_dtype: str,
+    codec: str,
+    warmup: int,
+) -> None:
+    """Rounds with `n_devices` played by one load-generator process (tools/load_fleet.py):
+    prints each round's wall time against the transport floor (every uplink and every
+    downlink copy at the broker's single-stream rate for its size), the CPU seconds of
+    each party, and what became of every update."""
+    from wakefl.sdk.selffl.registry import make_strategy
+    from wakefl.server.aggregation_server import AggregationServer, ServerConfig
+    from wakefl.server.broker import ManagedBroker
+
+    rounds += warmup
+    up_bytes = _packed_up_bytes(params, codec)
+    down_bytes = _packed_up_bytes(params, wire_dtype)
+    with tempfile.TemporaryDirectory(prefix="wakefl-bench-", dir="/tmp") as tmp:
+        broker = ManagedBroker(Path(tmp) / "broker").start()
+        gen = None
+        try:
+            rate_up = broker_throughput(broker.url, up_bytes)
+            rate_down = broker_throughput(broker.url, down_bytes)
+            gen = subprocess.Popen(
+                [sys.executable, "-m", "wakefl.tools.load_fleet", "--broker", broker.url]
+                + ["--fleet", "bench", "--devices", str(n_devices), "--time-limit", "1800"],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            assert gen.stdout is not None
+            if gen.stdout.readline().strip() != f"ready {n_devices}":
+                raise RuntimeError("the load generator did not come up")
+            reg = {f"dev{i:04d}": f"type{i % 5}" for i in range(n_devices)}
+            cfg = ServerConfig(
+                broker_url=broker.url,
+                state_dir=Path(tmp) / "server",
+                initial_params=params,
+                model_config=model_cfg,
+                fleet="bench",
+                rounds=rounds,
+                devices=reg,
+                round_timeout=900,
+                wire_dtype=wire_dtype,
+                uplink_codec=codec,
+            )
+            server = AggregationServer(cfg, make_strategy("selffl"), progress=lambda s: None)
+            broker_cpu0, server_cpu0, wall0 = _cpu_s(broker.proc.pid), _cpu_s(), time.monotonic()
+            server.run()
+            out, _ = gen.communicate(timeout=600)
+            cpu = {
+                "broker": _cpu_s(broker.proc.pid) - broker_cpu0,
+                "server": _cpu_s() - server_cpu0,
+            }
+            wall = time.monotonic() - wall0
+        finally:
+            if gen is not None and gen.poll() is None:
+                gen.kill()
+            broker.stop()
+    report = json.loads(out.strip().splitlines()[-1])
+    cpu["load generator"] = report["cpu_s"]
+    floor = n_devices * (up_bytes / rate_up + down_bytes / rate_down)
+    _print_loadgen(n_devices, server, report, cpu, wall, rounds, warmup, floor)
+    print(
+        f"  {n_devices:4d} devices: uplink {up_bytes / 1e6:.2f} MB ({codec}) at "
+        f"{rate_up / 1e6:.0f} MB/s, downlink {down_bytes / 1e6:.2f} MB ({wire_dtype}) at "
+        f"{rate_down / 1e6:.0f} MB/s one publisher to one subscriber: transport floor "
+        f"{floor:.2f} s a round"
+    )
+
+
+def _print_loadgen(
+    n: int,
+    server: Any,
+    report: dict,
+    cpu: dict[str, float],
+    wall: float,
+    rounds: int,
+    warmup: int,
+    floor: float,
+) -> None:
+    walls = []
+    for rep in server.reports:
+        row = report["rounds"].get(str(rep.round_id), {})
+        walls.append(rep.wall_s)
+        print(
+            f"  {n:4d} devices, round {rep.round_id}: {rep.wall_s:.2f} s "
+            f"({rep.wall_s / floor:.2f}x the floor; open {rep.phases_s['open']:.2f}, collect "
+            f"{rep.phases_s['collect']:.2f}, aggregate+persist {rep.phases_s['aggregate']:.2f}); "
+            f"server recorded {len(rep.reported)}/{len(rep.sampled)}, closed by {rep.closed_by}; "
+            f"devices: sent {row.get('sent')}, accepted {row.get('accepted')}, refused "
+            f"{row.get('refused')}, unanswered {row.get('unanswered')}, re-sends "
+            f"{row.get('resends')}, payload building {row.get('build_s')} s"
+        )
+    per_round = {k: round(v / rounds, 2) for k, v in cpu.items()}
+    med = statistics.median(walls[warmup:])
+    print(
+        f"  {n:4d} devices: CPU seconds per round {per_round} ({os.cpu_count()} cores x "
+        f"{wall / rounds:.2f} s wall); server rejections {dict(server.rejections) or 'none'}; "
+        f"load generator errors {report['errors'] or 'none'}"
+    )
+    print(
+        f"  {n:4d} devices: median round time {med:.2f} s over rounds {warmup + 1}-{rounds} "
+        f"= {med / floor:.2f}x the transport floor ({floor:.2f} s)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--devices", type=int, nargs="*", default=[5, 50])
@@ -395,6 +512,18 @@ def main(argv: list[str] | None = None) -> int:
         default="fp32",
         help="tensor dtype on the wire for the round benchmark (both directions)",
     )
+    p.add_argument(
+        "--uplink-codec",
+        choices=["fp32", "fp16", "fp16-delta", "int8-delta"],
+        default=None,
+        help="what the devices send (default: plain in --wire-dtype)",
+    )
+    p.add_argument(
+        "--load-gen",
+        action="store_true",
+        help="play the devices with one load-generator process (tools/load_fleet.py) "
+        "instead of one process per device",
+    )
     p.add_argument("--agg-child", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--numel", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -410,12 +539,22 @@ def main(argv: list[str] | None = None) -> int:
             "f", "r", "dev", "t", 1, params, 100, {**_RECORD, "local_steps": 10.0}, 0.95, 1.0
         )
         print(f"bytes per update {dt}: {len(M.encode(up, wire_dtype=dt))}")
+    fp32_bytes = _packed_up_bytes(params, "fp32")
+    for codec in ("fp16-delta", "int8-delta"):
+        nbytes = _packed_up_bytes(params, codec)
+        print(f"bytes per update {codec}: {nbytes} = {nbytes / fp32_bytes:.3f}x fp32")
     print(
         f"per-round orchestration overhead ({args.wire_dtype} on the wire, no-op training; devices are separate processes "
         "publishing uplinks encoded before the run, so the figure is server + broker):"
     )
     for n in args.devices:
-        bench_rounds(n, args.rounds, params, model_cfg, args.wire_dtype, args.warmup)
+        if args.load_gen:
+            codec = args.uplink_codec or args.wire_dtype
+            bench_rounds_loadgen(
+                n, args.rounds, params, model_cfg, args.wire_dtype, codec, args.warmup
+            )
+        else:
+            bench_rounds(n, args.rounds, params, model_cfg, args.wire_dtype, args.warmup)
     print("server aggregation from the disk-backed store (Self-FL, client-level):")
     for n in args.agg:
         out = subprocess.run(
