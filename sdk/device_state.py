@@ -4,8 +4,9 @@ the previous state or the new one on disk, never a mixture.
 Layout of the state folder:
 
 * `tensors-<generation>.safetensors` — personal parameters, baseline parameters, the
-  strategy's `ClientState` tensors (e.g. the running-variance mean) and the tensors of an
-  update not yet acknowledged by the server.
+  parameters of the model the device serves (stored once when they are the personal or the
+  baseline ones), the strategy's `ClientState` tensors (e.g. the running-variance mean)
+  and the tensors of an update not yet acknowledged by the server.
 * `state.json` — scalars and metadata, and the name and SHA-256 of the tensors file it
   belongs to. Replacing this file is the commit point.
 
@@ -13,6 +14,11 @@ A save writes the new tensors file (temp name, fsync, rename), then the new `sta
 (temp name, fsync, `os.replace`, fsync of the folder), and only then deletes tensor files of
 older generations. Until `state.json` is replaced, the old one still names the old tensors
 file, which is still there; after it, the new pair is complete on disk.
+
+Format 2 adds the served model (`served_name`, `served_round` and its tensor). A format-1
+folder, written before the served-model gate, is read as serving the baseline: its
+personal model was never checked against it, so the device serves the shipped model until
+the gate admits another. Any other format is refused with a message naming both.
 """
 
 from __future__ import annotations
@@ -30,19 +36,26 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from wakefl.errors import ConfigError, NonFiniteError
+from wakefl.errors import ConfigError, NonFiniteError, WakeflError
 from wakefl.finite import all_finite
 from wakefl.sdk.atomic_files import TMP_GLOB, temp_path, write_atomic
 from wakefl.sdk.selffl.strategy import ClientState
 
 STATE_FILE = "state.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+_READABLE_FORMATS = (1, 2)
+SERVED_NAMES = ("", "baseline", "personalized", "global")  # "": nothing served yet
 _TENSOR_FILE_RE = re.compile(r"^tensors-(\d+)\.safetensors$")
 # Prefixes of the keys in the tensors file, so one file holds several tensor dicts.
 _CLIENT = "client/"
 _PENDING = "pending/"
 _PERSONAL = "personal"
 _BASELINE = "baseline"
+_SERVED = "served"
+
+
+class FolderInUse(ConfigError):
+    """Another process holds the state folder's lock."""
 
 
 @dataclass
@@ -68,9 +81,12 @@ class DeviceState:
     device_type: str
     fleet: str = "default"
     client: ClientState = field(default_factory=ClientState)
-    personal_params: Tensor | None = None  # the model the device serves
+    personal_params: Tensor | None = None  # the latest personalized model
     baseline_params: Tensor | None = None  # the reference for relative FA/FR
     baseline_round: int = 0  # the round whose global model became the baseline
+    served_params: Tensor | None = None  # the model the device serves (the gate's choice)
+    served_name: str = ""  # baseline, personalized or global; "" before the first round
+    served_round: int = 0  # the round that produced the served model
     model_config: dict[str, Any] | None = None
     participations: int = 0  # rounds this device took part in (t_m)
     last_round: int = 0  # highest round id seen on the downlink
@@ -115,6 +131,8 @@ def _collect_tensors(state: DeviceState) -> tuple[dict[str, Tensor], dict[str, s
         tensors[_PERSONAL] = state.personal_params
     if state.baseline_params is not None:
         tensors[_BASELINE] = state.baseline_params
+    if state.served_params is not None:
+        tensors[_SERVED] = state.served_params
     if state.pending is not None:
         for k, t in state.pending.tensors.items():
             tensors[_PENDING + k] = t
@@ -180,9 +198,12 @@ class DeviceStateStore:
             raise ConfigError(f"no device state in {self.directory}") from None
         except (OSError, ValueError) as exc:
             raise ConfigError(f"device state {path} is unreadable: {exc}") from exc
-        if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION:
+        if not isinstance(meta, dict) or meta.get("format") not in _READABLE_FORMATS:
             found = meta.get("format") if isinstance(meta, dict) else meta
-            raise ConfigError(f"device state {path}: unsupported format {found!r}")
+            raise ConfigError(
+                f"device state {path}: unsupported format {found!r} (this version reads "
+                f"formats {', '.join(map(str, _READABLE_FORMATS))})"
+            )
         return meta
 
     def _read_tensors(self, meta: dict[str, Any]) -> dict[str, Tensor]:
@@ -255,6 +276,7 @@ class DeviceStateStore:
             "run_id": state.run_id,
             "finished": bool(state.finished),
             "pending": pending_meta,
+            "served": {"name": state.served_name, "round": int(state.served_round)},
         }
         write_atomic(self.state_path, json.dumps(meta, indent=1, sort_keys=True).encode())
         self._generation, self._tensor_file, self._tensor_sha = generation, tfile, tsha
@@ -303,7 +325,32 @@ def _state_from(meta: dict[str, Any], tensors: dict[str, Tensor]) -> DeviceState
         run_id=str(meta.get("run_id", "")),
         finished=bool(meta.get("finished", False)),
         pending=pending,
+        **_served_from(meta, tensors),
     )
+
+
+def _served_from(meta: dict[str, Any], tensors: dict[str, Tensor]) -> dict[str, Any]:
+    """The served model's fields. Format 1 predates the gate: such a device serves its
+    baseline (its personal model was never checked against it)."""
+    if meta.get("format") == 1:
+        base = tensors.get(_BASELINE)
+        return {
+            "served_params": base,
+            "served_name": "baseline" if base is not None else "",
+            "served_round": int(meta.get("baseline_round", 0)) if base is not None else 0,
+        }
+    served = meta.get("served") or {}
+    name = served.get("name", "") if isinstance(served, dict) else None
+    if name not in SERVED_NAMES:
+        raise ConfigError(f"device state: unknown served model {name!r}")
+    params = tensors.get(_SERVED)
+    if bool(name) != (params is not None):
+        raise ConfigError(f"device state: served model {name!r} without its parameters")
+    return {
+        "served_params": params,
+        "served_name": name,
+        "served_round": int(served.get("round", 0)) if name else 0,
+    }
 
 
 def lock_folder(directory: Path) -> int:
@@ -318,7 +365,7 @@ def lock_folder(directory: Path) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         os.close(fd)
-        raise ConfigError(f"state folder {directory} is in use by another process") from None
+        raise FolderInUse(f"state folder {directory} is in use by another process") from None
     return fd
 
 
@@ -343,3 +390,24 @@ def load_or_create(
                 "use another --state folder"
             )
     return store, state
+
+
+def open_state_folder(
+    directory: Path, device_id: str, device_type: str, fleet: str
+) -> tuple[int | None, DeviceStateStore, DeviceState, Exception | None]:
+    """Lock and load a device's state folder as its owner: (lock descriptor, store, state,
+    None). A folder in use by another process raises `FolderInUse`; one that cannot be
+    read (unreadable, corrupt, another device's, a bare OSError such as PermissionError)
+    gives (None, a store never to be written, a fresh in-memory state, the error), so the
+    device can still tell the server it declines before it stops."""
+    fd: int | None = None
+    try:
+        fd = lock_folder(directory)
+        store, state = load_or_create(directory, device_id, device_type, fleet)
+    except FolderInUse:
+        raise
+    except (WakeflError, OSError, ValueError, KeyError, TypeError) as exc:
+        if fd is not None:
+            os.close(fd)
+        return None, DeviceStateStore(directory), DeviceState(device_id, device_type, fleet), exc
+    return fd, store, state, None

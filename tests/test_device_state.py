@@ -215,3 +215,56 @@ def test_shared_tensors_are_stored_once_and_restored(tmp_path):
     assert torch.equal(loaded.personal_params, s.personal_params)
     assert torch.equal(loaded.client.tensors["personal"], s.personal_params)
     assert torch.equal(loaded.pending.tensors["params"], s.personal_params)
+
+
+def test_served_model_round_trip_stored_once_when_shared(tmp_path):
+    st = _state(3)
+    st.served_params, st.served_name, st.served_round = st.personal_params, "personalized", 4
+    store = DeviceStateStore(tmp_path)
+    store.save(st)
+    back = DeviceStateStore(tmp_path).load()
+    assert (back.served_name, back.served_round) == ("personalized", 4)
+    assert torch.equal(back.served_params, st.personal_params)
+    meta = json.loads((tmp_path / "state.json").read_text())
+    assert meta["format"] == 2 and meta["served"] == {"name": "personalized", "round": 4}
+    assert "served" in meta["tensor_aliases"]  # the same tensor as the personal model
+    fresh = _state(4)
+    store.save(fresh)  # nothing served yet
+    back = DeviceStateStore(tmp_path).load()
+    assert back.served_name == "" and back.served_params is None
+
+
+def test_format_1_state_migrates_to_serving_the_baseline(tmp_path):
+    """A folder written before the served-model gate: its personal model was never checked,
+    so the device serves its baseline; the next save writes format 2."""
+    st = _state(2)
+    store = DeviceStateStore(tmp_path)
+    store.save(st)
+    meta = json.loads((tmp_path / "state.json").read_text())
+    meta["format"] = 1
+    del meta["served"]
+    (tmp_path / "state.json").write_text(json.dumps(meta))
+    store, back = load_or_create(tmp_path, "dev-1", "A")
+    assert (back.served_name, back.served_round) == ("baseline", st.baseline_round)
+    assert torch.equal(back.served_params, st.baseline_params)
+    store.save(back)
+    again = DeviceStateStore(tmp_path).load()
+    assert json.loads((tmp_path / "state.json").read_text())["format"] == 2
+    assert again.served_name == "baseline" and torch.equal(again.served_params, st.baseline_params)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"format": 3},
+        {"served": {"name": "mystery", "round": 1}},
+        {"served": {"name": "global", "round": 1}},  # no served tensor in the file
+    ],
+)
+def test_unknown_format_or_served_model_is_refused(tmp_path, change):
+    DeviceStateStore(tmp_path).save(_state(1))
+    meta = json.loads((tmp_path / "state.json").read_text())
+    meta.update(change)
+    (tmp_path / "state.json").write_text(json.dumps(meta))
+    with pytest.raises(ConfigError, match="format 3 .*reads formats 1, 2|served model"):
+        DeviceStateStore(tmp_path).load()
