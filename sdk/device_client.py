@@ -2,23 +2,20 @@
 
 A `DeviceClient` is given the device's local data (training data and a validation set),
 joins a fleet over MQTT and takes part in rounds until the server announces the end of
-the run:
-
-1. The retained downlink announces a round. A device that is not among the round's
-   sampled devices sits it out.
-2. A sampled device runs the strategy's `client_update` on its own data (Self-FL: initial
-   point, step count, local SGD, variance update), scores its new personal model and the
-   baseline on its validation set (relative FA/FR at matched FR), and commits the new
-   state together with the not-yet-acknowledged update to disk, atomically.
-3. It publishes the uplink and waits for the server's application-level `Ack`; without
-   one it re-sends (bounded). A restart after a crash re-sends the saved update instead
-   of training the round a second time, which would count the round twice in the running
-   variance.
+the run: a sampled device runs the strategy's `client_update` on its own data, scores the
+new personal model against the baseline on its validation set (relative FA/FR at matched
+FR), lets the served-model gate choose the model it serves (`serving.ServingGate`), and
+commits the new state, the served model and the not-yet-acknowledged update to disk,
+atomically; then it publishes the update and waits for the server's `Ack`, re-sending
+(bounded). A restart re-sends the saved update instead of training the round again,
+which would count the round twice in the running variance.
 
 This class only wires the parts together: the round policy (`round_policy.plan_round`,
-pure), the transport (`device_link.DeviceLink`), the device's state folder
-(`device_state`), local training and evaluation (`round_training.RoundTrainer`) and the
-delivery of updates (`update_delivery.UpdateDelivery`).
+pure), the transport (`device_link.DeviceLink`), the state folder (`device_state`), local
+training and evaluation (`round_training.RoundTrainer`), the delivery of updates
+(`update_delivery.UpdateDelivery`), the served model (`serving`) and progress lines
+(`device_progress`). A device whose state folder cannot be read still joins: it declines
+the first round it is sampled for (publish only: it cannot save), then raises the error.
 """
 
 from __future__ import annotations
@@ -29,17 +26,15 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from torch import Tensor
 from torch.utils.data import Dataset
 
 from wakefl.errors import AudioError, ConfigError, NonFiniteError, ProtocolError
-from wakefl.sdk import messages, topics
+from wakefl.sdk import device_progress, messages, serving, topics
 from wakefl.sdk.device_link import DeviceLink
-from wakefl.sdk.device_state import DeviceState, load_or_create, lock_folder
+from wakefl.sdk.device_state import DeviceState, open_state_folder
 from wakefl.sdk.round_policy import RoundPlan, RoundStep, apply_plan, plan_round
-from wakefl.sdk.round_training import RoundTrainer, personal_model, round_generator
+from wakefl.sdk.round_training import RoundTrainer, round_generator
 from wakefl.sdk.selffl.strategy import LocalProblem
 from wakefl.sdk.update_delivery import RoundOutcome, RunSummary, UpdateDelivery
 
@@ -49,21 +44,16 @@ DEFAULT_ACK_TIMEOUT_S = 15.0
 DEFAULT_MAX_SENDS = 4
 
 Progress = Callable[[str], None]
-# Progress lines of the plans that end a downlink's handling at once.
-_ANNOUNCED = {
-    RoundStep.END_RUN: "the server ended run {run} after round {rid}",
-    RoundStep.NOT_SAMPLED: "round {rid}: not sampled",
-    RoundStep.DEADLINE_PASSED: "round {rid}: skipped, deadline passed",
-}
 
 
-class DeviceClient:
+class DeviceClient(serving.ModelAccess):
     """One device of a fleet.
 
     `train` is the device's training data: a dataset of (wave, label) (the client builds
     the model the server announces and a `TorchLocalProblem` over it) or any
     `LocalProblem`. `validation` is a dataset of (wave, label) for the local relative
-    FA/FR report (None: no report). State lives in `state_dir`; one process per folder.
+    FA/FR report and the served-model gate (None: no report, and the device keeps serving
+    the model it was shipped with). State lives in `state_dir`; one process per folder.
     """
 
     def __init__(
@@ -93,12 +83,11 @@ class DeviceClient:
         if wire_dtype is not None and wire_dtype not in messages.WIRE_DTYPES:
             raise ConfigError(f"wire dtype must be one of {sorted(messages.WIRE_DTYPES)}")
         self._progress = progress or (lambda line: log.info("%s", line))
-        self._lock_fd: int | None = lock_folder(Path(state_dir))
-        try:
-            self.store, self.state = load_or_create(state_dir, device_id, device_type, fleet)
-        except BaseException:
-            os.close(self._lock_fd)
-            raise
+        # A folder in use by another process is an error at once; one that cannot be read
+        # is kept as `_state_error` (see `handle_downlink`).
+        self._lock_fd, self.store, self.state, self._state_error = open_state_folder(
+            Path(state_dir), self.device_id, self.device_type, self.fleet
+        )
         self.trainer = RoundTrainer(
             train,
             validation,
@@ -108,6 +97,7 @@ class DeviceClient:
             eval_batch_size=int(eval_batch_size),
             expected_width=expected_width,
         )
+        self.gate = serving.ServingGate(self.trainer, target_fr=target_fr, seed=int(seed))
         self._stop = threading.Event()
         self.link = DeviceLink(
             broker_url,
@@ -205,40 +195,12 @@ class DeviceClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def personal_params(self) -> Tensor | None:
-        """The device's current personal model as a flat vector (None before any round)."""
-        return self.state.personal_params
-
-    def personal_model(self) -> Any:
-        """The current personal model as a `KwsCnn` (ConfigError before the first round)."""
-        return personal_model(self.state)
-
-    def export_personal_model(self, path: str | Path) -> Path:
-        """Write the personal model as a safetensors checkpoint (+ JSON config)."""
-        from wakefl.models.kws_cnn import save_model
-
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_model(self.personal_model(), path)
-        return path
-
-    def export_onnx(self, path: str | Path, int8: bool = False) -> Path:
-        """Hand the personal model to the edge runtime: an ONNX file (waveform in,
-        probability out) that `wakefl.edge_runtime.OnnxScorer` loads. Written to a temp
-        name and renamed, so a detector that reloads the file never sees half of it."""
-        from wakefl.models.kws_cnn import export_onnx
-
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
-        export_onnx(self.personal_model(), tmp, int8=int8)
-        os.replace(tmp, path)
-        return path
-
     # ------------------------------------------------------------------ round logic
     def handle_downlink(self, down: messages.Downlink) -> RoundOutcome | None:
         """Take part in the round `down` announces (or note the run's end). Returns None
         for a downlink that changes nothing (stale, or a round already done)."""
+        if self._state_error is not None:
+            return self._decline_unreadable(down)
         plan = plan_round(self.state, down, self.device_id, time.time())
         if plan.new_run:
             self._progress(
@@ -275,20 +237,18 @@ class DeviceClient:
     def _announce(self, plan: RoundPlan, down: messages.Downlink) -> None:
         if plan.step is RoundStep.OTHER_FLEET:
             log.warning("ignoring a downlink for fleet %r", down.fleet)
-        elif plan.step is RoundStep.RUN_ALREADY_OVER and plan.run_id != self._ignored_final:
+        line = device_progress.plan_line(plan, down, self.device_id, self._ignored_final)
+        if plan.step is RoundStep.RUN_ALREADY_OVER:
             self._ignored_final = plan.run_id
-            self._progress(
-                f"{self.device_id}: run {plan.run_id} is already over; waiting for a new run"
-            )
-        elif plan.step in _ANNOUNCED:
-            line = _ANNOUNCED[plan.step].format(run=plan.run_id, rid=plan.round_id)
-            self._progress(f"{self.device_id}: {line}")
+        if line:
+            self._progress(line)
 
     def _train(self, down: messages.Downlink, outcome: RoundOutcome) -> bool:
         """Train the round and commit it; False when the round was declined instead."""
         t0 = time.perf_counter()
         try:
             self.trainer.train(self.state, down)
+            self.gate.after_round(self.state, down.global_params, down.round_id)
             self.store.save(self.state)
         except (NonFiniteError, RuntimeError, ValueError) as exc:
             # The strategy refused before replacing anything (or the local problem failed):
@@ -305,19 +265,28 @@ class DeviceClient:
         outcome.train_s = time.perf_counter() - t0
         return True
 
+    def _decline_unreadable(self, down: messages.Downlink) -> RoundOutcome | None:
+        """With a state folder that cannot be read: the first round that samples this
+        device gets a Decline (published only), then the saved error is raised; the end of
+        a run raises it at once."""
+        assert self._state_error is not None
+        if down.fleet != self.fleet:
+            return None
+        if not down.final and self.device_id not in down.instructions:
+            return RoundOutcome(down.round_id, sampled=False)
+        if not down.final:
+            reason = f"state unreadable: {self._state_error}"
+            self.delivery.publish_decline(self.fleet, self.device_id, down, reason)
+            self._progress(f"{self.device_id}: round {down.round_id}: declined ({reason})")
+        raise self._state_error
+
     def _decline(self, down: messages.Downlink, reason: str) -> None:
         self.delivery.decline(self.state, down, reason)
         self._progress(f"{self.device_id}: round {down.round_id}: declined ({reason})")
 
     def _report(self, outcome: RoundOutcome) -> None:
-        fa = "n/a" if outcome.relative_fa is None else f"{outcome.relative_fa:.3f}"
-        fr = "n/a" if outcome.relative_fr is None else f"{outcome.relative_fr:.3f}"
-        status = {True: "accepted", False: "refused", None: "not acknowledged"}[outcome.accepted]
-        self._progress(
-            f"{self.device_id}: round {outcome.round_id}: {self.trainer.describe(outcome.record)}"
-            f" in {outcome.train_s:.1f} s, relative FA {fa}, relative FR {fr}, update {status} "
-            f"after {outcome.sends} send(s)" + (f" ({outcome.note})" if outcome.note else "")
-        )
+        described = self.trainer.describe(outcome.record)
+        self._progress(device_progress.round_line(self.device_id, outcome, described))
 
 
 __all__ = ["DeviceClient", "RoundOutcome", "RunSummary", "round_generator"]

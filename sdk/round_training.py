@@ -10,10 +10,12 @@ global model of the round it joined in and says so in `baseline_round`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import zlib
+from collections import OrderedDict
 from typing import Any, TypeGuard, cast
 
 import numpy as np
@@ -96,7 +98,10 @@ class RoundTrainer:
         self._problem: LocalProblem | None = train if looks_like_problem(train) else None
         self._strategy: Strategy | None = None
         self._strategy_key: str | None = None
-        self._baseline_scores: tuple[int, np.ndarray, np.ndarray] | None = None
+        # Validation scores by parameter digest: the baseline, served, personal and global
+        # models are scored once each, however often the gate and the report ask.
+        self._scores: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._labels: np.ndarray | None = None
 
     @property
     def num_samples(self) -> int:
@@ -111,8 +116,8 @@ class RoundTrainer:
         return ", ".join(f"{k}={v:.3g}" for k, v in sorted(record.items()))
 
     def new_run(self) -> None:
-        """A new run brings a new baseline."""
-        self._baseline_scores = None
+        """A new run brings a new baseline (and a new model, maybe)."""
+        self._scores.clear()
 
     # ------------------------------------------------------------------ building
     def _ensure_model(self, model_config: dict[str, Any]) -> Any:
@@ -233,33 +238,59 @@ class RoundTrainer:
             wire_dtype=_known_wire_dtype(down.hyperparameters.get("wire_dtype")),
         )
 
-    def _baseline(self, st: DeviceState) -> tuple[np.ndarray, np.ndarray]:
-        """The baseline's validation scores and the labels, scored once per baseline."""
-        from wakefl.sdk.local_training import load_flat_trainable, predict_scores
+    # ------------------------------------------------------------------ validation
+    def has_validation(self) -> bool:
+        return self.validation is not None and dataset_size(self.validation) > 0
 
-        assert self.validation is not None and st.baseline_params is not None
-        if self._baseline_scores is None or self._baseline_scores[0] != st.baseline_round:
-            load_flat_trainable(self._model, st.baseline_params)
-            base = predict_scores(self._model, self.validation, batch_size=self.eval_batch_size)
+    def labels(self) -> np.ndarray:
+        """The validation clips' labels (1 = wake word; empty without validation clips)."""
+        if not self.has_validation():
+            return np.zeros(0, dtype=np.int64)
+        if self._labels is None:
+            assert self.validation is not None
             labels = getattr(self.validation, "labels", None)
             if labels is None:
                 labels = [int(self.validation[i][1]) for i in range(dataset_size(self.validation))]
-            self._baseline_scores = (st.baseline_round, base, np.asarray(labels, dtype=np.int64))
-        return self._baseline_scores[1], self._baseline_scores[2]
+            self._labels = np.asarray(labels, dtype=np.int64)
+        return self._labels
+
+    def units(self) -> list[str] | None:
+        """Each validation clip's speaker (the gate's bootstrap unit), when the data says."""
+        rows = getattr(self.validation, "rows", None)
+        speakers = [getattr(r, "speaker", None) for r in rows] if rows is not None else []
+        if not speakers or any(not sp for sp in speakers):
+            return None
+        return [str(sp) for sp in speakers]
+
+    def scores(self, params: Tensor) -> np.ndarray:
+        """The model with `params` scored on the validation clips (the round's model must
+        be built: `train` builds it)."""
+        from wakefl.sdk.local_training import load_flat_trainable, predict_scores
+
+        assert self.validation is not None and self._model is not None
+        flat = params.detach().to("cpu").contiguous()
+        key = hashlib.sha256(flat.numpy().tobytes()).hexdigest() + str(flat.dtype)
+        if key in self._scores:
+            self._scores.move_to_end(key)
+            return self._scores[key]
+        load_flat_trainable(self._model, flat)
+        out = predict_scores(self._model, self.validation, batch_size=self.eval_batch_size)
+        self._scores[key] = out
+        while len(self._scores) > 6:
+            self._scores.popitem(last=False)
+        return out
 
     def relative_report(self, personal: Tensor, st: DeviceState) -> dict[str, Any]:
         """Local relative FA/FR of the personal model against the baseline on the
         validation set, at the baseline's operating point (target FR) and matched FR."""
-        if self.validation is None or dataset_size(self.validation) == 0:
+        if not self.has_validation():
             return {}
-        from wakefl.sdk.local_training import load_flat_trainable, predict_scores
         from wakefl.sdk.wake_metrics import local_relative_report
 
-        base, labels = self._baseline(st)
-        load_flat_trainable(self._model, personal)
-        cand = predict_scores(self._model, self.validation, batch_size=self.eval_batch_size)
+        assert st.baseline_params is not None
+        base, cand = self.scores(st.baseline_params), self.scores(personal)
         try:
-            rep = local_relative_report(base, cand, labels, target_fr=self.target_fr)
+            rep = local_relative_report(base, cand, self.labels(), target_fr=self.target_fr)
         except (WakeflError, ValueError) as exc:
             log.warning("no relative FA/FR this round: %s", exc)
             return {"error": str(exc)}
@@ -284,4 +315,9 @@ def _known_wire_dtype(value: Any) -> str:
     return value if isinstance(value, str) and value in messages.WIRE_DTYPES else ""
 
 
-__all__ = ["RoundTrainer", "looks_like_problem", "personal_model", "round_generator"]
+def json_safe(value: Any) -> Any:
+    """`value` as plain JSON values (non-finite numbers become None)."""
+    return _json_safe(value)
+
+
+__all__ = ["RoundTrainer", "json_safe", "looks_like_problem", "personal_model", "round_generator"]

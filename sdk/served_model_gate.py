@@ -369,8 +369,10 @@ def gate_uplink_schema(
     candidates: Sequence[str] = ("personalized", "global"), prefix: str = "gate_"
 ) -> RecordSchema:
     """The scalars `GateDecision.uplink_scalars` may put into an uplink, for the given
-    candidate names, all optional: merged into a strategy's `uplink_schema`, they let the
-    decision travel in the uplink's scalar map."""
+    candidate names, and the served model's relative FA/FR against the baseline
+    (`<prefix>served_relative_fa`, `_fr`), all optional: merged into a strategy's
+    `uplink_schema` (`with_gate_schema`), they let the decision travel in the uplink's
+    scalar map."""
     # Imported here: the gate itself needs numpy only, the schema types live with torch's.
     from wakefl.sdk.selffl.records import MAX_RECORD_ABS, ScalarSpec
 
@@ -382,7 +384,16 @@ def gate_uplink_schema(
         for field in ("relative_fa", "fa_lower", "fa_upper", "relative_fr"):
             schema[f"{prefix}{name}_{field}"] = ScalarSpec(0.0, MAX_RECORD_ABS, required=False)
         schema[f"{prefix}{name}_admissible"] = ScalarSpec(0.0, 1.0, integer=True, required=False)
+    # The model served after the decision against the baseline (the device adds these).
+    for field in ("relative_fa", "relative_fr"):
+        schema[f"{prefix}served_{field}"] = ScalarSpec(0.0, MAX_RECORD_ABS, required=False)
     return schema
+
+
+def with_gate_schema(uplink_schema: RecordSchema) -> RecordSchema:
+    """A strategy's uplink schema with the gate's scalars merged in (the strategy's own
+    declarations win on a name clash): what a server decodes device uplinks with."""
+    return {**gate_uplink_schema(), **uplink_schema}
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from wakefl.errors import ProtocolError
 from wakefl.sdk import messages, topics, update_codec
@@ -40,12 +41,18 @@ class RoundOutcome:
     sends: int = 0
     train_s: float = 0.0
     note: str = ""
+    # The served-model gate's decision (GateDecision.as_dict) and the model served after
+    # the round: {"model", "round", "relative_fa", "relative_fr"} against the baseline.
+    gate: dict[str, Any] | None = None
+    served: dict[str, Any] | None = None
 
     def take_pending(self, pending: PendingUpdate) -> None:
         """The figures of the update about to be delivered."""
         self.record = dict(pending.scalars)
         self.relative_fa = pending.report.get("relative_fa")
         self.relative_fr = pending.report.get("relative_fr")
+        self.gate = pending.report.get("gate")
+        self.served = pending.report.get("served")
 
 
 @dataclass
@@ -55,10 +62,15 @@ class RunSummary:
     updates_accepted: int = 0
     finished: bool = False
     outcomes: list[RoundOutcome] = field(default_factory=list)
+    # The model served at the end of the run and the gate's last decision (see RoundOutcome).
+    served: dict[str, Any] | None = None
+    gate: dict[str, Any] | None = None
 
     def add(self, outcome: RoundOutcome) -> None:
         self.rounds_seen += 1
         self.outcomes.append(outcome)
+        if outcome.served is not None:
+            self.served, self.gate = outcome.served, outcome.gate
         self.rounds_trained += int(outcome.sampled and outcome.sends > 0)
         self.updates_accepted += int(bool(outcome.accepted))
 
@@ -226,21 +238,26 @@ class UpdateDelivery:
         # a declined round is not tried again when its downlink is redelivered
         state.last_trained_round = max(state.last_trained_round, down.round_id)
         self.store.save(state, tensors_changed=False)
+        self.publish_decline(state.fleet, state.device_id, down, reason)
+
+    def publish_decline(
+        self, fleet: str, device_id: str, down: messages.Downlink, reason: str
+    ) -> None:
+        """Publish the Decline only (no state is saved: a device whose state folder cannot
+        be read uses this before it stops)."""
         if not self.link.is_open:
             return
         payload = messages.encode(
             messages.Decline(
-                fleet=state.fleet,
+                fleet=fleet,
                 run_id=down.run_id,
-                device_id=state.device_id,
+                device_id=device_id,
                 round_id=down.round_id,
                 reason=reason[: messages.MAX_REASON_LEN],
             )
         )
         try:
-            self.link.publish(
-                topics.uplink(state.fleet, state.device_id), payload, timeout=self.ack_timeout_s
-            )
+            self.link.publish(topics.uplink(fleet, device_id), payload, timeout=self.ack_timeout_s)
         except ProtocolError as exc:
             log.warning("round %d: decline not delivered: %s", down.round_id, exc)
 

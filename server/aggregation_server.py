@@ -50,6 +50,7 @@ from wakefl.sdk.selffl.update_screening import (
     delta_norm,
     screen_updates,
 )
+from wakefl.sdk.served_model_gate import with_gate_schema
 from wakefl.sdk.update_codec import CODECS
 from wakefl.server.state_store import StateStore, UpdateView
 
@@ -192,6 +193,9 @@ class AggregationServer:
     ) -> None:
         self.cfg = config
         self.strategy = strategy
+        # The strategy's record plus the served-model gate's optional scalars, which a
+        # device adds to its uplink (docs/SELF_FL.md, "The served-model gate").
+        self._uplink_schema = with_gate_schema(strategy.uplink_schema)
         self.progress = progress or (lambda line: print(line, flush=True))
         self.store = StateStore(config.state_dir)
         self.run_id = self.store.run_id()
@@ -348,7 +352,7 @@ class AggregationServer:
                 payload,
                 max_bytes=self.cfg.max_bytes,
                 expected_numel=self.numel,
-                uplink_schema=self.strategy.uplink_schema,
+                uplink_schema=self._uplink_schema,
             )
             if not isinstance(msg, Uplink | Decline):
                 raise MessageRejected(

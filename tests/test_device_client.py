@@ -398,7 +398,7 @@ def test_export_personal_model_and_onnx_for_the_edge_runtime(tmp_path, broker):
         scorer = OnnxScorer(str(onnx_path))
         waves = np.stack([ToneDataset(4, 5)[i][0].numpy() for i in range(4)])
         with torch.no_grad():
-            expected = client.personal_model().predict_proba(torch.from_numpy(waves)).numpy()
+            expected = client.served_model().predict_proba(torch.from_numpy(waves)).numpy()
         np.testing.assert_allclose(scorer.score(waves), expected, atol=1e-4)
     finally:
         client.stop()
@@ -445,7 +445,8 @@ def test_embedding_example_runs(tiny_corpus):
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "took part in 1 round(s); 1 update(s) accepted" in res.stdout, res.stdout
-    assert "personal model exported" in res.stdout and "streamed" in res.stdout, res.stdout
+    assert "served model exported" in res.stdout and "streamed" in res.stdout, res.stdout
+    assert "serving the " in res.stdout, res.stdout
 
 
 def test_truncated_wav_in_local_data_is_refused_with_a_clear_error(tmp_path):
@@ -473,3 +474,137 @@ def test_truncated_wav_in_local_data_is_refused_with_a_clear_error(tmp_path):
     (tmp_path / "clips" / "c1.wav").write_bytes(whole[:100])  # a copy cut short
     with pytest.raises(AudioError, match="truncated WAV"):
         WakeWordDataset(manifest, "A", "train")
+
+
+class FlippedTones(ToneDataset):
+    """The tone task with every label flipped: a sabotaged device's training data."""
+
+    def __getitem__(self, i: int):
+        wave, label = super().__getitem__(i)
+        return wave, 1 - label
+
+    @property
+    def flipped_labels(self):
+        return 1 - self.labels
+
+
+def _tone_model(seed: int = 0) -> torch.Tensor:
+    """A warm start that has learnt the tone task (the shipped model's stand-in)."""
+    torch.manual_seed(seed)
+    model = KwsCnn(CFG)
+    ds = ToneDataset(32, 11)
+    x = torch.stack([ds[i][0] for i in range(len(ds))])
+    y = torch.as_tensor(ds.labels)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    for _ in range(30):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return get_flat_params(model).detach().clone()
+
+
+def test_sabotaged_personal_model_is_never_served_and_the_uplink_says_so(tmp_path, broker):
+    from wakefl.sdk.selffl.records import check_record
+    from wakefl.sdk.selffl.selffl_strategy import SelfFL
+    from wakefl.sdk.served_model_gate import with_gate_schema
+
+    server = FakeServer(broker.url, "f8")
+    server.initial = _tone_model()
+    client = DeviceClient(
+        "dev1",
+        "A",
+        FlippedTones(32, 1),  # trained on label-flipped clips
+        tmp_path / "dev1",
+        validation=ToneDataset(40, 2),
+        broker_url=broker.url,
+        fleet="f8",
+        ack_timeout_s=1.0,
+    )
+    # long enough local training to unlearn the task
+    args = {**ARGS, "lr": 0.5, "warmup_steps": 12, "l_max": 12, "max_local_epochs": None}
+    th, out = _start(client)
+    try:
+        for rid in (1, 2):
+            server.downlink(rid, ["dev1"], args=args)
+            up = server.next_uplink()
+            server.ack("dev1", rid)
+            # the personalized model is worse on the device's own clips (None: unbounded,
+            # the baseline makes no false accept there) ...
+            worse = [x is None or x > 1.0 for x in (up.relative_fa, up.relative_fr)]
+            assert any(worse), (up.relative_fa, up.relative_fr)
+            # ... and the uplink carries the gate's decision: kept, personalized not admissible
+            assert up.record["gate_switched"] == 0.0 and up.record["gate_choice"] == 0.0
+            assert up.record["gate_personalized_admissible"] == 0.0
+            assert up.record["gate_served_relative_fa"] == 1.0  # still the baseline
+            # a server running Self-FL with the gate's scalars merged in accepts the record
+            check_record(up.record, with_gate_schema(SelfFL.uplink_schema), "uplink")
+            assert _wait(
+                lambda rid=rid: DeviceStateStore(tmp_path / "dev1").load().last_acked_round == rid
+            )
+        server.downlink(2, [], final=True)
+        th.join(30)
+        summary = out["summary"]
+        assert summary.finished and summary.served["model"] == "baseline"
+        assert summary.gate["switched"] is False and "personalized" in summary.gate["reason"]
+        state = DeviceStateStore(tmp_path / "dev1").load()
+        assert state.served_name == "baseline" and torch.equal(state.served_params, server.initial)
+        assert not torch.equal(state.personal_params, server.initial)
+        # what the device exports for detection is the served model, not the sabotaged one
+        assert torch.equal(client.served_params(), server.initial)
+        onnx_path = client.export_onnx(tmp_path / "served.onnx")
+        from wakefl.edge_runtime import OnnxScorer
+
+        waves = np.stack([ToneDataset(4, 5)[i][0].numpy() for i in range(4)])
+        with torch.no_grad():
+            expected = client.served_model().predict_proba(torch.from_numpy(waves)).numpy()
+        np.testing.assert_allclose(OnnxScorer(str(onnx_path)).score(waves), expected, atol=1e-4)
+    finally:
+        client.stop()
+        th.join(10)
+        client.close()
+        server.close()
+
+
+@pytest.mark.parametrize("broken", ["corrupt", "permission"])
+def test_unreadable_state_declines_the_first_sampled_round_then_fails(
+    tmp_path, broker, monkeypatch, broken
+):
+    from wakefl.errors import ConfigError
+    from wakefl.sdk import device_state
+
+    folder = tmp_path / "dev1"
+    folder.mkdir()
+    if broken == "corrupt":
+        (folder / "state.json").write_text('{"format": 2, "generat')
+        want = ConfigError
+    else:
+
+        def denied(directory):
+            raise PermissionError(13, "Permission denied", str(directory / ".lock"))
+
+        monkeypatch.setattr(device_state, "lock_folder", denied)
+        want = PermissionError
+    server = FakeServer(broker.url, f"f9{broken}")
+    client = _client(tmp_path, broker, f"f9{broken}")  # starts: the error is kept
+    th, out = _start(client)
+    try:
+        assert server.hellos.get(timeout=20).online  # it joined the fleet
+        server.downlink(1, ["other"])  # not sampled: nothing to say yet
+        with pytest.raises(queue.Empty):
+            server.declines.get(timeout=2)
+        assert th.is_alive()
+        server.downlink(2, ["dev1"])
+        decline = server.declines.get(timeout=20)
+        assert (decline.device_id, decline.round_id, decline.run_id) == ("dev1", 2, "run1")
+        assert decline.reason.startswith("state unreadable: ")
+        th.join(20)
+        assert not th.is_alive() and isinstance(out.get("error"), want)
+        with pytest.raises(queue.Empty):
+            server.uplinks.get(timeout=0.5)
+        if broken == "corrupt":  # never written over: the folder is left for inspection
+            assert (folder / "state.json").read_text() == '{"format": 2, "generat'
+    finally:
+        client.stop()
+        th.join(10)
+        client.close()
+        server.close()

@@ -57,9 +57,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="baseline operating point for the relative FA/FR report (default 0.05)",
     )
     p.add_argument(
-        "--export", default=None, help="write the personal model (safetensors) here at the end"
+        "--export",
+        default=None,
+        help="write the served model (the served-model gate's choice; safetensors) here at the end",
     )
-    p.add_argument("--onnx", default=None, help="write the personal model as ONNX here at the end")
+    p.add_argument(
+        "--export-personal",
+        default=None,
+        help="write the latest personalized model (safetensors) here at the end",
+    )
+    p.add_argument("--onnx", default=None, help="write the served model as ONNX here at the end")
     p.add_argument("--max-rounds", type=int, default=None, help="leave after this many rounds")
     p.add_argument(
         "--connect-timeout",
@@ -130,10 +137,7 @@ def _run(args: argparse.Namespace) -> int:
             idle_timeout=args.idle_timeout,
             connect_timeout=args.connect_timeout,
         )
-        if args.export and client.personal_params() is not None:
-            say(f"personal model written to {client.export_personal_model(args.export)}")
-        if args.onnx and client.personal_params() is not None:
-            say(f"personal model exported to {client.export_onnx(args.onnx)}")
+        _exports(args, client, summary, say)
     finally:
         client.close()
     say(
@@ -142,6 +146,26 @@ def _run(args: argparse.Namespace) -> int:
         + ("; run finished" if summary.finished else "")
     )
     return 0
+
+
+def _exports(args: argparse.Namespace, client, summary, say) -> None:
+    """The end-of-run exports and what the device serves."""
+    if summary.served:
+        fa, fr = summary.served.get("relative_fa"), summary.served.get("relative_fr")
+        figs = f"FA {fa:.3f}, FR {fr:.3f}" if fa is not None and fr is not None else ""
+        say(
+            f"{args.device_id} serves the {summary.served['model']} model of round "
+            f"{summary.served['round']}"
+            + (f" (relative to the baseline on its validation clips: {figs})" if figs else "")
+        )
+    if args.export_personal and client.personal_params() is not None:
+        say(f"personal model written to {client.export_personal_model(args.export_personal)}")
+    if client.served_params() is None:
+        return
+    if args.export:
+        say(f"served model written to {client.export_served_model(args.export)}")
+    if args.onnx:
+        say(f"served model exported to {client.export_onnx(args.onnx)}")
 
 
 if __name__ == "__main__":

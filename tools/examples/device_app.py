@@ -134,11 +134,17 @@ def main() -> None:
                         f"FR {o.relative_fr:.3f} against the baseline (local validation clips)"
                     )
 
-            # 3. Hand the personal model to the edge runtime (ONNX: waveform in, score out).
-            onnx_path = device.export_onnx(work / "personal.onnx")
-            print(f"personal model exported: {onnx_path} ({onnx_path.stat().st_size / 1e6:.2f} MB)")
+            # 3. Hand the served model to the edge runtime (ONNX: waveform in, score out):
+            #    the served-model gate's choice among the model served so far, the new
+            #    personalized model and the global one (the baseline until one is better).
+            if summary.served:
+                print(
+                    f"serving the {summary.served['model']} model: {(summary.gate or {}).get('reason', '')}"
+                )
+            onnx_path = device.export_onnx(work / "served.onnx")
+            print(f"served model exported: {onnx_path} ({onnx_path.stat().st_size / 1e6:.2f} MB)")
 
-        # 4. Serve detections from the personal model.
+        # 4. Serve detections from the served model.
         serve_detections(onnx_path, Path(args.data), args.type)
     finally:
         if thread is not None:
