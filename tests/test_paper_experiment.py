@@ -185,6 +185,26 @@ def test_tiny_study_end_to_end(tiny_corpus: Path, tmp_path: Path):
         for dt in DEVICE_TYPES
     }
     assert all(not c["best_other"].startswith("selffl") for c in comps)
+    # The served-model gate: one decision per client of every Self-FL run, scored on test.
+    gate = result["gate"]
+    assert {(g["setting"], g["method"]) for g in gate} == {
+        ("full-participation", "selffl"),
+        ("full-participation", "selffl-alg2"),
+        *(
+            (s, lv)
+            for s in ("sampling-0.25", "sampling-0.1")
+            for lv in ("selffl-client", "selffl-cluster")
+        ),
+    }
+    assert len(gate) == 2 * 5 + 2 * 2 * 20
+    for g in gate:
+        assert g["serves"] in ("personalized", "global", "baseline") and g["reason"]
+        for rec in (g["served"], g["personalized"]):
+            assert set(rec) == {"relative_fa", "relative_fa_ci", "relative_fr", "note"}
+        if g["serves"] == "personalized":
+            assert g["served"] == g["personalized"]
+        if g["serves"] == "baseline":  # the warm start against itself
+            assert g["served"]["relative_fa"] in (1.0, None)
     # With matched FR the candidate's FR stays at the baseline's wherever scores allow it
     # (the match is made on all of a device type's clips, the "all" rows).
     matched = [
@@ -234,6 +254,8 @@ def test_tiny_study_end_to_end(tiny_corpus: Path, tmp_path: Path):
         "What the test cells hold",
         "against the best other method",
         "Why the shape differs",
+        "Served models with the gate on",
+        "Served-model gate: of 90 Self-FL clients",
     ):
         assert heading in md
     assert "reduced width and rounds" in md
@@ -356,3 +378,18 @@ def test_selffl_ablation_rows_in_settings_of_their_own(tiny_corpus: Path, tmp_pa
         ("sampling-0.25", "selffl-client"),
         ("sampling-0.25", "selffl-cluster"),
     }
+
+
+def test_cli_passes_the_selffl_ablations(tmp_path: Path, monkeypatch):
+    from wakefl.tools import paper_experiment
+    from wakefl.tools.cli import main
+
+    seen: dict = {}
+    monkeypatch.setattr(paper_experiment, "run_paper_study", lambda *a, **kw: seen.update(kw))
+    base = ["experiment", "paper", "--out", str(tmp_path)]
+    assert main([*base, "--selffl-ablations", "paper-rate, no-data-cap"]) == 0
+    assert seen["selffl_ablations"] == ("paper-rate", "no-data-cap")
+    assert "--selffl-ablations 'paper-rate, no-data-cap'" in seen["command"]
+    assert main([*base, "--selffl-ablations", "all"]) == 0
+    assert seen["selffl_ablations"] == tuple(SELFFL_ABLATIONS)
+    assert main(base) == 0 and seen["selffl_ablations"] == ()

@@ -58,6 +58,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--methods", default=None, help="comma-separated subset of the methods (default: all)"
     )
     p.add_argument("--no-sampling", action="store_true", help="skip the client-sampling settings")
+    p.add_argument(
+        "--selffl-ablations",
+        default=None,
+        help="comma-separated Self-FL ablation rows (the paper's rules back: paper-rules, "
+        "paper-eqn10, paper-rate, no-early-variance, no-data-cap, or 'all'), each in "
+        "settings of its own",
+    )
     p.set_defaults(func=_paper)
     exp.set_defaults(func=lambda _args: (exp.print_help(), 2)[1])
 
@@ -81,6 +88,7 @@ def command_line(args: argparse.Namespace) -> str:
         ("--manifest", args.manifest),
         ("--methods", args.methods),
         ("--baseline", args.baseline),
+        ("--selffl-ablations", args.selffl_ablations),
     ):
         if value is not None:
             parts += [flag, str(value)]
@@ -92,13 +100,20 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 def _paper(args: argparse.Namespace) -> int:
-    from wakefl.tools.paper_experiment import ACTIVITY_RATES, METHODS, run_paper_study
+    from wakefl.tools.paper_experiment import (
+        ACTIVITY_RATES,
+        METHODS,
+        SELFFL_ABLATIONS,
+        run_paper_study,
+    )
 
     methods = (
         METHODS
         if args.methods is None
         else tuple(m.strip() for m in args.methods.split(",") if m.strip())
     )
+    names = [a.strip() for a in (args.selffl_ablations or "").split(",") if a.strip()]
+    ablations = tuple(SELFFL_ABLATIONS) if names == ["all"] else tuple(names)
     # With --json, stdout carries only the JSON document.
     stream = sys.stderr if args.json else sys.stdout
 
@@ -120,6 +135,7 @@ def _paper(args: argparse.Namespace) -> int:
             log=log,
             command=command_line(args),
             baseline=args.baseline,
+            selffl_ablations=ablations,
         )
     if args.json:
         print(json.dumps(result, indent=1, sort_keys=True))

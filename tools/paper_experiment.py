@@ -21,9 +21,16 @@ bootstrap over test speakers (background-only clips each their own unit). Each S
 is also compared with the best other method of that cell by a paired bootstrap of the FA
 ratio ("comparisons").
 
+The served-model gate ("gate"): for every client of every Self-FL run, the gate a device
+runs (`wakefl.sdk.served_model_gate.decide_served_model`) decides, on its device type's
+validation speakers, whether the client serves its personalized model, the global model or
+keeps the warm start (one decision at the end of the run, from the warm start: the device
+serves the warm start until the gate admits another model); the served model is then scored
+on the test speakers like the other cells, beside the client's personalized model alone.
+
 The result is a plain dict `{"config": ..., "rows": [...], "step_counts": [...],
-"comparisons": [...]}`; `wakefl.tools.paper_report` turns it into the Markdown tables and
-the plots.
+"comparisons": [...], "gate": [...]}`; `wakefl.tools.paper_report` turns it into the
+Markdown tables and the plots.
 """
 
 from __future__ import annotations
@@ -683,6 +690,60 @@ class PaperStudy:
                     )
         return out
 
+    # ---- the served-model gate ------------------------------------------------------
+    def gate_rows(self, setting: str, label: str, run: MethodRun) -> list[dict[str, Any]]:
+        """Per client of `run`: the gate's choice on the validation speakers of its device
+        type, and the test-set relative FA/FR (all states) of the model it then serves and
+        of its personalized model."""
+        from wakefl.sdk.served_model_gate import decide_served_model
+
+        out = []
+        for cid in sorted(run.personal):
+            dt = next(d for d in self.device_types if cid == d or cid.startswith(d + "-"))
+            val, test = self.evalsets["val"][dt], self.evalsets["test"][dt]
+            params = {"personalized": run.personal[cid]}
+            if run.method not in NO_GLOBAL:
+                params["global"] = run.global_params
+            decision = decide_served_model(
+                val.labels,
+                val.baseline_scores,
+                {name: self.scorer(p, val, "val") for name, p in params.items()},
+                units=val.speakers,
+                served_name="baseline",
+                target_fr=self.prof.target_fr,
+                n_boot=self.prof.n_boot,
+                seed=self.seed,
+            )
+            served = params.get(decision.serve, self.initial)
+            recs = {
+                name: relative_records(
+                    test,
+                    self.scorer(p, test, "test"),
+                    (ALL_STATES,),
+                    self.prof.target_fr,
+                    self.prof.n_boot,
+                    self.seed,
+                )[ALL_STATES]
+                for name, p in (("served", served), ("personalized", params["personalized"]))
+            }
+            out.append(
+                {
+                    "setting": setting,
+                    "method": label,
+                    "client": cid,
+                    "device_type": dt,
+                    "serves": decision.serve,
+                    "reason": decision.reason,
+                    "served": _gate_record(recs["served"]),
+                    "personalized": _gate_record(recs["personalized"]),
+                }
+            )
+        return out
+
+
+def _gate_record(rec: dict[str, Any]) -> dict[str, Any]:
+    return {k: rec[k] for k in ("relative_fa", "relative_fa_ci", "relative_fr", "note")}
+
 
 def _step_rows(
     setting: str, method: str, run: MethodRun, groups: dict[str, str]
@@ -718,6 +779,7 @@ class _StudyTables:
     timings: dict[str, float] = field(default_factory=dict)
     det: dict[str, dict[str, Any]] = field(default_factory=dict)
     selected: dict[str, MethodRun] = field(default_factory=dict)
+    gate: list[dict[str, Any]] = field(default_factory=list)
 
 
 def run_paper_study(
@@ -772,6 +834,7 @@ def run_paper_study(
         "rows": tables.rows,
         "step_counts": tables.step_counts,
         "comparisons": comparisons,
+        "gate": tables.gate,
     }
     config["selffl_ablations"] = {a: SELFFL_ABLATIONS[a] for a in selffl_ablations}
     config["method_labels"].update(
@@ -886,6 +949,7 @@ def _full_participation(
         study.collect_det(tables.det, SETTING_FULL, run)
         if method.startswith("selffl"):
             tables.step_counts += _step_rows(SETTING_FULL, method, run, groups)
+            tables.gate += study.gate_rows(SETTING_FULL, method, run)
 
 
 def _client_sampling(
@@ -914,6 +978,7 @@ def _client_sampling(
             for rec in study.evaluate(run, "test", (ALL_STATES, *STATES), prof.n_boot):
                 tables.rows.append({"setting": setting, "method": level, **rec})
             tables.step_counts += _step_rows(setting, level, run, groups)
+            tables.gate += study.gate_rows(setting, level, run)
 
 
 def _check_ablations(methods: Sequence[str], ablations: Sequence[str]) -> None:

@@ -7,6 +7,7 @@ the same result always gives byte-identical tables."""
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -328,7 +329,7 @@ def why_findings(result: dict[str, Any]) -> list[str]:
     may differ from the paper's."""
     prof = result["config"]["profile"]
     out = _why_resolution(result) + _why_steps(result) + _why_imbalance(result)
-    out += _why_sampling(result)
+    out += _why_sampling(result) + _why_gate(result)
     out.append(
         f"Scale: {prof['rounds']} rounds of a width-{prof['width']:g} model on synthetic "
         "speech through simulated devices, against the paper's internal far-field recordings "
@@ -486,6 +487,62 @@ def _why_imbalance(result: dict[str, Any]) -> list[str]:
     ]
 
 
+def gate_table(result: dict[str, Any]) -> str:
+    """Per setting, Self-FL variant and device type: what its clients serve with the gate
+    on, and how many served / personalized models are worse than the warm start beyond the
+    CI on the test speakers (the worst served model's relative FA beside it)."""
+    labels = result["config"]["method_labels"]
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for g in result.get("gate", []):
+        groups.setdefault((g["setting"], g["method"], g["device_type"]), []).append(g)
+    head = (
+        "| setting | method | device type | clients | serve personalized / global / warm start "
+        "| served worse beyond CI | personalized worse beyond CI | worst served rel. FA [CI] |"
+    )
+    lines = [head, "|" + "---|" * 8]
+    for (setting, method, dt), gs in groups.items():
+        kinds = [sum(g["serves"] == k for g in gs) for k in ("personalized", "global", "baseline")]
+        worst = max(gs, key=lambda g: _worst_key(g["served"]))
+        lines.append(
+            f"| {setting} | {labels.get(method, method)} | {dt} | {len(gs)} | "
+            f"{' / '.join(map(str, kinds))} | "
+            f"{sum(ci_side(g['served']['relative_fa_ci']) == 'above' for g in gs)} | "
+            f"{sum(ci_side(g['personalized']['relative_fa_ci']) == 'above' for g in gs)} | "
+            f"{format_cell(worst['served'])} |"
+        )
+    return "\n".join(lines)
+
+
+def _worst_key(rec: dict[str, Any]) -> tuple[float, float]:
+    lo = (rec.get("relative_fa_ci") or [None, None])[0]
+    fa = rec.get("relative_fa")
+    return (math.inf if fa is None else fa, -math.inf if lo is None else lo)
+
+
+def _why_gate(result: dict[str, Any]) -> list[str]:
+    """With the served-model gate on: served models worse than the warm start beyond the
+    CI, against the personalized models served without it."""
+    gate = result.get("gate") or []
+    if not gate:
+        return []
+    worse = [g for g in gate if ci_side(g["served"]["relative_fa_ci"]) == "above"]
+    worse_p = sum(ci_side(g["personalized"]["relative_fa_ci"]) == "above" for g in gate)
+    kinds = {k: sum(g["serves"] == k for g in gate) for k in ("personalized", "global", "baseline")}
+    where = "; ".join(
+        f"{g['setting']} {g['method']} {g['client']} ({g['serves']}, {format_cell(g['served'])})"
+        for g in worse
+    )
+    return [
+        f"Served-model gate: of {len(gate)} Self-FL clients (every setting), "
+        f"{kinds['personalized']} serve their personalized model, {kinds['global']} the "
+        f"global model and {kinds['baseline']} keep the warm start, decided on their device "
+        f"type's validation speakers. On the test speakers, {len(worse)} served model(s) "
+        f"are worse than the warm start beyond the CI"
+        + (f" ({where})" if worse else "")
+        + f", against {worse_p} of the personalized models served without the gate."
+    ]
+
+
 def _why_sampling(result: dict[str, Any]) -> list[str]:
     """What client sampling did to the personalized models at each activity rate."""
     cfg = result["config"]
@@ -519,9 +576,11 @@ def _why_sampling(result: dict[str, Any]) -> list[str]:
             f"{down}. Each of the {n_clients} clients holds a quarter of its device type's "
             f"training clips (down to {smallest // 4} clips) and took part in "
             f"{min(counts)}-{max(counts)} of {prof['sampling_rounds']} rounds (client level); a "
-            "client with fewer than 2 rounds has no variance yet and personalizes with the "
-            "warm-up rule (the fixed warm-up steps from the global model), at the learning rate "
-            "selected with full participation, where each client had 4 times the data."
+            "client that never took part personalizes with the warm-up rule (the fixed warm-up "
+            "steps from the global model), and one that took part once already has a variance "
+            "from within its first round (the early variance; the paper's rule needs 2 rounds); "
+            "all at the learning rate selected with full participation, where each client had "
+            "4 times the data."
         )
     return out
 
@@ -664,6 +723,20 @@ def _md_tables(result: dict[str, Any]) -> list[str]:
         tuning_table(result),
         "",
     ]
+    if result.get("gate"):
+        md += [
+            "## Served models with the gate on (all states)",
+            "",
+            "Each Self-FL client serves what the served-model gate decides on its device "
+            "type's validation speakers: its personalized model or the global model when "
+            "that is not worse than the warm start beyond the noise and no worse in the point "
+            "figures, else the warm start (docs/SELF_FL.md). Counts of clients whose served "
+            "(personalized) model's relative FA on the test speakers has a 95% CI wholly "
+            "above 1.",
+            "",
+            gate_table(result),
+            "",
+        ]
     if result.get("comparisons"):
         md += [
             "## Self-FL against the warm start and against the best other method "
