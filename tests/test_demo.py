@@ -53,17 +53,22 @@ def test_demo_smallest_setting_writes_a_report_per_device_type(tmp_path, tiny_co
         assert (report / name).is_file(), name
     summary = (report / "demo_summary.md").read_text()
     for t in TYPES:
-        assert f"| {t}      | global" in summary and f"| {t}      | personalized" in summary
+        assert f"| {t}      | global" in summary and f"| {t}      | served" in summary
     rows = json.loads((report / "results.json").read_text())["rows"]
     for t in TYPES:
         own = [
             r
             for r in rows
-            if r["candidate"] == f"personal-{t}" and r["device_type"] == t and r["state"] == "all"
+            if r["candidate"] == f"served-{t}" and r["device_type"] == t and r["state"] == "all"
         ]
         assert len(own) == 1 and own[0]["n_positive"] > 0 and own[0]["n_negative"] > 0
         assert any(r["candidate"] == "global" and r["device_type"] == t for r in rows)
     assert list(report.glob("*.png")), "DET curves missing"
+    # Each device says which model its served-model gate left it serving, and the table
+    # gives the absolute FRR and FA/h beside the relative figures.
+    for t in TYPES:
+        assert f"dev{t} serves the " in out
+    assert "| FRR " in summary and "| FA/h " in summary and "| base FA/h " in summary
     # The warm-start baseline went to the cache named by WAKEFL_CACHE, not the user's.
     assert list((tmp_path / "cache" / "baselines").glob("baseline-*.safetensors"))
 

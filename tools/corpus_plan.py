@@ -97,6 +97,10 @@ PROFILES: dict[str, CorpusProfile] = {
     # Held-out sets far larger than the training unit: the paper study's relative FA is a
     # ratio of false-accept counts, and its intervals are only as narrow as those counts.
     "small": CorpusProfile("small", 200, 240, 480, 960, 3, 70.0),
+    # `wakefl demo`: tiny's training data per device, with held-out sets large enough to
+    # resolve differences (240 test clips and 2 minutes of streams per device type) and 64
+    # validation clips for each device's served-model gate.
+    "demo": CorpusProfile("demo", 64, 40, 64, 240, 2, 60.0),
     "full": CorpusProfile("full", 240, 800, 480, 960, 6, 250.0, 10, 10, 32),
     # Pretraining: ~520 training-engine speakers and 22k training clips, an hour of test
     # streams per device type for FA per hour, and 96 speakers of voices training never hears.
