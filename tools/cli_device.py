@@ -17,6 +17,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "clips of that type, report relative FA/FR on its val clips, and take "
         "part in rounds until the server announces the end of the run.",
     )
+    _add_identity_options(p)
+    _add_protocol_options(p)
+    _add_export_options(p)
+    _add_run_limit_options(p)
+    p.set_defaults(func=_run)
+
+
+def _add_identity_options(p: argparse.ArgumentParser) -> None:
+    """Who the device is, its data, its broker, fleet and state folder."""
     p.add_argument("--id", required=True, dest="device_id", help="device id (its MQTT client id)")
     p.add_argument("--type", required=True, dest="device_type", help="device type in the manifest")
     p.add_argument("--data", required=True, help="corpus manifest.csv")
@@ -34,6 +43,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="expected model width; refuse a server that runs another one",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the local minibatches")
+
+
+def _add_protocol_options(p: argparse.ArgumentParser) -> None:
+    """Delivery of the update and the report's operating point."""
     p.add_argument(
         "--ack-timeout",
         type=float,
@@ -56,6 +69,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=0.05,
         help="baseline operating point for the relative FA/FR report (default 0.05)",
     )
+
+
+def _add_export_options(p: argparse.ArgumentParser) -> None:
+    """The models written at the end of the run."""
     p.add_argument(
         "--export",
         default=None,
@@ -67,6 +84,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="write the latest personalized model (safetensors) here at the end",
     )
     p.add_argument("--onnx", default=None, help="write the served model as ONNX here at the end")
+
+
+def _add_run_limit_options(p: argparse.ArgumentParser) -> None:
+    """When the device leaves, and logging."""
     p.add_argument("--max-rounds", type=int, default=None, help="leave after this many rounds")
     p.add_argument(
         "--connect-timeout",
@@ -81,15 +102,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="give up after this many seconds without a message from the server",
     )
     p.add_argument("-v", "--verbose", action="store_true", help="log transport events")
-    p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     import torch
 
-    from wakefl.errors import ConfigError
-    from wakefl.models.kws_cnn import ModelConfig
-    from wakefl.sdk.dataset import WakeWordDataset
     from wakefl.sdk.device_client import DeviceClient
 
     logging.basicConfig(
@@ -101,18 +118,7 @@ def _run(args: argparse.Namespace) -> int:
     def say(line: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
 
-    window = ModelConfig(width=args.width or 1.0).window_samples
-    train = WakeWordDataset(args.data, args.device_type, "train", window_samples=window)
-    try:
-        val = WakeWordDataset(args.data, args.device_type, "val", window_samples=window)
-    except ConfigError as exc:  # a device without validation clips trains but cannot report
-        say(f"{args.device_id}: no validation clips ({exc}); no relative FA/FR report")
-        val = None
-    say(
-        f"{args.device_id} ({args.device_type}): {len(train)} training clips, "
-        f"{0 if val is None else len(val)} validation clips; joining fleet {args.fleet!r}"
-    )
-
+    train, val = _load_clips(args, say)
     client = DeviceClient(
         args.device_id,
         args.device_type,
@@ -146,6 +152,26 @@ def _run(args: argparse.Namespace) -> int:
         + ("; run finished" if summary.finished else "")
     )
     return 0
+
+
+def _load_clips(args: argparse.Namespace, say):
+    """The device type's training clips and its validation clips (None without any)."""
+    from wakefl.errors import ConfigError
+    from wakefl.models.kws_cnn import ModelConfig
+    from wakefl.sdk.dataset import WakeWordDataset
+
+    window = ModelConfig(width=args.width or 1.0).window_samples
+    train = WakeWordDataset(args.data, args.device_type, "train", window_samples=window)
+    try:
+        val = WakeWordDataset(args.data, args.device_type, "val", window_samples=window)
+    except ConfigError as exc:  # a device without validation clips trains but cannot report
+        say(f"{args.device_id}: no validation clips ({exc}); no relative FA/FR report")
+        val = None
+    say(
+        f"{args.device_id} ({args.device_type}): {len(train)} training clips, "
+        f"{0 if val is None else len(val)} validation clips; joining fleet {args.fleet!r}"
+    )
+    return train, val
 
 
 def _exports(args: argparse.Namespace, client, summary, say) -> None:

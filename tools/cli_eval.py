@@ -18,6 +18,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "type and state. Models are .onnx files (scored by onnxruntime, as on a device) or "
         ".safetensors checkpoints.",
     )
+    _add_model_options(p)
+    _add_operating_point_options(p)
+    _add_output_options(p)
+    _add_scoring_options(p)
+    p.set_defaults(func=run)
+
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    """The baseline, the candidates and the clips they are scored on."""
     p.add_argument(
         "--baseline",
         default="pretrained:full",
@@ -38,6 +47,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--manifest", required=True, help="corpus manifest.csv")
     p.add_argument("--split", default="test", choices=("train", "val", "test"))
+
+
+def _add_operating_point_options(p: argparse.ArgumentParser) -> None:
+    """The baseline's threshold: fitted to a target FR, or a shipped one."""
     p.add_argument(
         "--target-fr",
         type=float,
@@ -63,6 +76,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="use the shipped_threshold of the baseline's model card (<model>.json "
         "or ONNX metadata)",
     )
+
+
+def _add_output_options(p: argparse.ArgumentParser) -> None:
+    """JSON on stdout and the written report."""
     p.add_argument("--json", action="store_true", help='print {"rows": [...]} as JSON')
     p.add_argument(
         "--report", metavar="DIR", help="write DET plots and a Markdown/HTML report here"
@@ -73,6 +90,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="both",
         help="report format (default both)",
     )
+
+
+def _add_scoring_options(p: argparse.ArgumentParser) -> None:
+    """Bootstrap, batching and the streaming detector's settings."""
     p.add_argument("--n-boot", type=int, default=200, help="bootstrap resamples for the CI")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
     p.add_argument("--batch", type=int, default=64, help="clips per scoring batch")
@@ -82,7 +103,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--refractory-s", type=float, default=None, help="detector refractory period (s)"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.set_defaults(func=run)
 
 
 def _fmt(x: float | None) -> str:

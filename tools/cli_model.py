@@ -12,7 +12,14 @@ from wakefl.errors import ConfigError
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("model", help="inspect and export the wake-word model")
     sub = p.add_subparsers(dest="model_command", metavar="ACTION", required=True)
+    _register_info(sub)
+    _register_export(sub)
+    _register_pretrain(sub)
+    _register_publish(sub)
 
+
+def _register_info(sub: argparse._SubParsersAction) -> None:
+    """`wakefl model info`."""
     info = sub.add_parser("info", help="parameter and layer counts of the model")
     src = info.add_mutually_exclusive_group()
     src.add_argument("--width", type=float, default=None, help="width multiplier (default 1.0)")
@@ -20,6 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     info.add_argument("--json", action="store_true", help="print JSON")
     info.set_defaults(func=_info)
 
+
+def _register_export(sub: argparse._SubParsersAction) -> None:
+    """`wakefl model export`."""
     exp = sub.add_parser("export", help="export to ONNX (waveform in, wake probability out)")
     exp.add_argument("--out", type=Path, required=True, help="output FILE.onnx")
     src = exp.add_mutually_exclusive_group()
@@ -49,6 +59,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     exp.add_argument("--json", action="store_true", help="print JSON")
     exp.set_defaults(func=_export)
 
+
+def _register_pretrain(sub: argparse._SubParsersAction) -> None:
+    """`wakefl model pretrain`: its data and run options, then its schedule."""
     pre = sub.add_parser("pretrain", help="train the wake-word model on the pretraining corpus")
     pre.add_argument("--out", type=Path, required=True, help="run folder (checkpoints, best model)")
     pre.add_argument("--width", type=float, default=1.0, help="width multiplier (0.25 = small)")
@@ -62,6 +75,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(default: build or reuse the 'pretrain' corpus for --phrase)",
     )
     pre.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    _add_pretrain_run_options(pre)
+    pre.set_defaults(func=_pretrain)
+
+
+def _add_pretrain_run_options(pre: argparse.ArgumentParser) -> None:
+    """Initialisation, schedule, validation and checkpointing of `wakefl model pretrain`."""
     pre.add_argument("--resume", action="store_true", help="continue the run in --out")
     pre.add_argument(
         "--init-from",
@@ -96,8 +115,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="stop (with a checkpoint) after this long; --resume continues",
     )
     pre.add_argument("--quiet", action="store_true", help="no progress bar")
-    pre.set_defaults(func=_pretrain)
 
+
+def _register_publish(sub: argparse._SubParsersAction) -> None:
+    """`wakefl model publish`."""
     pub = sub.add_parser(
         "publish",
         help="ship a pretraining run's best model (fp16) as models/kws_cnn/pretrained/NAME",

@@ -149,6 +149,36 @@ def _chown_for_broker(state: Path) -> None:
             os.chown(p, pw.pw_uid, pw.pw_gid)
 
 
+def _read_registry(state: Path, fleet: str, host: str, port: int) -> dict[str, Any]:
+    """The folder's fleet.json (a new, empty one for `fleet` if none); refuses another fleet."""
+    fleet_file = state / "fleet.json"
+    registry = (
+        json.loads(fleet_file.read_text())
+        if fleet_file.is_file()
+        else {"fleet": fleet, "host": host, "port": port, "devices": {}}
+    )
+    if registry["fleet"] != fleet:
+        raise ConfigError(f"{state} provisions fleet {registry['fleet']!r}, not {fleet!r}")
+    return registry
+
+
+def _ensure_server_credentials(state: Path, passwd: Path, host: str, port: int) -> None:
+    """The server's broker account and server.json, created once (a new passwd file)."""
+    if (state / "server.json").is_file():
+        return
+    pw = secrets.token_urlsafe(24)
+    _run(["mosquitto_passwd", "-b", "-c", str(passwd), SERVER_USER, pw])
+    _write_private(
+        state / "server.json",
+        {
+            "username": SERVER_USER,
+            "password": pw,
+            "ca_file": str(state / "ca.crt"),
+            "broker": f"mqtts://{SERVER_USER}:{pw}@{host}:{port}?ca={state / 'ca.crt'}",
+        },
+    )
+
+
 def provision(
     state: str | Path,
     device_id: str,
@@ -171,28 +201,11 @@ def provision(
     (state / "devices").mkdir(exist_ok=True)
     (state / "broker-data").mkdir(exist_ok=True)
     fleet_file = state / "fleet.json"
-    registry = (
-        json.loads(fleet_file.read_text())
-        if fleet_file.is_file()
-        else {"fleet": fleet, "host": host, "port": port, "devices": {}}
-    )
-    if registry["fleet"] != fleet:
-        raise ConfigError(f"{state} provisions fleet {registry['fleet']!r}, not {fleet!r}")
+    registry = _read_registry(state, fleet, host, port)
     host, port = registry["host"], int(registry["port"])
     ensure_ca(state, host)
     passwd = state / "passwd"
-    if not (state / "server.json").is_file():
-        pw = secrets.token_urlsafe(24)
-        _run(["mosquitto_passwd", "-b", "-c", str(passwd), SERVER_USER, pw])
-        _write_private(
-            state / "server.json",
-            {
-                "username": SERVER_USER,
-                "password": pw,
-                "ca_file": str(state / "ca.crt"),
-                "broker": f"mqtts://{SERVER_USER}:{pw}@{host}:{port}?ca={state / 'ca.crt'}",
-            },
-        )
+    _ensure_server_credentials(state, passwd, host, port)
     password = secrets.token_urlsafe(24)
     _run(["mosquitto_passwd", "-b", str(passwd), device_id, password])
     # mosquitto_passwd leaves the file world-readable (0644): salted hashes, but still

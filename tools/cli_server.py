@@ -132,6 +132,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "server", help="run the aggregation server over MQTT", description=__doc__
     )
+    _add_fleet_options(p)
+    _add_round_options(p)
+    _add_model_options(p)
+    _add_wire_options(p)
+    _add_start_options(p)
+    p.set_defaults(func=_handler)
+
+
+def _add_fleet_options(p: argparse.ArgumentParser) -> None:
+    """The broker, the state folder, the fleet and how its devices are grouped."""
     p.add_argument(
         "--broker",
         required=True,
@@ -146,6 +156,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="none",
         help="device_type: cluster-level aggregation with one representative per type",
     )
+
+
+def _add_round_options(p: argparse.ArgumentParser) -> None:
+    """Quorum, deadline, number of rounds and the share of devices sampled."""
     p.add_argument(
         "--min-clients",
         type=int,
@@ -159,6 +173,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--activity-rate", type=float, default=1.0, help="share C of devices sampled")
+
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    """The starting model, the device registry and the strategy."""
     p.add_argument("--init-model", default=None, help="warm-start checkpoint (.safetensors)")
     p.add_argument("--width", type=float, default=1.0, help="model width without --init-model")
     p.add_argument(
@@ -175,6 +193,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="KEY=VALUE",
         help="strategy hyperparameter (repeatable), e.g. lr=0.01 l_max=40",
     )
+
+
+def _add_wire_options(p: argparse.ArgumentParser) -> None:
+    """What travels on the wire, and the devices' re-send interval."""
     p.add_argument(
         "--wire-dtype",
         choices=["fp32", "fp16"],
@@ -190,6 +212,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "256 entries (~0.25x the fp32 bytes); default: plain in --wire-dtype",
     )
     p.add_argument("--ack-timeout", type=float, default=30.0, help="device re-send interval (s)")
+
+
+def _add_start_options(p: argparse.ArgumentParser) -> None:
+    """Waiting for the fleet before the first round, the embedded broker, seed, logging."""
     p.add_argument(
         "--start-timeout",
         type=float,
@@ -207,4 +233,3 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--embedded-port", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("-v", "--verbose", action="store_true")
-    p.set_defaults(func=_handler)
