@@ -226,23 +226,35 @@ def decide_served_model(
     references = {served_name: served}
     if base is not None and not np.array_equal(base, served):
         references["baseline"] = base
-    pairs = [(c, r) for c in cands for r in references]
     draws = list(_unit_draws(np.random.default_rng(seed), grp, pos, neg, n_boot))
-    comparisons = [
-        _compare(
-            cname,
-            cands[cname],
-            rname,
-            references[rname],
-            pos,
-            neg,
-            float(target_fr),
-            draws,
-            float(level),
-        )
-        for cname, rname in pairs
+    comparisons = _compare_all(cands, references, pos, neg, float(target_fr), draws, float(level))
+    return _decision(comparisons, _admissible(cands, comparisons, served_name), common)
+
+
+def _compare_all(
+    cands: Mapping[str, np.ndarray],
+    references: Mapping[str, np.ndarray],
+    pos: np.ndarray,
+    neg: np.ndarray,
+    target_fr: float,
+    draws: list,
+    level: float,
+) -> list[Comparison]:
+    """Each candidate against each reference (served model, then baseline), on the same
+    bootstrap draws."""
+    return [
+        _compare(cname, cands[cname], rname, references[rname], pos, neg, target_fr, draws, level)
+        for cname in cands
+        for rname in references
     ]
-    admissible = _admissible(cands, comparisons, served_name)
+
+
+def _decision(
+    comparisons: list[Comparison], admissible: list[str], common: dict[str, Any]
+) -> GateDecision:
+    """Keep the served model when no candidate is admissible, else switch to the
+    admissible candidate with the lowest relative FA against it (first given on ties)."""
+    served_name = common["served_name"]
     if not admissible:
         return GateDecision(
             serve=served_name,
@@ -256,6 +268,7 @@ def decide_served_model(
     point = {c.candidate: c.relative_fa for c in comparisons if c.reference == served_name}
     best = min(admissible, key=lambda n: (point[n], admissible.index(n)))
     c = next(x for x in comparisons if x.candidate == best and x.reference == served_name)
+    against_baseline = any(x.reference == "baseline" for x in comparisons)
     return GateDecision(
         serve=best,
         switched=True,
@@ -263,7 +276,7 @@ def decide_served_model(
             f"{best} is served: relative FA {_fmt(c.relative_fa)} (interval "
             f"{_fmt_ci(c.relative_fa_ci)}) and relative FR {_fmt(c.relative_fr)} against "
             f"{served_name}, not worse beyond the noise"
-            + (" nor against the baseline" if "baseline" in references else "")
+            + (" nor against the baseline" if against_baseline else "")
         ),
         comparisons=tuple(comparisons),
         admissible=tuple(admissible),

@@ -406,6 +406,25 @@ def _cell_figures(
     return CellFigures(**fig, notes=tuple(n for n in notes if n))
 
 
+def _subset_inputs(
+    base_scores: Sequence[float] | np.ndarray,
+    cand_scores: Sequence[float] | np.ndarray,
+    labels: Sequence[int] | np.ndarray,
+    units: Sequence[str] | np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The scores, labels and units as flat arrays; ValueError if their lengths differ."""
+    base = _scores(base_scores, "base_scores")
+    cand = _scores(cand_scores, "cand_scores")
+    lab = np.asarray(labels).reshape(-1)
+    grp = np.asarray(units, dtype=str).reshape(-1)
+    if not (base.size == cand.size == lab.size == grp.size):
+        raise ValueError(
+            f"scores, labels and units differ in length: {base.size}, {cand.size}, "
+            f"{lab.size}, {grp.size}"
+        )
+    return base, cand, lab, grp
+
+
 def relative_by_subset(
     base_scores: Sequence[float] | np.ndarray,
     cand_scores: Sequence[float] | np.ndarray,
@@ -429,15 +448,7 @@ def relative_by_subset(
     the operating point in every replicate. Without wake-word or without other clips in
     the whole set no operating point exists: (None, figures with counts only).
     """
-    base = _scores(base_scores, "base_scores")
-    cand = _scores(cand_scores, "cand_scores")
-    lab = np.asarray(labels).reshape(-1)
-    grp = np.asarray(units, dtype=str).reshape(-1)
-    if not (base.size == cand.size == lab.size == grp.size):
-        raise ValueError(
-            f"scores, labels and units differ in length: {base.size}, {cand.size}, "
-            f"{lab.size}, {grp.size}"
-        )
+    base, cand, lab, grp = _subset_inputs(base_scores, cand_scores, labels, units)
     pos, neg = lab == 1, lab == 0
     masks = {k: np.asarray(m, dtype=bool).reshape(-1) for k, m in subsets.items()}
     if not pos.any() or not neg.any():

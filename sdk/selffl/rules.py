@@ -198,6 +198,29 @@ def sampled_count(activity_rate: float, n_clients: int) -> int:
     return max(1, min(n, math.floor(rate * n + _SAMPLING_SLACK)))
 
 
+def _require_step_settings(lr: float, batch_size: int, l_max: int, warmup_steps: int) -> float:
+    """The learning rate as a finite float; HyperparameterError for lr <= 0, batch_size < 1,
+    l_max < 1 or warmup_steps < 0."""
+    lr = require_finite_scalar(lr, "learning rate")
+    if lr <= 0.0 or batch_size < 1 or l_max < 1 or warmup_steps < 0:
+        raise HyperparameterError(
+            f"need lr > 0, batch_size >= 1, l_max >= 1, warmup_steps >= 0; got lr={lr}, "
+            f"batch_size={batch_size}, l_max={l_max}, warmup_steps={warmup_steps}"
+        )
+    return lr
+
+
+def _require_variances(sigma_m_sq: float, others_precision: float) -> tuple[float, float]:
+    """(sigma_m^2, S_-m) as floats: sigma_m^2 finite, S_-m possibly +inf, both >= 0."""
+    sigma_m_sq = require_finite_scalar(sigma_m_sq, "sigma_m^2")
+    s_others = require_finite_scalar(others_precision, "S_-m", allow_inf=True)
+    if sigma_m_sq < 0.0 or s_others < 0.0:
+        raise HyperparameterError(
+            f"need sigma_m^2 >= 0 and S_-m >= 0, got {sigma_m_sq}, {s_others}"
+        )
+    return sigma_m_sq, s_others
+
+
 def local_steps(
     lr: float,
     batch_size: int,
@@ -228,20 +251,10 @@ def local_steps(
       step count is not a finite number -> `NonFiniteError`, like every other non-finite
       result.
     """
-    lr = require_finite_scalar(lr, "learning rate")
-    if lr <= 0.0 or batch_size < 1 or l_max < 1 or warmup_steps < 0:
-        raise HyperparameterError(
-            f"need lr > 0, batch_size >= 1, l_max >= 1, warmup_steps >= 0; got lr={lr}, "
-            f"batch_size={batch_size}, l_max={l_max}, warmup_steps={warmup_steps}"
-        )
+    lr = _require_step_settings(lr, batch_size, l_max, warmup_steps)
     if sigma_m_sq is None:
         return max(1, min(int(warmup_steps), int(l_max)))
-    sigma_m_sq = require_finite_scalar(sigma_m_sq, "sigma_m^2")
-    s_others = require_finite_scalar(others_precision, "S_-m", allow_inf=True)
-    if sigma_m_sq < 0.0 or s_others < 0.0:
-        raise HyperparameterError(
-            f"need sigma_m^2 >= 0 and S_-m >= 0, got {sigma_m_sq}, {s_others}"
-        )
+    sigma_m_sq, s_others = _require_variances(sigma_m_sq, others_precision)
     if math.isinf(s_others):
         return 1
     if s_others == 0.0:

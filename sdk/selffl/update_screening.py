@@ -127,37 +127,42 @@ def screen_updates(
     else:
         # R = 0 (every update equals the global model) or no reference: only rule 3.
         clip_bound, refuse_bound = math.inf, abs_bound
-    verdicts = []
-    for n, s in zip(norms, sigmas_sq, strict=True):
-        sigma = max(s, floor)
-        if n > refuse_bound:
-            why = (
-                "absolute bound"
-                if refuse_bound == abs_bound
-                else f"{rules.refuse_factor:g}x the round's median distance {ref_norm:.4g}"
-            )
-            verdicts.append(
-                Verdict(
-                    "refuse",
-                    0.0,
-                    sigma,
-                    n,
-                    f"distance {n:.4g} from the global model exceeds {refuse_bound:.4g} ({why})",
-                )
-            )
-        elif n > clip_bound:
-            verdicts.append(
-                Verdict(
-                    "clip",
-                    clip_bound / n,
-                    sigma,
-                    n,
-                    f"distance {n:.4g} clipped to {clip_bound:.4g}",
-                )
-            )
-        else:
-            verdicts.append(Verdict("keep", 1.0, sigma, n))
+    verdicts = [
+        _verdict(n, max(s, floor), clip_bound, refuse_bound, abs_bound, ref_norm, rules)
+        for n, s in zip(norms, sigmas_sq, strict=True)
+    ]
     return Screening(verdicts, ref_norm, ref_sigma, floor, clip_bound, refuse_bound)
+
+
+def _verdict(
+    n: float,
+    sigma: float,
+    clip_bound: float,
+    refuse_bound: float,
+    abs_bound: float,
+    ref_norm: float | None,
+    rules: ScreeningRules,
+) -> Verdict:
+    """Refuse an update farther than `refuse_bound` from the global model, clip one
+    farther than `clip_bound`, keep the others; `sigma` is its floored variance."""
+    if n > refuse_bound:
+        why = (
+            "absolute bound"
+            if refuse_bound == abs_bound
+            else f"{rules.refuse_factor:g}x the round's median distance {ref_norm:.4g}"
+        )
+        return Verdict(
+            "refuse",
+            0.0,
+            sigma,
+            n,
+            f"distance {n:.4g} from the global model exceeds {refuse_bound:.4g} ({why})",
+        )
+    if n > clip_bound:
+        return Verdict(
+            "clip", clip_bound / n, sigma, n, f"distance {n:.4g} clipped to {clip_bound:.4g}"
+        )
+    return Verdict("keep", 1.0, sigma, n)
 
 
 def apply_scale(params: Tensor, global_params: Tensor, scale: float) -> Tensor:

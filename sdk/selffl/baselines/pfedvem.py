@@ -142,14 +142,7 @@ class PFedVEM(FedAvg):
         global_params = self.received_global(instructions)
         head = head_range(self.head, global_params.numel())
         prior_mean = global_params[head]
-        mu = stored_personal(state, prior_mean, key="mu")
-        pi = stored_personal(state, prior_mean, key="pi")
-        mu = prior_mean.clone() if mu is None else mu.clone()
-        if pi is None:
-            pi = torch.full_like(prior_mean, inverse_softplus(self.init_std))
-        rho_sq = require_finite_scalar(
-            state.scalars.get("rho_sq", self.init_prior_var), "stored prior variance"
-        )
+        mu, pi, rho_sq = self._stored_posterior(state, prior_mean)
         n = int(problem.num_samples)
         kl_w = (1.0 / max(n, 1)) if self.kl_weight is None else self.kl_weight
 
@@ -193,6 +186,21 @@ class PFedVEM(FedAvg):
         new_state.tensors["pi"] = pi
         new_state.scalars = dict(new_state.scalars, rho_sq=1.0 / tau)
         return result, new_state
+
+    def _stored_posterior(
+        self, state: ClientState, prior_mean: Tensor
+    ) -> tuple[Tensor, Tensor, float]:
+        """The client's posterior mean mu and scale parameter pi of the head (the prior
+        mean and init_std before its first round) and its prior variance rho^2."""
+        mu = stored_personal(state, prior_mean, key="mu")
+        pi = stored_personal(state, prior_mean, key="pi")
+        mu = prior_mean.clone() if mu is None else mu.clone()
+        if pi is None:
+            pi = torch.full_like(prior_mean, inverse_softplus(self.init_std))
+        rho_sq = require_finite_scalar(
+            state.scalars.get("rho_sq", self.init_prior_var), "stored prior variance"
+        )
+        return mu, pi, rho_sq
 
     def _mc_gradients(
         self,
