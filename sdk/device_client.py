@@ -46,6 +46,14 @@ DEFAULT_MAX_SENDS = 4
 Progress = Callable[[str], None]
 
 
+def _check_delivery_settings(max_sends: int, ack_timeout_s: float, wire_dtype: str | None) -> None:
+    """ConfigError for settings under which no update could be delivered."""
+    if max_sends < 1 or ack_timeout_s <= 0:
+        raise ConfigError("need max_sends >= 1 and ack_timeout_s > 0")
+    if wire_dtype is not None and wire_dtype not in messages.WIRE_DTYPES:
+        raise ConfigError(f"wire dtype must be one of {sorted(messages.WIRE_DTYPES)}")
+
+
 class DeviceClient(serving.ModelAccess):
     """One device of a fleet.
 
@@ -78,10 +86,7 @@ class DeviceClient(serving.ModelAccess):
         self.device_id = topics.check_name(device_id, "device id")
         self.device_type = topics.check_name(device_type, "device type")
         self.fleet = topics.check_name(fleet, "fleet")
-        if max_sends < 1 or ack_timeout_s <= 0:
-            raise ConfigError("need max_sends >= 1 and ack_timeout_s > 0")
-        if wire_dtype is not None and wire_dtype not in messages.WIRE_DTYPES:
-            raise ConfigError(f"wire dtype must be one of {sorted(messages.WIRE_DTYPES)}")
+        _check_delivery_settings(max_sends, ack_timeout_s, wire_dtype)
         self._progress = progress or (lambda line: log.info("%s", line))
         # A folder in use by another process is an error at once; one that cannot be read
         # is kept as `_state_error` (see `handle_downlink`).

@@ -329,6 +329,89 @@ def _pack_params(
     return wire
 
 
+def _downlink_meta(msg: Downlink, wire_dtype: str) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """The downlink's header and tensors (the global model, then its extra tensors)."""
+    meta = {
+        "v": msg.version,
+        "kind": "down",
+        "fleet": msg.fleet,
+        "run_id": msg.run_id,
+        "round_id": msg.round_id,
+        "model_config": msg.model_config,
+        "instructions": msg.instructions,
+        "hyperparameters": msg.hyperparameters,
+        "deadline": msg.deadline,
+        "final": msg.final,
+        "strategy": msg.strategy,
+        "wire_dtype": wire_dtype,
+    }
+    tensors = {"global_params": msg.global_params}
+    tensors.update({f"x.{k}": v for k, v in msg.tensors.items()})
+    return meta, tensors
+
+
+def _uplink_meta(
+    msg: Uplink, wire_dtype: str, uplink_codec: str, base: Tensor | None
+) -> tuple[dict[str, Any], dict[str, Tensor], str]:
+    """The uplink's header, tensors and frame dtype, its parameters packed when it has a
+    packed form or `uplink_codec` is a delta codec."""
+    meta = {
+        "v": msg.version,
+        "kind": "up",
+        "fleet": msg.fleet,
+        "run_id": msg.run_id,
+        "device_id": msg.device_id,
+        "device_type": msg.device_type,
+        "round_id": msg.round_id,
+        "num_samples": msg.num_samples,
+        "record": msg.record,
+        "relative_fa": msg.relative_fa,
+        "relative_fr": msg.relative_fr,
+        "wire_dtype": wire_dtype,
+    }
+    tensors = {"params": msg.params}
+    tensors.update({f"x.{k}": v for k, v in msg.tensors.items()})
+    if msg.packed is not None or uplink_codec in DELTA_CODECS:
+        wire_dtype = _pack_params(msg, meta, tensors, uplink_codec, base)
+    return meta, tensors, wire_dtype
+
+
+def _control_meta(msg: Message) -> dict[str, Any]:
+    """The header of a message without tensors: an ack, a decline or a hello."""
+    if isinstance(msg, Ack):
+        return {
+            "v": msg.version,
+            "kind": "ack",
+            "fleet": msg.fleet,
+            "device_id": msg.device_id,
+            "round_id": msg.round_id,
+            "accepted": msg.accepted,
+            "reason": msg.reason,
+            "answers": msg.answers,
+        }
+    if isinstance(msg, Decline):
+        return {
+            "v": msg.version,
+            "kind": "decline",
+            "fleet": msg.fleet,
+            "run_id": msg.run_id,
+            "device_id": msg.device_id,
+            "round_id": msg.round_id,
+            "reason": msg.reason[:MAX_REASON_LEN],
+        }
+    if isinstance(msg, Hello):
+        return {
+            "v": msg.version,
+            "kind": "hello",
+            "fleet": msg.fleet,
+            "device_id": msg.device_id,
+            "device_type": msg.device_type,
+            "num_samples": msg.num_samples,
+            "online": msg.online,
+        }
+    raise ProtocolError(f"cannot encode a {type(msg).__name__}")
+
+
 def encode(
     msg: Message,
     *,
@@ -341,79 +424,14 @@ def encode(
     or scalars, and MessageRejected('oversized') past `max_bytes`. An `Uplink` is packed
     relative to `base` (the round's global model, as the device decoded it) when
     `uplink_codec` is a delta codec, or sent as its `packed` form when it has one."""
+    tensors: dict[str, Tensor]
     try:
         if isinstance(msg, Downlink):
-            meta = {
-                "v": msg.version,
-                "kind": "down",
-                "fleet": msg.fleet,
-                "run_id": msg.run_id,
-                "round_id": msg.round_id,
-                "model_config": msg.model_config,
-                "instructions": msg.instructions,
-                "hyperparameters": msg.hyperparameters,
-                "deadline": msg.deadline,
-                "final": msg.final,
-                "strategy": msg.strategy,
-                "wire_dtype": wire_dtype,
-            }
-            tensors = {"global_params": msg.global_params}
-            tensors.update({f"x.{k}": v for k, v in msg.tensors.items()})
+            meta, tensors = _downlink_meta(msg, wire_dtype)
         elif isinstance(msg, Uplink):
-            meta = {
-                "v": msg.version,
-                "kind": "up",
-                "fleet": msg.fleet,
-                "run_id": msg.run_id,
-                "device_id": msg.device_id,
-                "device_type": msg.device_type,
-                "round_id": msg.round_id,
-                "num_samples": msg.num_samples,
-                "record": msg.record,
-                "relative_fa": msg.relative_fa,
-                "relative_fr": msg.relative_fr,
-                "wire_dtype": wire_dtype,
-            }
-            tensors = {"params": msg.params}
-            tensors.update({f"x.{k}": v for k, v in msg.tensors.items()})
-            if msg.packed is not None or uplink_codec in DELTA_CODECS:
-                wire_dtype = _pack_params(msg, meta, tensors, uplink_codec, base)
-        elif isinstance(msg, Ack):
-            meta = {
-                "v": msg.version,
-                "kind": "ack",
-                "fleet": msg.fleet,
-                "device_id": msg.device_id,
-                "round_id": msg.round_id,
-                "accepted": msg.accepted,
-                "reason": msg.reason,
-                "answers": msg.answers,
-            }
-            tensors = {}
-        elif isinstance(msg, Decline):
-            meta = {
-                "v": msg.version,
-                "kind": "decline",
-                "fleet": msg.fleet,
-                "run_id": msg.run_id,
-                "device_id": msg.device_id,
-                "round_id": msg.round_id,
-                "reason": msg.reason[:MAX_REASON_LEN],
-            }
-            tensors = {}
-        elif isinstance(msg, Hello):
-            meta = {
-                "v": msg.version,
-                "kind": "hello",
-                "fleet": msg.fleet,
-                "device_id": msg.device_id,
-                "device_type": msg.device_type,
-                "num_samples": msg.num_samples,
-                "online": msg.online,
-            }
-            tensors = {}
+            meta, tensors, wire_dtype = _uplink_meta(msg, wire_dtype, uplink_codec, base)
         else:
-            raise ProtocolError(f"cannot encode a {type(msg).__name__}")
+            meta, tensors = _control_meta(msg), {}
     except AttributeError as exc:
         raise ProtocolError(f"incomplete message: {exc}") from exc
     try:

@@ -361,52 +361,67 @@ class AggregationServer:
         except MessageRejected as exc:
             self._reject(exc.reason, exc.detail, dev, round_hint, known, mid)
             return
-        rid = msg.round_id
         with self._lock:
-            if msg.device_id != dev or msg.fleet != self.cfg.fleet:
-                self._reject(
-                    "topic_mismatch",
-                    f"message from {msg.device_id!r} of fleet {msg.fleet!r} on topic {topic!r}",
-                    dev,
-                    rid,
-                    known,
-                    mid,
-                )
-            elif known is None:
-                self._reject("unknown_device", f"{dev!r} is not in the registry", dev, rid, None)
-            elif isinstance(msg, Decline):
-                self._handle_decline(msg, mid)
-            elif registry[dev] != msg.device_type:
-                self._reject(
-                    "wrong_device_type",
-                    f"{dev!r} is registered as {registry[dev]!r}, sent {msg.device_type!r}",
-                    dev,
-                    rid,
-                    dev,
-                    mid,
-                )
-            elif msg.run_id == self.run_id and self.store.has_update(rid, dev):
-                # QoS 1 redelivery or a re-send after a lost ack: on record already.
-                self._reject(
-                    "duplicate", f"round {rid} already has an update from {dev}", dev, rid, None
-                )
-                self._send_refusal(dev, rid, True, "duplicate", mid)
-            elif self._open is None or msg.run_id != self.run_id or rid != self._open[0]:
-                open_id = self._open[0] if self._open else None
-                self._reject(
-                    "stale_round",
-                    f"update for round {rid} (run {msg.run_id}); open round is {open_id}",
-                    dev,
-                    rid,
-                    dev,
-                    mid,
-                )
-            elif dev not in self._open[1]:
-                self._reject(
-                    "not_sampled", f"{dev} was not sampled for round {rid}", dev, rid, dev, mid
-                )
-            else:
-                self._accept(msg, payload, mid)
+            self._route_uplink(msg, payload, topic, dev, known, registry, mid)
+
+    def _route_uplink(
+        self,
+        msg: Uplink | Decline,
+        payload: bytes,
+        topic: str,
+        dev: str,
+        known: str | None,
+        registry: dict[str, str],
+        mid: _LazyId,
+    ) -> None:
+        """Refuse a decoded uplink that does not belong to the open round (wrong topic,
+        unknown device or device type, duplicate, stale round, not sampled), hand a decline
+        to `_handle_decline`, and accept the rest. Called with the lock held."""
+        rid = msg.round_id
+        if msg.device_id != dev or msg.fleet != self.cfg.fleet:
+            self._reject(
+                "topic_mismatch",
+                f"message from {msg.device_id!r} of fleet {msg.fleet!r} on topic {topic!r}",
+                dev,
+                rid,
+                known,
+                mid,
+            )
+        elif known is None:
+            self._reject("unknown_device", f"{dev!r} is not in the registry", dev, rid, None)
+        elif isinstance(msg, Decline):
+            self._handle_decline(msg, mid)
+        elif registry[dev] != msg.device_type:
+            self._reject(
+                "wrong_device_type",
+                f"{dev!r} is registered as {registry[dev]!r}, sent {msg.device_type!r}",
+                dev,
+                rid,
+                dev,
+                mid,
+            )
+        elif msg.run_id == self.run_id and self.store.has_update(rid, dev):
+            # QoS 1 redelivery or a re-send after a lost ack: on record already.
+            self._reject(
+                "duplicate", f"round {rid} already has an update from {dev}", dev, rid, None
+            )
+            self._send_refusal(dev, rid, True, "duplicate", mid)
+        elif self._open is None or msg.run_id != self.run_id or rid != self._open[0]:
+            open_id = self._open[0] if self._open else None
+            self._reject(
+                "stale_round",
+                f"update for round {rid} (run {msg.run_id}); open round is {open_id}",
+                dev,
+                rid,
+                dev,
+                mid,
+            )
+        elif dev not in self._open[1]:
+            self._reject(
+                "not_sampled", f"{dev} was not sampled for round {rid}", dev, rid, dev, mid
+            )
+        else:
+            self._accept(msg, payload, mid)
 
     def _accept(self, msg: Uplink, payload: bytes, mid: _LazyId) -> None:
         """Record and acknowledge an update of the open round; a packed one is first
