@@ -160,6 +160,50 @@ def broker_throughput(url: str, nbytes: int, count: int = 10, timeout: float = 1
         sub.close()
 
 
+def _bench_config(
+    broker_url: str,
+    tmp: str,
+    params: torch.Tensor,
+    model_cfg: dict,
+    rounds: int,
+    reg: dict[str, str],
+    wire_dtype: str,
+    *,
+    fleet: str = "bench",
+    round_timeout: float = 300,
+    **extra: Any,
+):
+    """The benchmark server's configuration (state under `tmp`/server)."""
+    from wakefl.server.aggregation_server import ServerConfig
+
+    return ServerConfig(
+        broker_url=broker_url,
+        state_dir=Path(tmp) / "server",
+        initial_params=params,
+        model_config=model_cfg,
+        fleet=fleet,
+        rounds=rounds,
+        devices=reg,
+        round_timeout=round_timeout,
+        wire_dtype=wire_dtype,
+        **extra,
+    )
+
+
+def _collect_devices(
+    results: Any, procs: list, cpu: dict[str, float]
+) -> dict[str, dict[int, float]]:
+    """Each device process's compute seconds per round; adds their CPU seconds to
+    cpu["devices"]."""
+    compute: dict[str, dict[int, float]] = {}
+    cpu["devices"] = 0.0
+    for _ in procs:
+        dev, dev_compute, dev_cpu = results.get(timeout=120)
+        compute[dev] = dev_compute
+        cpu["devices"] += dev_cpu
+    return compute
+
+
 def bench_rounds(
     n_devices: int,
     rounds: int,
@@ -172,7 +216,7 @@ def bench_rounds(
     and return the overheads of the last `rounds` (the median is taken over those)."""
     rounds += warmup
     from wakefl.sdk.selffl.registry import make_strategy
-    from wakefl.server.aggregation_server import AggregationServer, ServerConfig
+    from wakefl.server.aggregation_server import AggregationServer
     from wakefl.server.broker import ManagedBroker
     from wakefl.server.state_store import StateStore
 
@@ -196,17 +240,7 @@ def bench_rounds(
             results = _spawn_devices(
                 ctx, procs, broker.url, fleet, reg, run_id, rounds, params, wire_dtype
             )
-            cfg = ServerConfig(
-                broker_url=broker.url,
-                state_dir=Path(tmp) / "server",
-                initial_params=params,
-                model_config=model_cfg,
-                fleet=fleet,
-                rounds=rounds,
-                devices=reg,
-                round_timeout=300,
-                wire_dtype=wire_dtype,
-            )
+            cfg = _bench_config(broker.url, tmp, params, model_cfg, rounds, reg, wire_dtype)
             server = AggregationServer(cfg, make_strategy("selffl"), progress=lambda s: None)
             broker_cpu0, server_cpu0, wall0 = _cpu_s(broker.proc.pid), _cpu_s(), time.monotonic()
             server.run()
@@ -215,12 +249,7 @@ def bench_rounds(
                 "server": _cpu_s() - server_cpu0,
             }
             wall = time.monotonic() - wall0
-            compute: dict[str, dict[int, float]] = {}
-            cpu["devices"] = 0.0
-            for _ in procs:
-                dev, dev_compute, dev_cpu = results.get(timeout=120)
-                compute[dev] = dev_compute
-                cpu["devices"] += dev_cpu
+            compute = _collect_devices(results, procs, cpu)
             for proc in procs:
                 proc.join(30)
         finally:
@@ -385,6 +414,22 @@ def _packed_up_bytes(params: torch.Tensor, codec: str) -> int:
     return len(M.encode(up, uplink_codec=codec, base=params))
 
 
+def _start_load_generator(broker_url: str, n_devices: int) -> subprocess.Popen:
+    """tools/load_fleet.py playing `n_devices` devices, once it says it is ready."""
+    gen = subprocess.Popen(
+        [sys.executable, "-m", "wakefl.tools.load_fleet", "--broker", broker_url]
+        + ["--fleet", "bench", "--devices", str(n_devices), "--time-limit", "1800"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert gen.stdout is not None
+    if gen.stdout.readline().strip() != f"ready {n_devices}":
+        if gen.poll() is None:
+            gen.kill()
+        raise RuntimeError("the load generator did not come up")
+    return gen
+
+
 def bench_rounds_loadgen(
     n_devices: int,
     rounds: int,
@@ -399,7 +444,7 @@ def bench_rounds_loadgen(
     downlink copy at the broker's single-stream rate for its size), the CPU seconds of
     each party, and what became of every update."""
     from wakefl.sdk.selffl.registry import make_strategy
-    from wakefl.server.aggregation_server import AggregationServer, ServerConfig
+    from wakefl.server.aggregation_server import AggregationServer
     from wakefl.server.broker import ManagedBroker
 
     rounds += warmup
@@ -411,26 +456,17 @@ def bench_rounds_loadgen(
         try:
             rate_up = broker_throughput(broker.url, up_bytes)
             rate_down = broker_throughput(broker.url, down_bytes)
-            gen = subprocess.Popen(
-                [sys.executable, "-m", "wakefl.tools.load_fleet", "--broker", broker.url]
-                + ["--fleet", "bench", "--devices", str(n_devices), "--time-limit", "1800"],
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            assert gen.stdout is not None
-            if gen.stdout.readline().strip() != f"ready {n_devices}":
-                raise RuntimeError("the load generator did not come up")
+            gen = _start_load_generator(broker.url, n_devices)
             reg = {f"dev{i:04d}": f"type{i % 5}" for i in range(n_devices)}
-            cfg = ServerConfig(
-                broker_url=broker.url,
-                state_dir=Path(tmp) / "server",
-                initial_params=params,
-                model_config=model_cfg,
-                fleet="bench",
-                rounds=rounds,
-                devices=reg,
+            cfg = _bench_config(
+                broker.url,
+                tmp,
+                params,
+                model_cfg,
+                rounds,
+                reg,
+                wire_dtype,
                 round_timeout=900,
-                wire_dtype=wire_dtype,
                 uplink_codec=codec,
             )
             server = AggregationServer(cfg, make_strategy("selffl"), progress=lambda s: None)
@@ -450,6 +486,15 @@ def bench_rounds_loadgen(
     cpu["load generator"] = report["cpu_s"]
     floor = n_devices * (up_bytes / rate_up + down_bytes / rate_down)
     _print_loadgen(n_devices, server, report, cpu, wall, rounds, warmup, floor)
+    _print_floor(n_devices, (up_bytes, codec, rate_up), (down_bytes, wire_dtype, rate_down), floor)
+
+
+def _print_floor(
+    n_devices: int, up: tuple[int, str, float], down: tuple[int, str, float], floor: float
+) -> None:
+    """The transport floor and what it is made of: (bytes, format, broker rate) of the
+    uplink and of the downlink."""
+    (up_bytes, codec, rate_up), (down_bytes, wire_dtype, rate_down) = up, down
     print(
         f"  {n_devices:4d} devices: uplink {up_bytes / 1e6:.2f} MB ({codec}) at "
         f"{rate_up / 1e6:.0f} MB/s, downlink {down_bytes / 1e6:.2f} MB ({wire_dtype}) at "
@@ -494,7 +539,7 @@ def _print_loadgen(
     )
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--devices", type=int, nargs="*", default=[5, 50])
     p.add_argument("--agg", type=int, nargs="*", default=[20, 200])
@@ -526,14 +571,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--agg-child", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--numel", type=int, default=None, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    torch.set_num_threads(1)
-    if args.agg_child is not None:
-        _agg_child(args.agg_child, args.numel)
-        return 0
-    params, model_cfg = full_model_params()
-    d = params.numel()
-    print(f"full-size model: {d} parameters")
+    return p
+
+
+def _print_update_sizes(params: torch.Tensor) -> None:
+    """Bytes of one uplink in each wire dtype and each delta codec."""
     for dt in ("fp32", "fp16"):
         up = M.Uplink(
             "f", "r", "dev", "t", 1, params, 100, {**_RECORD, "local_steps": 10.0}, 0.95, 1.0
@@ -543,6 +585,44 @@ def main(argv: list[str] | None = None) -> int:
     for codec in ("fp16-delta", "int8-delta"):
         nbytes = _packed_up_bytes(params, codec)
         print(f"bytes per update {codec}: {nbytes} = {nbytes / fp32_bytes:.3f}x fp32")
+
+
+def _bench_aggregation(counts: list[int], numel: int) -> None:
+    """Server aggregation of each count of updates, each in a fresh child process."""
+    print("server aggregation from the disk-backed store (Self-FL, client-level):")
+    for n in counts:
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "wakefl.tools.bench_federation",
+                "--agg-child",
+                str(n),
+                "--numel",
+                str(numel),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        print(
+            f"  {n:4d} updates: {r['seconds']:.2f} s, {r['updates_per_s']:.1f} updates/s, "
+            f"{r['GB_per_s']:.2f} GB/s read, RSS {r['rss_mb_before']:.0f} MB before, "
+            f"peak {r['peak_rss_mb_after']:.0f} MB during aggregation"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    torch.set_num_threads(1)
+    if args.agg_child is not None:
+        _agg_child(args.agg_child, args.numel)
+        return 0
+    params, model_cfg = full_model_params()
+    d = params.numel()
+    print(f"full-size model: {d} parameters")
+    _print_update_sizes(params)
     print(
         f"per-round orchestration overhead ({args.wire_dtype} on the wire, no-op training; devices are separate processes "
         "publishing uplinks encoded before the run, so the figure is server + broker):"
@@ -555,28 +635,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         else:
             bench_rounds(n, args.rounds, params, model_cfg, args.wire_dtype, args.warmup)
-    print("server aggregation from the disk-backed store (Self-FL, client-level):")
-    for n in args.agg:
-        out = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "wakefl.tools.bench_federation",
-                "--agg-child",
-                str(n),
-                "--numel",
-                str(d),
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        r = json.loads(out.stdout.strip().splitlines()[-1])
-        print(
-            f"  {n:4d} updates: {r['seconds']:.2f} s, {r['updates_per_s']:.1f} updates/s, "
-            f"{r['GB_per_s']:.2f} GB/s read, RSS {r['rss_mb_before']:.0f} MB before, "
-            f"peak {r['peak_rss_mb_after']:.0f} MB during aggregation"
-        )
+    _bench_aggregation(args.agg, d)
     return 0
 
 

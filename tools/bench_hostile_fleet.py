@@ -147,15 +147,11 @@ def _frame(body: bytes) -> bytes:
     return M.MAGIC + hashlib.sha256(body).digest() + body
 
 
-def hostile_kinds(
-    run_id: str, current_round: Callable[[], int], d: int
-) -> dict[str, tuple[str, Callable[[int], bytes]]]:
-    """Kind -> (topic, payload maker by index). The payloads mirror the probe's kinds;
-    `current_round` is the round open now (the latest downlink's), so that the checks after
-    decoding (type, sampling) are what refuses them rather than the round id: `not_sampled`
-    is refused as such while its round is still open when the server reads it."""
-    up_evil = topics.uplink(FLEET, "evil")
-    zeros = torch.zeros(d)
+def _uplink_maker(
+    run_id: str, current_round: Callable[[], int], zeros: torch.Tensor
+) -> Callable[..., bytes]:
+    """up(i, **fields): a well-formed uplink from "evil" for the round open now, with
+    `fields` overriding its defaults."""
 
     def up(i: int, **kw) -> bytes:
         fields = dict(
@@ -170,6 +166,15 @@ def hostile_kinds(
         )
         fields.update(kw)
         return M.encode(M.Uplink(**fields))
+
+    return up
+
+
+def _raw_uplink_maker(
+    run_id: str, current_round: Callable[[], int], zeros: torch.Tensor
+) -> Callable[[str], Callable[[int], bytes]]:
+    """raw(extra): a payload maker whose uplink header carries the JSON text `extra`
+    verbatim (what encode would never write)."""
 
     def raw(extra: str) -> Callable[[int], bytes]:
         def make(i: int) -> bytes:
@@ -195,6 +200,15 @@ def hostile_kinds(
 
         return make
 
+    return raw
+
+
+def _corrupted_uplinks(
+    up: Callable[..., bytes],
+) -> tuple[Callable[[int], bytes], Callable[[int], bytes]]:
+    """(nan_frame, bad_hash): an uplink whose last entry is NaN behind a valid frame, and
+    one with a flipped bit under its checksum."""
+
     def nan_frame(i: int) -> bytes:
         body = bytearray(up(i)[36:])
         body[-4:] = torch.tensor([float("nan")]).numpy().tobytes()
@@ -205,6 +219,22 @@ def hostile_kinds(
         b[-1] ^= 1
         return bytes(b)
 
+    return nan_frame, bad_hash
+
+
+def hostile_kinds(
+    run_id: str, current_round: Callable[[], int], d: int
+) -> dict[str, tuple[str, Callable[[int], bytes]]]:
+    """Kind -> (topic, payload maker by index). The payloads mirror the probe's kinds;
+    `current_round` is the round open now (the latest downlink's), so that the checks after
+    decoding (type, sampling) are what refuses them rather than the round id: `not_sampled`
+    is refused as such while its round is still open when the server reads it."""
+    up_evil = topics.uplink(FLEET, "evil")
+    zeros = torch.zeros(d)
+
+    up = _uplink_maker(run_id, current_round, zeros)
+    raw = _raw_uplink_maker(run_id, current_round, zeros)
+    nan_frame, bad_hash = _corrupted_uplinks(up)
     nested = '"num_samples":1,"scalars":' + "[" * 20000 + "]" * 20000
     return {
         "garbage": (up_evil, lambda i: os.urandom(64)),
@@ -277,25 +307,17 @@ class _PeakRss:
         self._thread.join(5)
 
 
-def run_once(
-    workdir: Path, n_devices: int, width: float, flood: int, rounds: int, deadline: float
-) -> dict:
-    """One server run; with `flood` > 0 the flood runs from round 1 until it is sent and
-    counted, and the run then ends after the next round; otherwise after `rounds` rounds."""
-    workdir.mkdir(parents=True)
-    broker = ManagedBroker(workdir / "broker").start()
-    state = workdir / "server"
-    honest = {f"d{i}": "t0" for i in range(n_devices)}
-    registry = ",".join(f"{d}:{t}" for d, t in {**honest, "evil": "t0"}.items())
-    log_path = workdir / "server.log"
-    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    cmd = [
+def _server_command(
+    broker_url: str, state: Path, registry: str, n_devices: int, width: float
+) -> list[str]:
+    """`wakefl server` for the fleet: a quorum of every honest device, rounds until stopped."""
+    return [
         sys.executable,
         "-m",
         "wakefl.tools.cli",
         "server",
         "--broker",
-        broker.url,
+        broker_url,
         "--state",
         str(state),
         "--fleet",
@@ -312,6 +334,41 @@ def run_once(
         str(width),
         "-v",
     ]
+
+
+def _run_figures(log_path: Path, devices: list[HonestDevice], target: int, peak_kb: int) -> dict:
+    """What the server's log and the honest devices show after a run."""
+    text = log_path.read_text(errors="replace")
+    times = [
+        float(line.split(" updates in ")[1].split(" s")[0])
+        for line in text.splitlines()
+        if "closed by" in line and " updates in " in line
+    ]
+    return dict(
+        tracebacks=text.count("Traceback (most recent call last)"),
+        # updates of rounds up to `target` (the run stops while round target+1 is open)
+        honest_sent=sum(sum(1 for r in dv.sent if r <= target) for dv in devices),
+        honest_accepted=sum(sum(1 for r in dv.accepted if r <= target) for dv in devices),
+        honest_refused=sum(len(dv.refused) for dv in devices),
+        round_times=times,
+        peak_rss_mb=peak_kb / 1024,
+        log=str(log_path),
+    )
+
+
+def run_once(
+    workdir: Path, n_devices: int, width: float, flood: int, rounds: int, deadline: float
+) -> dict:
+    """One server run; with `flood` > 0 the flood runs from round 1 until it is sent and
+    counted, and the run then ends after the next round; otherwise after `rounds` rounds."""
+    workdir.mkdir(parents=True)
+    broker = ManagedBroker(workdir / "broker").start()
+    state = workdir / "server"
+    honest = {f"d{i}": "t0" for i in range(n_devices)}
+    registry = ",".join(f"{d}:{t}" for d, t in {**honest, "evil": "t0"}.items())
+    log_path = workdir / "server.log"
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    cmd = _server_command(broker.url, state, registry, n_devices, width)
     devices: list[HonestDevice] = []
     result: dict = {"sent": Counter(), "refused": {}, "reasons": {}}
     target = rounds
@@ -339,22 +396,7 @@ def run_once(
         for dv in devices:
             dv.close()
         broker.stop()
-    text = log_path.read_text(errors="replace")
-    times = [
-        float(line.split(" updates in ")[1].split(" s")[0])
-        for line in text.splitlines()
-        if "closed by" in line and " updates in " in line
-    ]
-    result.update(
-        tracebacks=text.count("Traceback (most recent call last)"),
-        # updates of rounds up to `target` (the run stops while round target+1 is open)
-        honest_sent=sum(sum(1 for r in dv.sent if r <= target) for dv in devices),
-        honest_accepted=sum(sum(1 for r in dv.accepted if r <= target) for dv in devices),
-        honest_refused=sum(len(dv.refused) for dv in devices),
-        round_times=times,
-        peak_rss_mb=rss.peak_kb / 1024,
-        log=str(log_path),
-    )
+    result.update(_run_figures(log_path, devices, target, rss.peak_kb))
     return result
 
 
