@@ -537,6 +537,24 @@ def _stream_posteriors(
 # --------------------------------------------------------------------------------------
 
 
+def _saturation_note(note: str, sat_b: bool, sat_c: bool, ceiling: float) -> str:
+    """`note`, with a warning appended when the baseline's or the candidate's FA/hour is
+    saturated (within 20% of its ceiling)."""
+    if not (sat_b or sat_c):
+        return note
+    who = " and ".join(w for w, s in (("baseline", sat_b), ("candidate", sat_c)) if s)
+    return "; ".join(
+        n
+        for n in (
+            note,
+            f"FA/hour of the {who} saturated: within 20% of its ceiling "
+            f"of {ceiling:.0f}/h (one event per refractory period), the "
+            "real rate of false triggers may be higher",
+        )
+        if n
+    )
+
+
 def _stream_figures(
     cell: _Cell,
     state: str,
@@ -582,18 +600,7 @@ def _stream_figures(
     fph_b, fph_c = false_accepts_per_hour(times_b, hours), false_accepts_per_hour(times_c, hours)
     rel, note = safe_ratio(fph_c, fph_b, "FA/hour")
     sat_b, sat_c = is_saturated(fph_b, ceiling), is_saturated(fph_c, ceiling)
-    if sat_b or sat_c:
-        who = " and ".join(w for w, s in (("baseline", sat_b), ("candidate", sat_c)) if s)
-        note = "; ".join(
-            n
-            for n in (
-                note,
-                f"FA/hour of the {who} saturated: within 20% of its ceiling "
-                f"of {ceiling:.0f}/h (one event per refractory period), the "
-                "real rate of false triggers may be higher",
-            )
-            if n
-        )
+    note = _saturation_note(note, sat_b, sat_c, ceiling)
     return {
         **out,
         "fa_per_hour": fph_c,
@@ -712,14 +719,7 @@ def run_evaluation(
         else:
             skipped.append(cell.name)
     post = _stream_posteriors(cells, models, streams, manifest_dir, st)
-    first = next(iter(post.values()), None)
-    ceiling = (
-        fa_per_hour_ceiling(
-            first.hop_samples / first.sample_rate, first.refractory_samples / first.sample_rate
-        )
-        if first
-        else None
-    )
+    ceiling = _events_ceiling(post)
     rows = [
         _row(c, state, clips, _stream_figures(c, state, streams, post, ceiling), st, models)
         for c in cells
@@ -733,21 +733,46 @@ def run_evaluation(
         models=dict(models.paths),
         settings=st,
         manifest=str(manifest_path),
-        summary={
-            "n_clips": len(clip_rows),
-            "n_streams": len(streams),
-            "stream_hours": sum(r.duration_s for r in streams) / 3600.0,
-            "device_types": devices,
-            "baseline_thresholds": shipped,
-            "paired": dict(models.paired),
-            "pooled_rows_skipped": (
-                {
-                    "candidates": skipped,
-                    "why": "the device types ship different thresholds, so the "
-                    "pooled set has no single operating point",
-                }
-                if skipped
-                else None
-            ),
-        },
+        summary=_summary(clip_rows, streams, devices, shipped, models, skipped),
     )
+
+
+def _events_ceiling(post: dict[tuple[str, str], StreamPosteriors]) -> float | None:
+    """The FA/hour ceiling of the streaming detector (None without streams)."""
+    first = next(iter(post.values()), None)
+    return (
+        fa_per_hour_ceiling(
+            first.hop_samples / first.sample_rate, first.refractory_samples / first.sample_rate
+        )
+        if first
+        else None
+    )
+
+
+def _summary(
+    clip_rows: list[ManifestRow],
+    streams: list[ManifestRow],
+    devices: list[str],
+    shipped: dict[str, float] | None,
+    models: _Models,
+    skipped: list[str],
+) -> dict[str, Any]:
+    """What was evaluated: clip and stream counts, device types, shipped thresholds, the
+    paired models and the pooled rows left out."""
+    return {
+        "n_clips": len(clip_rows),
+        "n_streams": len(streams),
+        "stream_hours": sum(r.duration_s for r in streams) / 3600.0,
+        "device_types": devices,
+        "baseline_thresholds": shipped,
+        "paired": dict(models.paired),
+        "pooled_rows_skipped": (
+            {
+                "candidates": skipped,
+                "why": "the device types ship different thresholds, so the "
+                "pooled set has no single operating point",
+            }
+            if skipped
+            else None
+        ),
+    }

@@ -465,9 +465,7 @@ class PaperStudy:
         import torch
 
         from wakefl.models.kws_cnn import KwsCnn, get_flat_params, head_slice, load_model
-        from wakefl.sdk.dataset import WakeWordDataset
         from wakefl.sdk.manifest import read_manifest
-        from wakefl.tools.evaluation import bootstrap_units
         from wakefl.tools.warm_start import resolve_baseline
 
         self.prof, self.seed, self.progress, self.log = prof, seed, progress, log
@@ -496,8 +494,17 @@ class PaperStudy:
         self.model = KwsCnn(self.cfg)  # one shared model: every oracle loads its params
         self.head = head_slice(self.model)
         self.scorer = Scorer(self.model, prof.eval_batch_size)
-        ws = self.cfg.window_samples
+        self._load_clips(manifest, seed)
 
+    def _load_clips(self, manifest: Path, seed: int) -> None:
+        """Each device type's training set, and its validation and test clips stacked and
+        scored by the warm start."""
+        import torch
+
+        from wakefl.sdk.dataset import WakeWordDataset
+        from wakefl.tools.evaluation import bootstrap_units
+
+        ws = self.cfg.window_samples
         self.train: dict[str, Any] = {}
         self.evalsets: dict[str, dict[str, EvalSet]] = {"val": {}, "test": {}}
         for dt in self.device_types:
@@ -561,7 +568,7 @@ class PaperStudy:
         from tqdm import tqdm
 
         from wakefl.sdk.selffl.registry import make_strategy
-        from wakefl.sdk.selffl.simulation import client_generator, run_simulation
+        from wakefl.sdk.selffl.simulation import run_simulation
 
         hp = method_hyperparams(method, lr, self.prof, self.head)
         if cluster:
@@ -590,8 +597,24 @@ class PaperStudy:
             )
         finally:
             bar.close()
-        ids = sorted(problems)
-        personal = {
+        return MethodRun(
+            method=method,
+            lr=lr,
+            global_params=strategy.global_params(sim.server),
+            personal=self._personalized(strategy, sim, problems, rounds),
+            records=sim.records,
+            participation=dict(sim.participation),
+            seconds=time.perf_counter() - start,
+        )
+
+    def _personalized(
+        self, strategy: Any, sim: Any, problems: dict[str, Any], rounds: int
+    ) -> dict[str, Any]:
+        """Client id -> its personalized flat parameters after the run (each client's
+        generator seeded for round `rounds` + 1)."""
+        from wakefl.sdk.selffl.simulation import client_generator
+
+        return {
             cid: strategy.personalized_params(
                 sim.server,
                 sim.clients[cid],
@@ -601,17 +624,8 @@ class PaperStudy:
             )
             .detach()
             .clone()
-            for i, cid in enumerate(ids)
+            for i, cid in enumerate(sorted(problems))
         }
-        return MethodRun(
-            method=method,
-            lr=lr,
-            global_params=strategy.global_params(sim.server),
-            personal=personal,
-            records=sim.records,
-            participation=dict(sim.participation),
-            seconds=time.perf_counter() - start,
-        )
 
     # ---- evaluation -----------------------------------------------------------------
     def candidate_scores(
@@ -836,6 +850,14 @@ def run_paper_study(
         "comparisons": comparisons,
         "gate": tables.gate,
     }
+    _describe_ablations(config, selffl_ablations)
+    config["seconds_total"] = round(time.perf_counter() - t0, 1)
+    write_report(result, out, tables.det)
+    return result
+
+
+def _describe_ablations(config: dict[str, Any], selffl_ablations: Sequence[str]) -> None:
+    """Record the ablations' rules in the config and label their Self-FL rows."""
     config["selffl_ablations"] = {a: SELFFL_ABLATIONS[a] for a in selffl_ablations}
     config["method_labels"].update(
         {
@@ -844,9 +866,6 @@ def run_paper_study(
             for m in ("selffl", "selffl-client")
         }
     )
-    config["seconds_total"] = round(time.perf_counter() - t0, 1)
-    write_report(result, out, tables.det)
-    return result
 
 
 def _check_study_methods(methods: Sequence[str], sampling_rates: Sequence[float]) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -159,22 +159,14 @@ def tuning_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def shape_findings(result: dict[str, Any]) -> list[str]:
-    """Plain statements comparing this run's shape with the paper's claims; they are
-    computed from the rows, so they say the opposite when the results do."""
-    cfg = result["config"]
-    idx = _index(result["rows"])
-    dts = cfg["device_types"]
+def _selffl_shape(
+    idx: dict, cfg: dict[str, Any], vals: Callable[[str, str], dict[str, float | None]]
+) -> tuple[list[str], list[str]]:
+    """Findings on Self-FL's global and personalized models against the baseline and the
+    other methods, and where they differ from the paper's."""
     s = "full-participation"
+    dts = cfg["device_types"]
     out: list[str] = []
-
-    def vals(method: str, model: str) -> dict[str, float | None]:
-        return {
-            dt: idx[(s, method, model, dt, ALL)]["relative_fa"]
-            for dt in dts
-            if (s, method, model, dt, ALL) in idx
-        }
-
     mismatch: list[str] = []
     for method, label in (("selffl", "Alg. 1"), ("selffl-alg2", "Alg. 2")):
         for model in ("global", "personalized"):
@@ -207,6 +199,17 @@ def shape_findings(result: dict[str, Any]) -> list[str]:
                     f"Self-FL ({label})'s {model} model does not improve on the "
                     f"baseline on {len(sf) - len(below)} device types"
                 )
+    return out, mismatch
+
+
+def _weighting_shape(
+    cfg: dict[str, Any], vals: Callable[[str, str], dict[str, float | None]]
+) -> tuple[list[str], list[str]]:
+    """The finding on sample-size weighting (FedAvg-w against FedAvg-e), and where it
+    differs from the paper's."""
+    dts = cfg["device_types"]
+    out: list[str] = []
+    mismatch: list[str] = []
     fw, fe = vals("fedavg-w", "global"), vals("fedavg-e", "global")
     if fw and fe:
         worse = [
@@ -227,6 +230,28 @@ def shape_findings(result: dict[str, Any]) -> list[str]:
                 "sample-size weighting does not blow up the FA as in the paper "
                 f"(training clips per device type here: {sizes})"
             )
+    return out, mismatch
+
+
+def shape_findings(result: dict[str, Any]) -> list[str]:
+    """Plain statements comparing this run's shape with the paper's claims; they are
+    computed from the rows, so they say the opposite when the results do."""
+    cfg = result["config"]
+    idx = _index(result["rows"])
+    dts = cfg["device_types"]
+    s = "full-participation"
+
+    def vals(method: str, model: str) -> dict[str, float | None]:
+        return {
+            dt: idx[(s, method, model, dt, ALL)]["relative_fa"]
+            for dt in dts
+            if (s, method, model, dt, ALL) in idx
+        }
+
+    out, mismatch = _selffl_shape(idx, cfg, vals)
+    weighting, weighting_mismatch = _weighting_shape(cfg, vals)
+    out += weighting
+    mismatch += weighting_mismatch
     if mismatch:
         out.append("Where the shape differs from the paper's: " + "; ".join(mismatch) + ".")
     elif out:
@@ -673,8 +698,18 @@ def _md_preamble(result: dict[str, Any]) -> list[str]:
 
 def _md_tables(result: dict[str, Any]) -> list[str]:
     """Tables 2a/2b, the device states, Tables 5/6, tuning and the comparisons."""
+    return (
+        _md_full_participation(result)
+        + _md_sampling(result)
+        + _md_tuning(result)
+        + _md_gate(result)
+        + _md_comparisons(result)
+    )
+
+
+def _md_full_participation(result: dict[str, Any]) -> list[str]:
+    """Tables 2a/2b and the global model per device state."""
     cfg = result["config"]
-    ev = cfg["evaluation"]
     full = "full-participation"
     md = [
         "## Table 2a: updated global model, full participation (5 clients, all active)",
@@ -701,19 +736,32 @@ def _md_tables(result: dict[str, Any]) -> list[str]:
             method_table(result, full, "global", state=state),
             "",
         ]
-    if cfg["activity_rates"]:
-        md += [
-            f"## Table 5: client sampling, updated global model ({4 * len(cfg['device_types'])} "
-            "clients, 4 per device type; cluster-level = clusters by device type)",
-            "",
-            sampling_table(result, "global"),
-            "",
-            f"## Table 6: client sampling, personalized models ({ev['personalized_sampling']})",
-            "",
-            sampling_table(result, "personalized"),
-            "",
-        ]
-    md += [
+    return md
+
+
+def _md_sampling(result: dict[str, Any]) -> list[str]:
+    """Tables 5 and 6 (client sampling), when the run has activity rates."""
+    cfg = result["config"]
+    if not cfg["activity_rates"]:
+        return []
+    ev = cfg["evaluation"]
+    return [
+        f"## Table 5: client sampling, updated global model ({4 * len(cfg['device_types'])} "
+        "clients, 4 per device type; cluster-level = clusters by device type)",
+        "",
+        sampling_table(result, "global"),
+        "",
+        f"## Table 6: client sampling, personalized models ({ev['personalized_sampling']})",
+        "",
+        sampling_table(result, "personalized"),
+        "",
+    ]
+
+
+def _md_tuning(result: dict[str, Any]) -> list[str]:
+    """The learning-rate grid and what each method selected."""
+    cfg = result["config"]
+    return [
         "## Tuning (the same grid for every method)",
         "",
         f"Grid: learning rate in {cfg['tuning']['grid']['lr']}; selection: "
@@ -723,35 +771,45 @@ def _md_tables(result: dict[str, Any]) -> list[str]:
         tuning_table(result),
         "",
     ]
-    if result.get("gate"):
-        md += [
-            "## Served models with the gate on (all states)",
-            "",
-            "Each Self-FL client serves what the served-model gate decides on its device "
-            "type's validation speakers: its personalized model or the global model when "
-            "that is not worse than the warm start beyond the noise and no worse in the point "
-            "figures, else the warm start (docs/SELF_FL.md). Counts of clients whose served "
-            "(personalized) model's relative FA on the test speakers has a 95% CI wholly "
-            "above 1.",
-            "",
-            gate_table(result),
-            "",
-        ]
-    if result.get("comparisons"):
-        md += [
-            "## Self-FL against the warm start and against the best other method "
-            "(full participation, all states)",
-            "",
-            "`vs baseline`: the relative FA's 95% CI lies wholly below 1 (better), wholly "
-            "above (worse), or includes 1 (not resolved). `FA ratio to it`: Self-FL's FA "
-            "over the best other method's FA at the same matched FR, with a paired bootstrap "
-            f"over the same resampling units ({ev['n_boot']} replicates); the best other "
-            "method is picked on the test set, which favours it.",
-            "",
-            comparison_table(result),
-            "",
-        ]
-    return md
+
+
+def _md_gate(result: dict[str, Any]) -> list[str]:
+    """The served models with the gate on, when the run has them."""
+    if not result.get("gate"):
+        return []
+    return [
+        "## Served models with the gate on (all states)",
+        "",
+        "Each Self-FL client serves what the served-model gate decides on its device "
+        "type's validation speakers: its personalized model or the global model when "
+        "that is not worse than the warm start beyond the noise and no worse in the point "
+        "figures, else the warm start (docs/SELF_FL.md). Counts of clients whose served "
+        "(personalized) model's relative FA on the test speakers has a 95% CI wholly "
+        "above 1.",
+        "",
+        gate_table(result),
+        "",
+    ]
+
+
+def _md_comparisons(result: dict[str, Any]) -> list[str]:
+    """Self-FL against the warm start and the best other method, when the run has them."""
+    if not result.get("comparisons"):
+        return []
+    ev = result["config"]["evaluation"]
+    return [
+        "## Self-FL against the warm start and against the best other method "
+        "(full participation, all states)",
+        "",
+        "`vs baseline`: the relative FA's 95% CI lies wholly below 1 (better), wholly "
+        "above (worse), or includes 1 (not resolved). `FA ratio to it`: Self-FL's FA "
+        "over the best other method's FA at the same matched FR, with a paired bootstrap "
+        f"over the same resampling units ({ev['n_boot']} replicates); the best other "
+        "method is picked on the test set, which favours it.",
+        "",
+        comparison_table(result),
+        "",
+    ]
 
 
 # ---- plots ------------------------------------------------------------------------------

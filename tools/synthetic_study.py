@@ -172,6 +172,35 @@ def _result_row(
     }
 
 
+def _study_config(
+    num_clients: int,
+    rates: tuple[float, ...],
+    reps: int,
+    rounds: int,
+    seed: int,
+    selffl_overrides: dict[str, object] | None,
+    names: list[str],
+) -> dict[str, object]:
+    """The study's settings and step-size grid, as the document records them."""
+    return {
+        "num_clients": num_clients,
+        "theta0": THETA0,
+        "sample_var": SAMPLE_VAR,
+        "cases": {k: {"sigma0_sq": v[0], "n_min": v[1], "n_max": v[2]} for k, v in CASES.items()},
+        "activity_rates": list(rates),
+        "repetitions": reps,
+        "rounds": rounds,
+        "seed": seed,
+        "selffl_overrides": dict(selffl_overrides or {}),
+        "step_grid": {
+            "factors_of_min_sigma_m_sq": list(STEP_FACTORS),
+            "step_params": {n: list(STEP_PARAMS.get(n, ("lr",))) for n in names},
+            "fixed": {k: v for k, v in FIXED_PARAMS.items() if k in names},
+            "criterion": "lowest local MAE on a separate tuning fleet at C=1",
+        },
+    }
+
+
 def run_study(
     reps: int = 3,
     seed: int = 0,
@@ -223,25 +252,7 @@ def run_study(
             seconds[name] += time.perf_counter() - started
     bar.close()
     return {
-        "config": {
-            "num_clients": num_clients,
-            "theta0": THETA0,
-            "sample_var": SAMPLE_VAR,
-            "cases": {
-                k: {"sigma0_sq": v[0], "n_min": v[1], "n_max": v[2]} for k, v in CASES.items()
-            },
-            "activity_rates": list(rates),
-            "repetitions": reps,
-            "rounds": rounds,
-            "seed": seed,
-            "selffl_overrides": dict(selffl_overrides or {}),
-            "step_grid": {
-                "factors_of_min_sigma_m_sq": list(STEP_FACTORS),
-                "step_params": {n: list(STEP_PARAMS.get(n, ("lr",))) for n in names},
-                "fixed": {k: v for k, v in FIXED_PARAMS.items() if k in names},
-                "criterion": "lowest local MAE on a separate tuning fleet at C=1",
-            },
-        },
+        "config": _study_config(num_clients, rates, reps, rounds, seed, selffl_overrides, names),
         "methods": names,
         "tuned_step_factor": tuned,
         "results": rows,
