@@ -496,6 +496,35 @@ def _validate_and_record(
     return metrics
 
 
+def _new_run(out: Path, s: PretrainSettings, resume: bool) -> tuple[Any, Any]:
+    """The seeded model and its AdamW optimizer, for a new run in `out` (refused when `out`
+    holds one and `resume` is off) or one to resume."""
+    import torch
+
+    from wakefl.models.kws_cnn import KwsCnn, ModelConfig
+
+    torch.set_num_threads(max(1, s.threads))
+    out.mkdir(parents=True, exist_ok=True)
+    if not resume and (out / STATE_INFO).exists():
+        raise ConfigError(
+            f"{out} already holds a pretraining run; pass --resume to continue it "
+            "or choose a new --out"
+        )
+    torch.manual_seed(s.seed)
+    model = KwsCnn(ModelConfig(width=s.width)).to(s.device)
+    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
+    return model, opt
+
+
+def _out_of_time(
+    t0: float, max_minutes: float | None, steps_done: int, max_steps: int | None
+) -> bool:
+    """Whether this call has run `max_minutes` since `t0` or taken `max_steps` steps."""
+    return (max_minutes is not None and time.monotonic() - t0 > max_minutes * 60) or (
+        max_steps is not None and steps_done >= max_steps
+    )
+
+
 def pretrain(
     manifest: Path,
     out: Path,
@@ -512,19 +541,9 @@ def pretrain(
     import torch
     from tqdm import tqdm
 
-    from wakefl.models.kws_cnn import KwsCnn, ModelConfig
     from wakefl.sdk.atomic_files import write_atomic
 
-    torch.set_num_threads(max(1, s.threads))
-    out.mkdir(parents=True, exist_ok=True)
-    if not resume and (out / STATE_INFO).exists():
-        raise ConfigError(
-            f"{out} already holds a pretraining run; pass --resume to continue it "
-            "or choose a new --out"
-        )
-    torch.manual_seed(s.seed)
-    model = KwsCnn(ModelConfig(width=s.width)).to(s.device)
-    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
+    model, opt = _new_run(out, s, resume)
     info = _start_info(out, s, manifest, model, opt, resume, init_from)
     data = load_pretrain_data(
         manifest, model.cfg.window_samples, s.val_stream_seconds, progress, s.seed
@@ -550,9 +569,7 @@ def pretrain(
         info["seconds"] = seconds0 + time.monotonic() - t0
         bar.update(1)
         done = step + 1 >= s.total_steps
-        out_of_time = (max_minutes is not None and time.monotonic() - t0 > max_minutes * 60) or (
-            max_steps is not None and step + 1 - start_step >= max_steps
-        )
+        out_of_time = _out_of_time(t0, max_minutes, step + 1 - start_step, max_steps)
         if (step + 1) % s.eval_every_steps == 0 or done or out_of_time:
             metrics = _validate_and_record(out, model, data, s, info, step, running)
             bar.set_postfix(

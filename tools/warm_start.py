@@ -10,6 +10,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from wakefl.cache_location import cache_root
 
@@ -44,6 +45,27 @@ def baseline_key(
     return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:20]
 
 
+def _pooled_train_clips(manifest: Path, window_samples: int, seed: int) -> tuple[list[str], Any]:
+    """The device types with training clips, and their augmented train splits pooled."""
+    from torch.utils.data import ConcatDataset
+
+    from wakefl.sdk.dataset import WakeWordDataset
+    from wakefl.sdk.manifest import read_manifest
+
+    device_types = sorted(
+        {r.device_type for r in read_manifest(manifest) if r.kind == "clip" and r.split == "train"}
+    )
+    pooled = ConcatDataset(
+        [
+            WakeWordDataset(
+                manifest, dt, "train", window_samples=window_samples, augment=True, seed=seed
+            )
+            for dt in device_types
+        ]
+    )
+    return device_types, pooled
+
+
 def train_or_load_baseline(
     manifest: Path | str,
     width: float,
@@ -58,12 +80,9 @@ def train_or_load_baseline(
     the pooled train split of every device type in `manifest` unless a checkpoint with the
     same recipe is already cached."""
     import torch
-    from torch.utils.data import ConcatDataset
 
     from wakefl.models.kws_cnn import KwsCnn, ModelConfig, save_model
-    from wakefl.sdk.dataset import WakeWordDataset
     from wakefl.sdk.local_training import train_supervised
-    from wakefl.sdk.manifest import read_manifest
 
     manifest = Path(manifest).resolve()
     epochs = 8 if epochs is None else epochs
@@ -76,17 +95,7 @@ def train_or_load_baseline(
         return out
 
     cfg = ModelConfig(width=width)
-    device_types = sorted(
-        {r.device_type for r in read_manifest(manifest) if r.kind == "clip" and r.split == "train"}
-    )
-    pooled = ConcatDataset(
-        [
-            WakeWordDataset(
-                manifest, dt, "train", window_samples=cfg.window_samples, augment=True, seed=seed
-            )
-            for dt in device_types
-        ]
-    )
+    device_types, pooled = _pooled_train_clips(manifest, cfg.window_samples, seed)
     torch.manual_seed(seed)
     model = KwsCnn(cfg)
     if progress:
