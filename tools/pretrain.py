@@ -658,5 +658,6 @@ def publish(
     meta["shipped_threshold"] = card["threshold"]
     write_atomic(out.with_suffix(".json"), (json.dumps(meta, indent=2) + "\n").encode())
     write_atomic(out.with_suffix(".card.json"), (json.dumps(card, indent=1) + "\n").encode())
+    tmp.chmod(0o644)  # shipped with the package: readable by every user
     tmp.replace(out)
     return out
