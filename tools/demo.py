@@ -146,31 +146,7 @@ def run_federation(
             served[t] = run_dir / "models" / f"served-{t}.safetensors"
             served[t].parent.mkdir(parents=True, exist_ok=True)
             procs.append(
-                _Proc(
-                    dev,
-                    [
-                        "device",
-                        "--id",
-                        dev,
-                        "--type",
-                        t,
-                        "--data",
-                        str(manifest),
-                        "--broker",
-                        url,
-                        "--state",
-                        str(run_dir / "devices" / dev),
-                        "--seed",
-                        str(st.seed),
-                        "--target-fr",
-                        str(st.target_fr),
-                        "--export",
-                        str(served[t]),
-                        "--idle-timeout",
-                        str(st.round_timeout + 120),
-                    ],
-                    logs,
-                )
+                _Proc(dev, _device_args(st, url, run_dir, manifest, dev, t, served[t]), logs)
             )
         _wait_for_run(st, procs, logs)
     finally:
@@ -183,6 +159,33 @@ def run_federation(
     if missing:
         raise WakeflError(f"no served model was exported for device type(s) {missing}")
     return served
+
+
+def _device_args(
+    st: DemoSettings, url: str, run_dir: Path, manifest: Path, dev: str, t: str, served: Path
+) -> list[str]:
+    """`wakefl device` for device `dev` of type `t`, exporting its served model to `served`."""
+    return [
+        "device",
+        "--id",
+        dev,
+        "--type",
+        t,
+        "--data",
+        str(manifest),
+        "--broker",
+        url,
+        "--state",
+        str(run_dir / "devices" / dev),
+        "--seed",
+        str(st.seed),
+        "--target-fr",
+        str(st.target_fr),
+        "--export",
+        str(served),
+        "--idle-timeout",
+        str(st.round_timeout + 120),
+    ]
 
 
 def _server_args(

@@ -82,7 +82,7 @@ def serve_detections(onnx_path: Path, manifest: Path, device_type: str) -> None:
         print("  no detection (a small model after few rounds)")
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", required=True, help="corpus manifest.csv")
     ap.add_argument("--type", default="A", help="this device's type")
@@ -93,7 +93,26 @@ def main() -> None:
     ap.add_argument("--state", default=None, help="state folder (default: a temporary one)")
     ap.add_argument("--width", type=float, default=0.25, help="model width of the demo fleet")
     ap.add_argument("--rounds", type=int, default=2, help="rounds of the demo fleet")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def print_rounds(summary) -> None:
+    """What the device's rounds gave: updates accepted, and the relative FA/FR of each
+    round's personalized model on the local validation clips."""
+    print(
+        f"took part in {summary.rounds_trained} round(s); "
+        f"{summary.updates_accepted} update(s) accepted by the server"
+    )
+    for o in summary.outcomes:
+        if o.relative_fa is not None:
+            print(
+                f"  round {o.round_id}: relative FA {o.relative_fa:.3f} at relative "
+                f"FR {o.relative_fr:.3f} against the baseline (local validation clips)"
+            )
+
+
+def main() -> None:
+    args = parse_args()
     torch.set_num_threads(1)
 
     work = Path(tempfile.mkdtemp(prefix="wakefl-device-app-"))
@@ -123,16 +142,7 @@ def main() -> None:
             progress=lambda line: print(f"  [device] {line}"),
         ) as device:
             summary = device.run()
-            print(
-                f"took part in {summary.rounds_trained} round(s); "
-                f"{summary.updates_accepted} update(s) accepted by the server"
-            )
-            for o in summary.outcomes:
-                if o.relative_fa is not None:
-                    print(
-                        f"  round {o.round_id}: relative FA {o.relative_fa:.3f} at relative "
-                        f"FR {o.relative_fr:.3f} against the baseline (local validation clips)"
-                    )
+            print_rounds(summary)
 
             # 3. Hand the served model to the edge runtime (ONNX: waveform in, score out):
             #    the served-model gate's choice among the model served so far, the new
