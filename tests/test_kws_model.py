@@ -176,3 +176,25 @@ def test_load_refuses_mismatch(tmp_path, tiny_kws_model):
     cpath.unlink()
     with pytest.raises(ConfigError, match="not found"):
         load_model(path)
+
+
+def test_widening_preserves_the_function_and_noise_breaks_the_symmetry(hey_nova_wav):
+    from wakefl.models.kws_cnn.widen import widen
+
+    torch.manual_seed(0)
+    narrow = KwsCnn(ModelConfig(width=0.25)).eval()
+    # Trained-looking GroupNorm affines, so the copy of every parameter kind is exercised.
+    with torch.no_grad():
+        for p in narrow.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    wave = torch.from_numpy(load_audio(hey_nova_wav))[: narrow.cfg.window_samples][None]
+    wave = torch.cat([wave, 0.05 * torch.randn_like(wave)])
+    wide = widen(narrow, 1.0).eval()
+    assert wide.cfg.width == 1.0 and wide.num_trainable_params() > 10 * 10**5
+    torch.testing.assert_close(wide(wave), narrow(wave), rtol=1e-4, atol=1e-4)
+    noisy = widen(narrow, 1.0, noise=0.02, generator=torch.Generator().manual_seed(1)).eval()
+    conv = next(m for m in noisy.features if isinstance(m, torch.nn.Conv2d))
+    # Copies of one narrow channel differ once noise is added (else they would train alike).
+    assert not torch.equal(conv.weight[0], conv.weight[1])
+    with pytest.raises(ConfigError, match="cannot widen"):
+        widen(wide, 0.25)

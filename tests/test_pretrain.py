@@ -180,3 +180,24 @@ def test_publish_writes_fp16_weights_config_and_card(corpus: Path, tmp_path: Pat
     )
     with pytest.raises(ConfigError):
         publish(tmp_path / "run", "medium", dest=tmp_path / "ship")
+
+
+def test_init_from_a_narrower_model_widens_it(corpus: Path, tmp_path: Path) -> None:
+    from wakefl.models.kws_cnn import KwsCnn, ModelConfig, save_model
+
+    torch.manual_seed(0)
+    narrow = tmp_path / "narrow.safetensors"
+    save_model(KwsCnn(ModelConfig(width=0.25)), narrow)
+    wide = PretrainSettings(**{**SETTINGS.__dict__, "width": 1.0})
+    info = pretrain(corpus, tmp_path / "w", wide, init_from=narrow, progress=False, max_steps=1)
+    assert info["init_from"] == str(narrow) and info["step"] == 1
+    # The other way round would throw trained channels away: refused.
+    save_model(KwsCnn(ModelConfig(width=1.0)), tmp_path / "wide.safetensors")
+    with pytest.raises(ConfigError, match="wider"):
+        pretrain(
+            corpus,
+            tmp_path / "n",
+            SETTINGS,
+            init_from=tmp_path / "wide.safetensors",
+            progress=False,
+        )

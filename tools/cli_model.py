@@ -87,7 +87,10 @@ def _add_pretrain_run_options(pre: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         metavar="WEIGHTS",
-        help="start from these weights (e.g. a shipped model) instead of random",
+        help=(
+            "start from these weights (e.g. a shipped model) instead of random; a narrower "
+            "model is widened to --width first, computing the same function"
+        ),
     )
     pre.add_argument(
         "--samples",

@@ -35,6 +35,9 @@ STATE_INFO = "state.json"
 BEST = "best.safetensors"
 BEST_CARD = "best.card.json"
 HISTORY = "history.jsonl"
+# Relative spread of the noise that lets the copies made by widening a narrower --init-from
+# model diverge: small enough to keep its accuracy, large enough to break the symmetry.
+WIDEN_NOISE = 0.02
 # The shipped detector's settings: the streaming detector's defaults.
 HOP_S, SMOOTHING, REFRACTORY_S = 0.1, 3, 1.0
 
@@ -429,10 +432,7 @@ def _start_info(
     if init_from is not None and not (resume and (out / STATE_INFO).exists()):
         from wakefl.models.kws_cnn import load_model
 
-        start = load_model(init_from)
-        if start.cfg != model.cfg:
-            raise ConfigError(f"--init-from {init_from}: its config differs from width {s.width}")
-        model.load_state_dict(start.state_dict())
+        model.load_state_dict(_start_weights(load_model(init_from), model, init_from, s))
         info["init_from"] = str(init_from)
     if resume and (out / STATE_INFO).exists():
         try:
@@ -443,6 +443,27 @@ def _start_info(
         info = load_state(out, model, opt)
         info["settings"] = asdict(s)
     return info
+
+
+def _start_weights(start: Any, model: Any, init_from: Path, s: PretrainSettings) -> Any:
+    """The state dict a new run starts from: `start`'s own, or a narrower model widened to
+    the run's width (function-preserving, with symmetry-breaking noise)."""
+    import dataclasses
+
+    import torch
+
+    from wakefl.models.kws_cnn.widen import widen
+
+    if dataclasses.replace(start.cfg, width=model.cfg.width) != model.cfg:
+        raise ConfigError(f"--init-from {init_from}: its frontend or version differs")
+    if start.cfg.width > model.cfg.width:
+        raise ConfigError(
+            f"--init-from {init_from}: width {start.cfg.width} is wider than the run's {s.width}"
+        )
+    if start.cfg.width < model.cfg.width:
+        gen = torch.Generator().manual_seed(s.seed)
+        start = widen(start.float(), model.cfg.width, noise=WIDEN_NOISE, generator=gen)
+    return start.state_dict()
 
 
 def _train_step(
