@@ -414,11 +414,14 @@ def _packed_up_bytes(params: torch.Tensor, codec: str) -> int:
     return len(M.encode(up, uplink_codec=codec, base=params))
 
 
-def _start_load_generator(broker_url: str, n_devices: int) -> subprocess.Popen:
+def _start_load_generator(
+    broker_url: str, n_devices: int, follower_only: bool = False
+) -> subprocess.Popen:
     """tools/load_fleet.py playing `n_devices` devices, once it says it is ready."""
     gen = subprocess.Popen(
         [sys.executable, "-m", "wakefl.tools.load_fleet", "--broker", broker_url]
-        + ["--fleet", "bench", "--devices", str(n_devices), "--time-limit", "1800"],
+        + ["--fleet", "bench", "--devices", str(n_devices), "--time-limit", "1800"]
+        + (["--follower-only"] if follower_only else []),
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -438,11 +441,12 @@ def bench_rounds_loadgen(
     wire_dtype: str,
     codec: str,
     warmup: int,
+    follower_only: bool = False,
 ) -> None:
     """Rounds with `n_devices` played by one load-generator process (tools/load_fleet.py):
     prints each round's wall time against the transport floor (every uplink and every
-    downlink copy at the broker's single-stream rate for its size), the CPU seconds of
-    each party, and what became of every update."""
+    downlink copy at the broker's single-stream rate for its size; with `follower_only`
+    one downlink copy), the CPU seconds of each party, and what became of every update."""
     from wakefl.sdk.selffl.registry import make_strategy
     from wakefl.server.aggregation_server import AggregationServer
     from wakefl.server.broker import ManagedBroker
@@ -456,7 +460,7 @@ def bench_rounds_loadgen(
         try:
             rate_up = broker_throughput(broker.url, up_bytes)
             rate_down = broker_throughput(broker.url, down_bytes)
-            gen = _start_load_generator(broker.url, n_devices)
+            gen = _start_load_generator(broker.url, n_devices, follower_only)
             reg = {f"dev{i:04d}": f"type{i % 5}" for i in range(n_devices)}
             cfg = _bench_config(
                 broker.url,
@@ -484,16 +488,22 @@ def bench_rounds_loadgen(
             broker.stop()
     report = json.loads(out.strip().splitlines()[-1])
     cpu["load generator"] = report["cpu_s"]
-    floor = n_devices * (up_bytes / rate_up + down_bytes / rate_down)
+    down_copies = 1 if follower_only else n_devices
+    floor = n_devices * up_bytes / rate_up + down_copies * down_bytes / rate_down
     _print_loadgen(n_devices, server, report, cpu, wall, rounds, warmup, floor)
-    _print_floor(n_devices, (up_bytes, codec, rate_up), (down_bytes, wire_dtype, rate_down), floor)
+    up, down = (up_bytes, codec, rate_up), (down_bytes, wire_dtype, rate_down)
+    _print_floor(n_devices, up, down, floor, down_copies)
 
 
 def _print_floor(
-    n_devices: int, up: tuple[int, str, float], down: tuple[int, str, float], floor: float
+    n_devices: int,
+    up: tuple[int, str, float],
+    down: tuple[int, str, float],
+    floor: float,
+    down_copies: int,
 ) -> None:
     """The transport floor and what it is made of: (bytes, format, broker rate) of the
-    uplink and of the downlink."""
+    uplink and of the downlink, and how many downlink copies a round moves."""
     (up_bytes, codec, rate_up), (down_bytes, wire_dtype, rate_down) = up, down
     print(
         f"  {n_devices:4d} devices: uplink {up_bytes / 1e6:.2f} MB ({codec}) at "
@@ -501,6 +511,12 @@ def _print_floor(
         f"{rate_down / 1e6:.0f} MB/s one publisher to one subscriber: transport floor "
         f"{floor:.2f} s a round"
     )
+    if down_copies < n_devices:
+        print(
+            f"  {n_devices:4d} devices: --follower-only: one downlink copy a round, in the "
+            "floor as in the run; the fan-out to every device is measured apart "
+            "(tools/bench_fanout.py)"
+        )
 
 
 def _print_loadgen(
@@ -569,6 +585,12 @@ def _parser() -> argparse.ArgumentParser:
         help="play the devices with one load-generator process (tools/load_fleet.py) "
         "instead of one process per device",
     )
+    p.add_argument(
+        "--follower-only",
+        action="store_true",
+        help="with --load-gen: one connection subscribes to the downlink instead of every "
+        "device's (no fan-out; tools/bench_fanout.py measures it apart)",
+    )
     p.add_argument("--agg-child", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--numel", type=int, default=None, help=argparse.SUPPRESS)
     return p
@@ -631,7 +653,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.load_gen:
             codec = args.uplink_codec or args.wire_dtype
             bench_rounds_loadgen(
-                n, args.rounds, params, model_cfg, args.wire_dtype, codec, args.warmup
+                n,
+                args.rounds,
+                params,
+                model_cfg,
+                args.wire_dtype,
+                codec,
+                args.warmup,
+                args.follower_only,
             )
         else:
             bench_rounds(n, args.rounds, params, model_cfg, args.wire_dtype, args.warmup)

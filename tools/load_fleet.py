@@ -3,7 +3,7 @@ not the SDK).
 
     python -m wakefl.tools.load_fleet --broker mqtt://127.0.0.1:PORT --fleet F \\
         --devices 1000 [--types 5] [--credentials creds.json] [--ca ca.crt] \\
-        [--window 64] [--time-limit 900] [--report out.json]
+        [--window 64] [--time-limit 900] [--report out.json] [--follower-only]
 
 Each device id gets its own MQTT v5 connection (its own username and password when
 `--credentials` maps ids to passwords, so a broker's ACL applies to it as to a real device),
@@ -19,6 +19,11 @@ checksum's SHA-256 state over the common prefix is computed once per round and c
 device; and at most `--window` updates awaiting their ack at once (the payloads of the
 others are built when their turn comes), which bounds the memory of this process and of
 the broker's queue to the server.
+
+With `--follower-only`, only the follower subscribes to the downlink and every sampled
+device acts on the follower's copy: the broker then fans a downlink out once instead of
+once per connection (mosquitto holds a full outgoing copy per subscriber, docs/SCALE.md),
+so the run measures everything but the fan-out, which tools/bench_fanout.py measures apart.
 
 It prints `ready <n>` once every device is connected and subscribed, and at the end (the
 final downlink, or `--time-limit`) one JSON line: per round, the devices sampled, updates
@@ -344,9 +349,12 @@ class LoadFleet:
             )
         )
         await asyncio.wait_for(conn.connack, 30)
-        await asyncio.wait_for(
-            conn.subscribe([topics.downlink(self.fleet), topics.ack(self.fleet, dev.device_id)]), 30
-        )
+        # --follower-only: the broker fans the downlink out to one connection instead of
+        # every one (docs/SCALE.md: mosquitto holds one outgoing copy per subscriber).
+        filters = [topics.ack(self.fleet, dev.device_id)]
+        if follower or not self.args.follower_only:
+            filters.insert(0, topics.downlink(self.fleet))
+        await asyncio.wait_for(conn.subscribe(filters), 30)
         hello = M.encode(M.Hello(self.fleet, dev.device_id, dev.device_type, 100))
         await asyncio.wait_for(
             conn.publish(topics.hello(self.fleet, dev.device_id), hello, retain=True), 30
@@ -433,7 +441,9 @@ class LoadFleet:
         deadline = min(down.deadline, time.time() + self.args.time_limit)
         ack_timeout = float(down.hyperparameters.get("ack_timeout_s", 30.0))
         async with self.window:
-            while dev.seen_round < rid and time.time() < deadline:  # this device's copy
+            while (  # this device's own copy (with --follower-only: the follower's)
+                not self.args.follower_only and dev.seen_round < rid and time.time() < deadline
+            ):
                 await asyncio.sleep(0.01)
             if self._superseded(rid):
                 return
@@ -550,6 +560,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-sends", type=int, default=3)
     p.add_argument("--time-limit", type=float, default=900.0, help="seconds, whole run")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--follower-only",
+        action="store_true",
+        help="only the follower connection subscribes to the downlink; the others act on "
+        "its copy (uplinks, hellos and acks unchanged): measures all but the fan-out",
+    )
     p.add_argument("--report", type=Path, help="also write the JSON report here")
     args = p.parse_args(argv)
     if not 1 <= args.devices <= 10000:
