@@ -248,7 +248,9 @@ class MqttLink:
     def _on_message(self, client, userdata, message) -> None:
         with self._lock:
             handlers = [
-                h for f, (_, h) in self._subs.items() if paho.topic_matches_sub(f, message.topic)
+                h
+                for f, (_, h) in self._subs.items()
+                if paho.topic_matches_sub(_without_share(f), message.topic)
             ]
         for h in handlers:
             try:
@@ -308,6 +310,13 @@ class MqttLink:
                 0x90: "topic name invalid",
             }.get(code, "error")
             raise PublishError(topic, code, text)
+
+
+def _without_share(topic_filter: str) -> str:
+    """The filter a shared subscription `$share/<group>/<filter>` matches topics with."""
+    if topic_filter.startswith("$share/"):
+        return topic_filter.split("/", 2)[2]
+    return topic_filter
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.02) -> bool:

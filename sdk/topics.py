@@ -5,6 +5,15 @@ or '#', so a broker ACL with `%c`/`%u` patterns can pin each device to its own t
     wakefl/<fleet>/up/<D>        device D -> server (its update)
     wakefl/<fleet>/ack/<D>       server -> device D (update recorded or refused)
     wakefl/<fleet>/hello/<D>     device D -> server (online / offline as its MQTT will)
+
+Sharded aggregation (server/aggregation_worker.py) adds, for the server's processes only
+(the ACL grants devices none of them):
+
+    $share/<group>/wakefl/<fleet>/up/+   the workers' shared subscription to the uplinks
+    wakefl/<fleet>/agg/worker/<W>        worker W -> coordinator, retained: online (cleared
+                                         by its will when it dies)
+    wakefl/<fleet>/agg/task/<W>          coordinator -> worker W: a pass over some updates
+    wakefl/<fleet>/agg/result            workers -> coordinator: partial sums
 """
 
 from __future__ import annotations
@@ -53,6 +62,27 @@ def uplink_filter(fleet: str) -> str:
 
 def hello_filter(fleet: str) -> str:
     return f"{ROOT}/{check_name(fleet, 'fleet')}/hello/+"
+
+
+def shared_uplink_filter(fleet: str, group: str) -> str:
+    """MQTT v5 shared subscription: the broker hands each uplink to one member of `group`."""
+    return f"$share/{check_name(group, 'share group')}/{uplink_filter(fleet)}"
+
+
+def agg_worker(fleet: str, worker: str) -> str:
+    return f"{ROOT}/{check_name(fleet, 'fleet')}/agg/worker/{check_name(worker, 'worker id')}"
+
+
+def agg_worker_filter(fleet: str) -> str:
+    return f"{ROOT}/{check_name(fleet, 'fleet')}/agg/worker/+"
+
+
+def agg_task(fleet: str, worker: str) -> str:
+    return f"{ROOT}/{check_name(fleet, 'fleet')}/agg/task/{check_name(worker, 'worker id')}"
+
+
+def agg_result(fleet: str) -> str:
+    return f"{ROOT}/{check_name(fleet, 'fleet')}/agg/result"
 
 
 def parse(topic: str) -> tuple[str, str, str | None]:

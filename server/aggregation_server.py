@@ -185,6 +185,9 @@ class AggregationServer:
     Thread model: paho's network thread validates and records uplinks (under `_lock`); the
     calling thread opens, closes and aggregates rounds (under the same lock)."""
 
+    # How often the collecting loop looks at the store when no in-process event woke it.
+    collect_poll_s = 0.5
+
     def __init__(
         self,
         config: ServerConfig,
@@ -433,7 +436,18 @@ class AggregationServer:
             except MessageRejected as exc:
                 self._reject(exc.reason, exc.detail, dev, rid, dev, mid)
                 return
-        self.store.record_update(msg, payload)
+        refused = self._record(msg, payload)
+        if refused == "duplicate":
+            self._reject(
+                "duplicate", f"round {rid} already has an update from {dev}", dev, rid, None
+            )
+            self._send_refusal(dev, rid, True, "duplicate", mid)
+            return
+        if refused:
+            self._reject(
+                refused, f"round {rid} closed before the update was recorded", dev, rid, dev, mid
+            )
+            return
         self._send_ack(dev, rid, True, "", mid)
         log.info(
             "round %d: update from %s accepted (%s)",
@@ -442,6 +456,11 @@ class AggregationServer:
             self.strategy.describe_result(msg.record),
         )
         self._changed.notify_all()
+
+    def _record(self, msg: Uplink, payload: bytes) -> str:
+        """Record an accepted update durably: "" once on record, else the refusal reason
+        ("duplicate"). The lock already keeps the round open meanwhile."""
+        return "" if self.store.record_update(msg, payload) else "duplicate"
 
     def _round_base(self, payload: bytes | None = None) -> Tensor:
         """The global model of a downlink (default: the current one) exactly as the devices
@@ -667,7 +686,7 @@ class AggregationServer:
                         self._publish_downlink(payload)
                     finally:
                         self._changed.acquire()
-                n = len(self.store.update_rows(round_id))
+                n = self.store.count_updates(round_id)
                 declined = len(self.store.declines(round_id))
                 if n + declined >= len(sampled):
                     return "all"
@@ -677,7 +696,7 @@ class AggregationServer:
                 remaining = deadline - time.time()
                 if remaining <= 0:
                     return "deadline"
-                self._changed.wait(min(remaining, 0.5))
+                self._changed.wait(min(remaining, self.collect_poll_s))
         return "stopped"
 
     def _screen(
@@ -685,11 +704,19 @@ class AggregationServer:
     ) -> tuple[list[dict], Screening]:
         """Apply docs/PROTOCOL.md's robust-aggregation rules (sdk/selffl/update_screening.py)
         to the round's recorded updates: one extra read of each update file."""
-        norms, sigmas = [], []
-        for res in view:
-            norms.append(delta_norm(res.params, global_params))
-            key = self.strategy.screened_variance
-            sigmas.append(float(res.scalars.get(key, 0.0)) if key is not None else 0.0)
+        norms = [delta_norm(res.params, global_params) for res in view]
+        return view.rows, self._screen_norms(round_id, view.rows, norms, global_params)
+
+    def _screen_norms(
+        self, round_id: int, rows: list[dict], norms: list[float], global_params: Tensor
+    ) -> Screening:
+        """Screening from the updates' distances to the global model and the variances
+        of their recorded rows; refused updates are counted and logged."""
+        key = self.strategy.screened_variance
+        sigmas = [
+            float(json.loads(row["record"]).get(key, 0.0)) if key is not None else 0.0
+            for row in rows
+        ]
         prev = self.store.get_meta("screening_reference") or {}
         screening = screen_updates(
             norms,
@@ -706,12 +733,12 @@ class AggregationServer:
                     "sigma_sq": screening.reference_sigma_sq,
                 }
             )
-        for row, v in zip(view.rows, screening.verdicts, strict=True):
+        for row, v in zip(rows, screening.verdicts, strict=True):
             if v.action == "refuse":
                 self._reject("outlier", v.reason, row["device_id"], round_id, None)
             elif v.action == "clip":
                 log.warning("round %d: update from %s %s", round_id, row["device_id"], v.reason)
-        return view.rows, screening
+        return screening
 
     def _run_round(self, state: ServerState, round_id: int, resume: bool) -> ServerState:
         t0 = time.monotonic()
@@ -726,6 +753,7 @@ class AggregationServer:
         t_closed = time.monotonic()
         with self._lock:  # no update can be recorded for this round from here on
             self._open = None
+            self._seal_round(round_id)
             downlink = self._downlink
             view = self.store.updates(
                 round_id, self.numel, self.cfg.max_bytes, base=lambda: self._round_base(downlink)
@@ -759,6 +787,10 @@ class AggregationServer:
         self.reports.append(report)
         self._report_round(report)
         return new_state
+
+    def _seal_round(self, round_id: int) -> None:
+        """Called with the lock held once the round stopped collecting, before its updates
+        are read: one process needs nothing more (its lock keeps uplinks out)."""
 
     def _open_round(
         self, state: ServerState, round_id: int, resume: bool
@@ -854,6 +886,13 @@ class AggregationServer:
         with self._lock:
             self._open = (rid, set(rec.sampled), deadline)
 
+    def _subscribe(self, link: MqttLink) -> None:
+        """The server's subscriptions: devices' hellos and uplinks, the broker's drops."""
+        link.subscribe(topics.hello_filter(self.cfg.fleet), self._on_hello)
+        link.subscribe(topics.uplink_filter(self.cfg.fleet), self._on_uplink)
+        # QoS 0: a counter the broker republishes every sys_interval (10 s by default).
+        link.subscribe(BROKER_DROPPED_TOPIC, self._on_broker_dropped, qos=0)
+
     def run(self) -> ServerState:
         state = self.store.load_server_state()
         if state is None:
@@ -869,10 +908,7 @@ class AggregationServer:
             self.cfg.broker_url, f"wakefl-server-{self.cfg.fleet}", max_payload=self.cfg.max_bytes
         )
         self.link.on_connect_hooks.append(self._on_connect)
-        self.link.subscribe(topics.hello_filter(self.cfg.fleet), self._on_hello)
-        self.link.subscribe(topics.uplink_filter(self.cfg.fleet), self._on_uplink)
-        # QoS 0: a counter the broker republishes every sys_interval (10 s by default).
-        self.link.subscribe(BROKER_DROPPED_TOPIC, self._on_broker_dropped, qos=0)
+        self._subscribe(self.link)
         self.link.connect()
         try:
             self.progress(

@@ -364,6 +364,23 @@ class StateStore:
             row["round_id"], row["status"], json.loads(row["sampled"]), row["deadline"], n
         )
 
+    def set_round_status(self, round_id: int, status: str) -> None:
+        """ "sealed": the round takes no more updates but is not aggregated yet (sharded
+        aggregation); "open" again when a restarted coordinator resumes it."""
+        with self._tx() as db:
+            db.execute(
+                "UPDATE rounds SET status=? WHERE round_id=? AND status!='closed'",
+                (status, round_id),
+            )
+
+    def open_round_record(self) -> RoundRecord | None:
+        """The round now taking updates, if any (the newest one marked open)."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT round_id FROM rounds WHERE status='open' ORDER BY round_id DESC LIMIT 1"
+            ).fetchone()
+        return None if row is None else self.round(int(row[0]))
+
     def close_round(self, round_id: int, new_state: ServerState) -> None:
         """Persist the state after `round_id` (file first), then mark the round closed."""
         name = f"state_r{new_state.round_id:06d}.st"
@@ -431,6 +448,31 @@ class StateStore:
                 self._insert_update(db, msg, rel, len(payload))
         return True
 
+    def record_update_if_open(self, msg: Uplink, payload: bytes, writer: str) -> str:
+        """`record_update` for one of several processes sharing this store (aggregation
+        workers): the row goes in only while its round is still open, checked in the same
+        transaction, so once the coordinator sealed the round (`set_round_status`) no
+        update can be acknowledged without being aggregated. The file is named for its
+        writer, so two workers handed re-sends of one update never write the same file.
+        Returns "" (recorded), "duplicate" or "stale_round"."""
+        rel = f"updates/r{msg.round_id:06d}/{msg.device_id}.{writer}.wkfl"
+        if self.has_update(msg.round_id, msg.device_id):
+            return "duplicate"
+        write_atomic(self.root / rel, payload)
+        with self._tx() as db:
+            status = db.execute(
+                "SELECT status FROM rounds WHERE round_id=?", (msg.round_id,)
+            ).fetchone()
+            if status is None or status[0] != "open":
+                return "stale_round"
+            if db.execute(
+                "SELECT 1 FROM updates WHERE round_id=? AND device_id=?",
+                (msg.round_id, msg.device_id),
+            ).fetchone():
+                return "duplicate"
+            self._insert_update(db, msg, rel, len(payload))
+        return ""
+
     @staticmethod
     def _insert_update(db: sqlite3.Connection, msg: Uplink, rel: str, nbytes: int) -> None:
         record = json.dumps(msg.record, sort_keys=True)
@@ -463,6 +505,14 @@ class StateStore:
                 msg.relative_fr,
             ),
         )
+
+    def count_updates(self, round_id: int) -> int:
+        with self._lock:
+            return int(
+                self._db.execute(
+                    "SELECT COUNT(*) FROM updates WHERE round_id=?", (round_id,)
+                ).fetchone()[0]
+            )
 
     def record_decline(self, round_id: int, device_id: str, reason: str) -> bool:
         """A sampled device said it cannot train this round; False when already on record."""

@@ -71,18 +71,7 @@ def load_initial_model(path: str | None, width: float, seed: int) -> tuple[Any, 
     return tensors["params"].float(), {}
 
 
-def _handler(args: argparse.Namespace) -> int:
-    import torch
-
-    from wakefl.sdk.selffl.registry import make_strategy
-    from wakefl.server.aggregation_server import AggregationServer, ServerConfig
-    from wakefl.server.broker import ManagedBroker
-
-    torch.set_num_threads(1)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
+def _strategy_args(args: argparse.Namespace) -> dict[str, Any]:
     strategy_args = {}
     for item in args.strategy_arg:
         if "=" not in item:
@@ -91,9 +80,31 @@ def _handler(args: argparse.Namespace) -> int:
         strategy_args[k] = _parse_value(v)
     if args.group_by == "device_type":
         strategy_args["cluster_by_group"] = True
+    return strategy_args
+
+
+def _handler(args: argparse.Namespace) -> int:
+    import torch
+
+    from wakefl.sdk.selffl.registry import make_strategy
+    from wakefl.server.aggregation_server import ServerConfig
+    from wakefl.server.broker import ManagedBroker
+
+    torch.set_num_threads(1)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    strategy_args = _strategy_args(args)
     strategy = make_strategy(args.strategy, **strategy_args)
-    params, model_config = load_initial_model(args.init_model, args.width, args.seed)
     state = Path(args.state)
+    if args.role == "worker":
+        from wakefl.server.aggregation_worker import wait_for_store
+
+        # The coordinator's model, once it initialised the shared state folder.
+        params, model_config = wait_for_store(state, args.start_timeout).global_params, {}
+    else:
+        params, model_config = load_initial_model(args.init_model, args.width, args.seed)
     broker = None
     url = args.broker
     if url == "embedded":
@@ -121,11 +132,30 @@ def _handler(args: argparse.Namespace) -> int:
             start_grace_s=args.start_grace,
             seed=args.seed,
         )
-        AggregationServer(cfg, strategy).run()
+        _run_role(args, cfg, strategy)
     finally:
         if broker is not None:
             broker.stop()
     return 0
+
+
+def _run_role(args: argparse.Namespace, cfg: Any, strategy: Any) -> None:
+    """One process (the default), or one of the processes of a sharded server sharing
+    `--state` (docs/SCALE.md, "Sharded aggregation")."""
+    if args.role == "single":
+        from wakefl.server.aggregation_server import AggregationServer
+
+        AggregationServer(cfg, strategy).run()
+    elif args.role == "coordinator":
+        from wakefl.server.sharded_coordinator import ShardedCoordinator
+
+        ShardedCoordinator(cfg, strategy).run()
+    else:
+        from wakefl.server.aggregation_worker import AggregationWorker
+
+        if not args.worker_id:
+            raise ConfigError("--role worker needs --worker-id (unique among the workers)")
+        AggregationWorker(cfg, strategy, args.worker_id, group=args.share_group).run()
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -150,6 +180,21 @@ def _add_fleet_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--state", required=True, help="state directory (SQLite + models + updates)")
     p.add_argument("--fleet", default="default")
+    p.add_argument(
+        "--role",
+        choices=["single", "coordinator", "worker"],
+        default="single",
+        help="single: one process does everything (default). A sharded server is one "
+        "coordinator (runs the rounds, merges partial sums) and workers (record and "
+        "acknowledge uplinks through a shared subscription, compute partial sums), all "
+        "with the same --state folder, --fleet, --devices and strategy options",
+    )
+    p.add_argument("--worker-id", default=None, help="with --role worker: this worker's id")
+    p.add_argument(
+        "--share-group",
+        default="wakefl-agg",
+        help="with --role worker: the MQTT shared-subscription group of the workers",
+    )
     p.add_argument(
         "--group-by",
         choices=["none", "device_type"],

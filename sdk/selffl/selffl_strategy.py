@@ -34,7 +34,7 @@ Decisions the paper leaves open (see also `rules.local_steps` / `rules.initial_p
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -268,41 +268,97 @@ class SelfFL(Strategy):
                     r.client_id, sig, r.scalars.get("has_variance", 1.0) > 0, r.group
                 )
             )
+        # Pass 2: Eqn 11 (and the cluster representatives).
+        if self.cluster_by_group:
+            return self._aggregate_clustered(server, results, reported, rv.value)
+        return self.combine(
+            server,
+            reported,
+            rv.value,
+            lambda s0, sigmas: aggregate_stream(
+                ((r.params, s) for r, s in zip(results, sigmas, strict=True)), s0
+            ),
+            activity_rate,
+        )
+
+    def round_sigma0_sq(
+        self, server: ServerState, reported: list[ReportedUncertainty], spread: float
+    ) -> float:
+        """This round's sigma0^2: the fixed one, Eqn 14's `spread` (the trace variance of
+        the round's models) when at least 2 clients reported, else the previous one."""
         if not reported:
             raise ConfigError("no client results to aggregate")
         if self.fixed_sigma0_sq is not None:
-            sigma0_sq = float(self.fixed_sigma0_sq)
-        elif len(reported) >= 2:
-            sigma0_sq = rv.value
-        else:
-            sigma0_sq = float(server.scalars.get("sigma0_sq", 0.0))
+            return float(self.fixed_sigma0_sq)
+        if len(reported) >= 2:
+            return float(spread)
+        return float(server.scalars.get("sigma0_sq", 0.0))
+
+    @staticmethod
+    def aggregation_sigmas(reported: list[ReportedUncertainty]) -> list[float]:
+        """Each client's sigma_m^2 in Eqn 11: its own, or during its warm-up the mean of
+        those reported by the clients that have one (0 if none)."""
         known = [u.sigma_sq for u in reported if u.has_variance]
         fill = sum(known) / len(known) if known else 0.0
-        sigmas = [u.sigma_sq if u.has_variance else fill for u in reported]
+        return [u.sigma_sq if u.has_variance else fill for u in reported]
 
-        new_scalars = dict(server.scalars)
-        new_tensors = dict(server.tensors)
+    @staticmethod
+    def _clients_after(
+        server: ServerState, reported: list[ReportedUncertainty]
+    ) -> dict[str, dict[str, float]]:
         clients = {cid: dict(v) for cid, v in server.clients.items()}
         for u in reported:
             info = clients.setdefault(u.client_id, {})
             if u.has_variance or not info.get("has_variance", 0.0):
                 info.update(sigma_sq=u.sigma_sq, has_variance=1.0 if u.has_variance else 0.0)
-        # Pass 2: Eqn 11 (and the cluster representatives).
-        if self.cluster_by_group:
-            new_global = self._aggregate_clusters(
-                server, results, reported, sigmas, sigma0_sq, new_tensors, new_scalars, clients
-            )
-        else:
-            theta_hat = aggregate_stream(
-                ((r.params, s) for r, s in zip(results, sigmas, strict=True)), sigma0_sq
-            )
-            new_global = smooth(server.global_params, theta_hat, activity_rate)
-            rate = require_activity_rate(activity_rate)
-            for info in clients.values():
-                if "share" in info:
-                    info["share"] *= 1.0 - rate
-            for u, a in zip(reported, weight_shares(sigmas, sigma0_sq), strict=True):
-                clients[u.client_id]["share"] = min(1.0, rate * a)
+        return clients
+
+    def combine(
+        self,
+        server: ServerState,
+        reported: list[ReportedUncertainty],
+        spread: float,
+        theta_hat: Callable[[float, list[float]], Tensor],
+        activity_rate: float,
+    ) -> ServerState:
+        """The new state of a round aggregated without clusters, from its reported
+        uncertainties (in the order the results came), the trace variance of its models
+        (`spread`, Eqn 14) and `theta_hat(sigma0^2, sigmas)`, Eqn 11's precision-weighted
+        mean. Both are sums over clients: the sharded server computes them from partial
+        sums (server/partial_aggregate.py) and gets the same state as `aggregate`."""
+        sigma0_sq = self.round_sigma0_sq(server, reported, spread)
+        sigmas = self.aggregation_sigmas(reported)
+        clients = self._clients_after(server, reported)
+        new_global = smooth(server.global_params, theta_hat(sigma0_sq, sigmas), activity_rate)
+        rate = require_activity_rate(activity_rate)
+        for info in clients.values():
+            if "share" in info:
+                info["share"] *= 1.0 - rate
+        for u, a in zip(reported, weight_shares(sigmas, sigma0_sq), strict=True):
+            clients[u.client_id]["share"] = min(1.0, rate * a)
+        return ServerState(
+            round_id=server.round_id + 1,
+            global_params=new_global,
+            tensors=dict(server.tensors),
+            scalars={**server.scalars, "sigma0_sq": sigma0_sq},
+            clients=clients,
+        )
+
+    def _aggregate_clustered(
+        self,
+        server: ServerState,
+        results: Iterable[ClientResult],
+        reported: list[ReportedUncertainty],
+        spread: float,
+    ) -> ServerState:
+        sigma0_sq = self.round_sigma0_sq(server, reported, spread)
+        sigmas = self.aggregation_sigmas(reported)
+        new_scalars = dict(server.scalars)
+        new_tensors = dict(server.tensors)
+        clients = self._clients_after(server, reported)
+        new_global = self._aggregate_clusters(
+            server, results, reported, sigmas, sigma0_sq, new_tensors, new_scalars, clients
+        )
         new_scalars["sigma0_sq"] = sigma0_sq
         return ServerState(
             round_id=server.round_id + 1,

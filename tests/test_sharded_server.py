@@ -1,0 +1,189 @@
+"""A sharded server (one coordinator, aggregation workers on a shared subscription) against
+a real mosquitto on 127.0.0.1, with the simulated devices of test_server.py: the model it
+computes is the single-process one on the same updates, and a worker killed mid-round
+loses no acknowledged update."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import paho.mqtt.client as paho
+import torch
+from paho.mqtt.enums import CallbackAPIVersion
+from test_server import FLEET, SimDevice, _close_all, _expected, _round_orders, _wait
+
+from wakefl.sdk import topics
+from wakefl.sdk.selffl.registry import make_strategy
+from wakefl.server.aggregation_server import ServerConfig
+from wakefl.server.aggregation_worker import AggregationWorker
+from wakefl.server.sharded_coordinator import ShardedCoordinator
+from wakefl.server.state_store import StateStore
+
+REG = {"a": "speaker", "b": "speaker", "c": "tv", "d": "tv"}
+D = 48
+
+
+def _config(broker, state: Path, **kw) -> ServerConfig:
+    return ServerConfig(
+        broker_url=broker.url,
+        state_dir=state,
+        initial_params=torch.zeros(D),
+        fleet=FLEET,
+        devices=REG,
+        **kw,
+    )
+
+
+def _ghost_worker(url: str, wid: str) -> paho.Client:
+    """A worker that announces itself online and never answers a pass."""
+    host, port = url.removeprefix("mqtt://").split(":")
+    c = paho.Client(CallbackAPIVersion.VERSION2, client_id=f"ghost-{wid}", protocol=paho.MQTTv5)
+    c.connect(host, int(port))
+    c.loop_start()
+    info = c.publish(
+        topics.agg_worker(FLEET, wid), json.dumps({"online": True}), qos=1, retain=True
+    )
+    info.wait_for_publish(5)
+    return c
+
+
+def test_sharded_rounds_equal_the_single_process_model(mqtt_broker, tmp_path):
+    state = tmp_path / "server"
+    coord = ShardedCoordinator(
+        _config(mqtt_broker, state, rounds=3, round_timeout=30),
+        make_strategy("selffl"),
+        progress=lambda s: None,
+        task_timeout_s=2.0,
+    )
+    ghost = _ghost_worker(mqtt_broker.url, "ghost")
+    workers: list[AggregationWorker] = []
+
+    def start_worker(wid: str) -> None:
+        w = AggregationWorker(
+            _config(mqtt_broker, state, rounds=3),
+            make_strategy("selffl"),
+            wid,
+            progress=lambda s: None,
+        )
+        workers.append(w)
+        w.run()
+
+    result: list = []
+    runner = threading.Thread(target=lambda: result.append(coord.run()), daemon=True)
+    runner.start()
+    threads = [threading.Thread(target=start_worker, args=(w,), daemon=True) for w in ("w1", "w2")]
+    for t in threads:
+        t.start()
+    devs = [SimDevice(mqtt_broker.url, d, t) for d, t in REG.items()]
+    try:
+        runner.join(60)
+        _wait(lambda: all(d.final is not None for d in devs), 10, "the end announcement")
+        for t in threads:
+            t.join(10)
+    finally:
+        _close_all(devs)
+        ghost.loop_stop()
+        ghost.disconnect()
+        coord.stop_event.set()
+        for w in workers:
+            w.stop_event.set()
+    final = result[0]
+    assert final.round_id == 3
+    assert [r.closed_by for r in coord.reports] == ["all"] * 3
+    assert sum(w.recorded for w in workers) == 3 * len(REG)
+    assert coord.passes_reassigned >= 1  # the ghost's passes went to a live worker
+    assert not coord.rejections
+    want = _expected(devs, 3, len(REG), False, _round_orders(state, 3))
+    torch.testing.assert_close(final.global_params, want, rtol=0, atol=1e-6)
+    torch.testing.assert_close(devs[0].final.global_params, want, rtol=0, atol=1e-6)
+
+
+def _cli_worker(url: str, state: Path, wid: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "wakefl.tools.cli",
+            "server",
+            "--role",
+            "worker",
+            "--worker-id",
+            wid,
+            "--broker",
+            url,
+            "--state",
+            str(state),
+            "--fleet",
+            FLEET,
+            "--devices",
+            ",".join(f"{d}:{t}" for d, t in REG.items()),
+            "--rounds",
+            "3",
+        ],
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _writers(state: Path, round_id: int) -> dict[str, str]:
+    """device -> the worker that recorded its update of `round_id` (from the file name)."""
+    store = StateStore(state)
+    try:
+        return {r["device_id"]: r["path"].split(".")[-2] for r in store.update_rows(round_id)}
+    finally:
+        store.close()
+
+
+def test_worker_sigkill_mid_round_loses_no_acknowledged_update(mqtt_broker, tmp_path):
+    state = tmp_path / "server"
+    coord = ShardedCoordinator(
+        _config(mqtt_broker, state, rounds=3, round_timeout=60),
+        make_strategy("selffl"),
+        progress=lambda s: None,
+    )
+    result: list = []
+    runner = threading.Thread(target=lambda: result.append(coord.run()), daemon=True)
+    runner.start()
+    procs = {w: _cli_worker(mqtt_broker.url, state, w) for w in ("w1", "w2")}
+    devs = [SimDevice(mqtt_broker.url, d, t) for d, t in REG.items()]
+    late = devs[-1]
+    late.hold_from = 2
+    late.hold.clear()
+    try:
+        _wait(lambda: all(1 in d.acked for d in devs), 60, "round 1")
+        _wait(lambda: all(2 in d.acked for d in devs[:-1]), 30, "round 2 but one device")
+        acked_before = {(d.dev, r) for d in devs for r in d.acked}
+        writers = _writers(state, 2)
+        victim = max(procs, key=lambda w: list(writers.values()).count(w))
+        assert victim in writers.values()
+        procs[victim].send_signal(signal.SIGKILL)
+        procs[victim].wait(10)
+        late.hold.set()  # its uplink goes to the survivor (or is re-sent to it)
+        runner.join(90)
+        _wait(lambda: all(d.final is not None for d in devs), 10, "the end announcement")
+        survivor = next(w for w in procs if w != victim)
+        out, _ = procs[survivor].communicate(timeout=30)
+        assert procs[survivor].returncode == 0, out
+    finally:
+        _close_all(devs)
+        coord.stop_event.set()
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+    final = result[0]
+    assert final.round_id == 3
+    assert [len(r.reported) for r in coord.reports] == [len(REG)] * 3
+    assert {d for d, w in writers.items() if w == victim} <= set(coord.reports[1].reported)
+    recorded = {(r, d) for r in (1, 2, 3) for d in _writers(state, r)}
+    assert {(r, d) for d, r in acked_before} <= recorded
+    assert coord.passes_local == 0
+    want = _expected(devs, 3, len(REG), False, _round_orders(state, 3))
+    torch.testing.assert_close(final.global_params, want, rtol=0, atol=1e-6)
