@@ -122,13 +122,18 @@ class MqttLink:
         will: tuple[str, bytes] | None = None,
         will_retain: bool = True,
         clean_start: bool = False,
+        resubscribe: bool = False,
     ) -> None:
+        """`resubscribe`: subscribe again on every connection, even when the broker kept the
+        session: a session another role of the same client id left behind (one server
+        process, then a sharded coordinator) may lack this role's subscriptions."""
         self.url = parse_broker_url(url) if isinstance(url, str) else url
         self.client_id = client_id
         self.keepalive = keepalive
         self.max_payload = max_payload
         self._session_expiry = session_expiry
         self._clean_start = clean_start
+        self._resubscribe = resubscribe
         self._subs: dict[str, tuple[int, Handler]] = {}
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
@@ -213,7 +218,7 @@ class MqttLink:
         present = bool(flags.session_present)
         with self._lock:
             subs = list(self._subs.items())
-        if not present:
+        if not present or self._resubscribe:
             for topic, (qos, _) in subs:
                 client.subscribe(topic, qos=qos)
         with self._cond:
@@ -244,6 +249,13 @@ class MqttLink:
             self._subs[topic] = (qos, handler)
         if self._connected:
             self._client.subscribe(topic, qos=qos)
+
+    def unsubscribe(self, topic: str) -> None:
+        """Drop a subscription (also one a kept session holds that this link never made)."""
+        with self._lock:
+            self._subs.pop(topic, None)
+        if self._connected:
+            self._client.unsubscribe(topic)
 
     def _on_message(self, client, userdata, message) -> None:
         with self._lock:

@@ -905,7 +905,10 @@ class AggregationServer:
             )
         self._reopen_interrupted_round(state)
         self.link = MqttLink(
-            self.cfg.broker_url, f"wakefl-server-{self.cfg.fleet}", max_payload=self.cfg.max_bytes
+            self.cfg.broker_url,
+            f"wakefl-server-{self.cfg.fleet}",
+            max_payload=self.cfg.max_bytes,
+            resubscribe=True,  # the session may come from the other role (sharded or not)
         )
         self.link.on_connect_hooks.append(self._on_connect)
         self._subscribe(self.link)

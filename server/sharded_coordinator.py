@@ -52,6 +52,9 @@ Item = tuple[str, float, float]
 class ShardedCoordinator(AggregationServer):
     # Updates are recorded by other processes, which cannot wake this one's condition.
     collect_poll_s = 0.05
+    # Passes within this long of connecting wait for a worker's retained status to arrive
+    # before the coordinator does them itself.
+    worker_wait_s = 2.0
 
     def __init__(
         self,
@@ -67,6 +70,7 @@ class ShardedCoordinator(AggregationServer):
         self._workers: set[str] = set()
         self._results: dict[str, ShardResult] = {}
         self._reader = ShardReader(self.store.root, self.numel, config.max_bytes, "coordinator")
+        self._connected_at = 0.0
         self.passes_reassigned = 0  # passes handed on from a dead or silent worker
         self.passes_local = 0  # passes the coordinator computed itself
 
@@ -76,6 +80,14 @@ class ShardedCoordinator(AggregationServer):
         link.subscribe(BROKER_DROPPED_TOPIC, self._on_broker_dropped, qos=0)
         link.subscribe(topics.agg_worker_filter(self.cfg.fleet), self._on_worker)
         link.subscribe(topics.agg_result(self.cfg.fleet), self._on_result)
+        link.on_connect_hooks.append(self._connected)
+
+    def _connected(self, session_present: bool) -> None:
+        """A session kept from a single-process server still subscribes the uplinks: the
+        workers take them, not the coordinator."""
+        self._connected_at = time.monotonic()
+        if session_present and self.link is not None:
+            self.link.unsubscribe(topics.uplink_filter(self.cfg.fleet))
 
     def _on_worker(self, topic: str, payload: bytes) -> None:
         wid = topic.rsplit("/", 1)[-1]
@@ -177,6 +189,9 @@ class ShardedCoordinator(AggregationServer):
         chunks' results in order."""
         with self._agg:
             self._results.clear()  # late answers of earlier passes
+            # Just connected, the workers' retained statuses may not be here yet.
+            wait = self._connected_at + self.worker_wait_s - time.monotonic()
+            self._agg.wait_for(lambda: bool(self._workers), max(0.0, wait))
         workers = self.workers()
         n = max(1, min(len(workers), len(items)))
         bounds = [len(items) * i // n for i in range(n + 1)]
