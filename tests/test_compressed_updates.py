@@ -157,12 +157,16 @@ def test_update_packed_against_another_base_is_refused_as_checksum(mqtt_broker, 
     assert srv.reports[0].reported.keys() == {"a"}
 
 
-def test_load_generator_accounts_for_every_update(mqtt_broker, tmp_path):
+@pytest.mark.parametrize("follower_only", [False, True])
+def test_load_generator_accounts_for_every_update(mqtt_broker, tmp_path, follower_only):
+    """Every device's update is sent, acked and counted, whether each connection follows
+    the downlink or only the follower does (--follower-only: no fan-out)."""
     n, rounds = 20, 2
     reg = {f"dev{i:04d}": f"type{i % 5}" for i in range(n)}
     gen = subprocess.Popen(
         [sys.executable, "-m", "wakefl.tools.load_fleet", "--broker", mqtt_broker.url]
-        + ["--fleet", FLEET, "--devices", str(n), "--time-limit", "120"],
+        + ["--fleet", FLEET, "--devices", str(n), "--time-limit", "120"]
+        + (["--follower-only"] if follower_only else []),
         stdout=subprocess.PIPE,
         text=True,
     )
