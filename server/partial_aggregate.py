@@ -46,14 +46,15 @@ class Spread:
 
     def add(self, x: Tensor) -> None:
         """Welford's update with one vector."""
-        x64 = x.detach().reshape(-1).to(torch.float64)
+        x64 = x.detach().reshape(-1).to(torch.float64, copy=True)  # ours to change
         if self.mean is None:
-            self.count, self.mean, self.m2 = 1, x64.clone(), 0.0
+            self.count, self.mean, self.m2 = 1, x64, 0.0
             return
         self.count += 1
-        delta = x64 - self.mean
+        delta = x64.sub_(self.mean)  # x's float64 copy is not needed past this point
         self.mean.add_(delta, alpha=1.0 / self.count)
-        self.m2 += float(torch.dot(delta, x64 - self.mean))
+        # x - new mean = delta (n-1)/n: one dot product instead of a second difference
+        self.m2 += float(torch.dot(delta, delta)) * (self.count - 1) / self.count
 
     @property
     def value(self) -> float:
