@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from pathlib import Path
 
 import paho.mqtt.client as paho
+import pytest
 import torch
 from paho.mqtt.enums import CallbackAPIVersion
 from test_server import FLEET, SimDevice, _close_all, _expected, _round_orders, _wait
@@ -187,3 +190,45 @@ def test_worker_sigkill_mid_round_loses_no_acknowledged_update(mqtt_broker, tmp_
     assert coord.passes_local == 0
     want = _expected(devs, 3, len(REG), False, _round_orders(state, 3))
     torch.testing.assert_close(final.global_params, want, rtol=0, atol=1e-6)
+
+
+def test_worker_account_reads_uplinks_through_the_shared_subscription_and_devices_not_agg(
+    tmp_path,
+):
+    from wakefl.sdk.mqtt_link import MqttLink, PublishError
+    from wakefl.server.broker import ManagedBroker, free_port
+    from wakefl.tools.cli_provision import provision, provision_worker
+
+    fleet, port = "secure", free_port()
+    shared = Path(tempfile.mkdtemp(prefix="wakefl-prov-"))
+    shared.chmod(0o711)  # reachable by the `mosquitto` user (see test_broker_security.py)
+    prov = shared / "prov"
+    dev = provision(prov, "dev-a", "speaker", fleet=fleet, port=port)
+    w1 = provision_worker(prov, "w1", fleet=fleet, port=port)
+    assert "user wakefl-agg-w1" in (prov / "acl").read_text()
+    broker = ManagedBroker(tmp_path / "run", port=port, conf_file=prov / "mosquitto.conf").start()
+    links: list[MqttLink] = []
+    try:
+        worker = MqttLink(w1["broker"], "any-id", clean_start=True, session_expiry=0)
+        got: list[str] = []
+        worker.subscribe(
+            topics.shared_uplink_filter(fleet, "wakefl-agg"), lambda t, p: got.append(t)
+        )
+        device = MqttLink(dev["broker"], "dev-a")
+        agg_seen: list[str] = []
+        device.subscribe(f"wakefl/{fleet}/agg/#", lambda t, p: agg_seen.append(t))
+        links += [worker.connect(10), device.connect(10)]
+        device.publish(topics.uplink(fleet, "dev-a"), b"update")
+        _wait(lambda: got == [topics.uplink(fleet, "dev-a")], 10, "the uplink at the worker")
+        worker.publish(topics.ack(fleet, "dev-a"), b"ack")
+        worker.publish(topics.agg_result(fleet), b"partial")
+        for topic in (topics.agg_result(fleet), topics.agg_worker(fleet, "w1")):
+            with pytest.raises(PublishError) as err:
+                device.publish(topic, b"forged")
+            assert err.value.code == 0x87
+        assert not agg_seen
+    finally:
+        for link in links:
+            link.close()
+        broker.stop()
+        shutil.rmtree(shared, ignore_errors=True)

@@ -9,6 +9,8 @@ one config per device:
     mosquitto.conf                        rendered from server/config/mosquitto.conf
     fleet.json                            {"fleet", "devices": {id: type}} for `wakefl server --devices`
     server.json, devices/<id>.json        broker URL with credentials (mode 0600)
+    workers/<id>.json                     the same for a sharded server's aggregation
+                                          workers (`--worker ID`; docs/SCALE.md)
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import os
 import secrets
 import shutil
 import subprocess
+from collections.abc import Callable, Iterable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,7 @@ from wakefl.errors import ConfigError
 from wakefl.sdk.atomic_files import write_atomic
 
 SERVER_USER = "wakefl-server"
+WORKER_PREFIX = "wakefl-agg-"  # + worker id: the broker accounts of aggregation workers
 
 
 def _run(cmd: list[str]) -> None:
@@ -107,13 +111,16 @@ def ensure_ca(state: Path, host: str) -> None:
     os.chmod(state / "ca.key", 0o600)
 
 
-def render_acl(fleet: str, devices: dict[str, str]) -> str:
+def render_acl(fleet: str, devices: dict[str, str], workers: Iterable[str] = ()) -> str:
     template = _config_text("acl.template")
     head, _, device_block = template.partition("# --- device (repeated per device)\n")
     out = head.replace("@FLEET@", fleet)
     for dev in sorted(devices):
         out += f"\n# device {dev} ({devices[dev]})\n"
         out += device_block.replace("@FLEET@", fleet).replace("@DEVICE@", dev)
+    worker_block = _config_text("acl_worker.template")
+    for w in sorted(workers):
+        out += "\n" + worker_block.replace("@FLEET@", fleet).replace("@WORKER@", w)
     return out
 
 
@@ -179,6 +186,38 @@ def _ensure_server_credentials(state: Path, passwd: Path, host: str, port: int) 
     )
 
 
+def _provision_account(
+    state: Path,
+    username: str,
+    enter: Callable[[dict[str, Any]], None],
+    *,
+    fleet: str,
+    host: str,
+    port: int,
+) -> tuple[str, str, int]:
+    """Give `username` a new broker password, record it in fleet.json with `enter`, and
+    render the ACL and the broker config again. Returns (password, host, port)."""
+    state.mkdir(parents=True, exist_ok=True)
+    (state / "broker-data").mkdir(exist_ok=True)
+    registry = _read_registry(state, fleet, host, port)
+    host, port = registry["host"], int(registry["port"])
+    ensure_ca(state, host)
+    passwd = state / "passwd"
+    _ensure_server_credentials(state, passwd, host, port)
+    password = secrets.token_urlsafe(24)
+    _run(["mosquitto_passwd", "-b", str(passwd), username, password])
+    # mosquitto_passwd leaves the file world-readable (0644): salted hashes, but still
+    # material for an offline guessing attack on every device's password.
+    os.chmod(passwd, 0o600)
+    enter(registry)
+    (state / "fleet.json").write_text(json.dumps(registry, indent=2) + "\n")
+    (state / "acl").write_text(render_acl(fleet, registry["devices"], registry.get("workers", [])))
+    (state / "mosquitto.conf").write_text(
+        render_broker_conf(state, host, port, state / "broker-data")
+    )
+    return password, host, port
+
+
 def provision(
     state: str | Path,
     device_id: str,
@@ -194,28 +233,16 @@ def provision(
     check_name(device_id, "device id")
     check_name(device_type, "device type")
     check_name(fleet, "fleet")
-    if device_id == SERVER_USER:
-        raise ConfigError(f"{SERVER_USER!r} is reserved for the server")
+    if device_id == SERVER_USER or device_id.startswith(WORKER_PREFIX):
+        raise ConfigError(f"{device_id!r}: {SERVER_USER!r} and {WORKER_PREFIX}* are the server's")
     state = Path(state).resolve()
-    state.mkdir(parents=True, exist_ok=True)
-    (state / "devices").mkdir(exist_ok=True)
-    (state / "broker-data").mkdir(exist_ok=True)
-    fleet_file = state / "fleet.json"
-    registry = _read_registry(state, fleet, host, port)
-    host, port = registry["host"], int(registry["port"])
-    ensure_ca(state, host)
-    passwd = state / "passwd"
-    _ensure_server_credentials(state, passwd, host, port)
-    password = secrets.token_urlsafe(24)
-    _run(["mosquitto_passwd", "-b", str(passwd), device_id, password])
-    # mosquitto_passwd leaves the file world-readable (0644): salted hashes, but still
-    # material for an offline guessing attack on every device's password.
-    os.chmod(passwd, 0o600)
-    registry["devices"][device_id] = device_type
-    fleet_file.write_text(json.dumps(registry, indent=2) + "\n")
-    (state / "acl").write_text(render_acl(fleet, registry["devices"]))
-    (state / "mosquitto.conf").write_text(
-        render_broker_conf(state, host, port, state / "broker-data")
+    password, host, port = _provision_account(
+        state,
+        device_id,
+        lambda reg: reg["devices"].__setitem__(device_id, device_type),
+        fleet=fleet,
+        host=host,
+        port=port,
     )
     config = {
         "device_id": device_id,
@@ -231,7 +258,55 @@ def provision(
     return config
 
 
+def provision_worker(
+    state: str | Path,
+    worker_id: str,
+    *,
+    fleet: str = "default",
+    host: str = "127.0.0.1",
+    port: int = 8883,
+) -> dict[str, Any]:
+    """A broker account for aggregation worker `worker_id` of a sharded server
+    (server/config/acl_worker.template); returns its config (workers/<id>.json)."""
+    from wakefl.sdk.topics import check_name
+
+    check_name(worker_id, "worker id")
+    check_name(fleet, "fleet")
+    user = WORKER_PREFIX + worker_id
+
+    def enter(reg: dict[str, Any]) -> None:
+        reg["workers"] = sorted({*reg.get("workers", []), worker_id})
+
+    state = Path(state).resolve()
+    password, host, port = _provision_account(state, user, enter, fleet=fleet, host=host, port=port)
+    config = {
+        "worker_id": worker_id,
+        "fleet": fleet,
+        "username": user,
+        "password": password,
+        "ca_file": str(state / "ca.crt"),
+        "broker": f"mqtts://{user}:{password}@{host}:{port}?ca={state / 'ca.crt'}",
+    }
+    _write_private(state / "workers" / f"{worker_id}.json", config)
+    _chown_for_broker(state)
+    return config
+
+
 def _handler(args: argparse.Namespace) -> int:
+    if args.worker:
+        w = provision_worker(
+            args.state, args.worker, fleet=args.fleet, host=args.host, port=args.port
+        )
+        path = Path(args.state).resolve() / "workers" / f"{args.worker}.json"
+        print(
+            f"provisioned aggregation worker {args.worker} ({w['username']}) in fleet "
+            f"'{w['fleet']}'\n  worker config: {path} (keep secret; reload the broker)\n"
+            f"  worker:        wakefl server --role worker --worker-id {args.worker} --broker "
+            f'"$(jq -r .broker {path})" ...'
+        )
+        return 0
+    if not args.id or not args.type:
+        raise ConfigError("provision needs --id and --type (a device) or --worker ID")
     cfg = provision(
         args.state, args.id, args.type, fleet=args.fleet, host=args.host, port=args.port
     )
@@ -252,8 +327,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="provision broker credentials for a device",
         description=__doc__.split("\n")[0],
     )
-    p.add_argument("--id", required=True, help="device id (also its broker username)")
-    p.add_argument("--type", required=True, help="device type (cluster key)")
+    p.add_argument("--id", default=None, help="device id (also its broker username)")
+    p.add_argument("--type", default=None, help="device type (cluster key)")
+    p.add_argument(
+        "--worker",
+        default=None,
+        metavar="ID",
+        help="instead of a device: an account for aggregation worker ID of a sharded server",
+    )
     p.add_argument("--state", required=True, help="provisioning directory")
     p.add_argument("--fleet", default="default")
     p.add_argument("--host", default="127.0.0.1", help="broker host name or IP (certificate SAN)")
