@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 
 from torch import Tensor
@@ -32,6 +33,7 @@ from wakefl.sdk.selffl.strategy import ServerState, Strategy
 from wakefl.server.aggregation_server import (
     BROKER_DROPPED_TOPIC,
     AggregationServer,
+    RoundReport,
     ServerConfig,
 )
 from wakefl.server.partial_aggregate import (
@@ -115,6 +117,12 @@ class ShardedCoordinator(AggregationServer):
             return sorted(self._workers)
 
     # ------------------------------------------------------------------ rounds
+    def _report_round(self, report: RoundReport) -> None:
+        # The workers count their refusals in the shared store, not in this process.
+        self.store.flush_rejections()
+        self.rejections = Counter(self.store.rejection_counts())
+        super()._report_round(report)
+
     def _seal_round(self, round_id: int) -> None:
         self.store.set_round_status(round_id, "sealed")
 
