@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import paho.mqtt.client as paho
@@ -21,6 +22,7 @@ import torch
 from paho.mqtt.enums import CallbackAPIVersion
 from test_server import FLEET, SimDevice, _close_all, _expected, _round_orders, _wait
 
+from wakefl.sdk import messages as M
 from wakefl.sdk import topics
 from wakefl.sdk.selffl.registry import make_strategy
 from wakefl.server.aggregation_server import ServerConfig
@@ -29,6 +31,7 @@ from wakefl.server.sharded_coordinator import ShardedCoordinator
 from wakefl.server.state_store import StateStore
 
 REG = {"a": "speaker", "b": "speaker", "c": "tv", "d": "tv"}
+RECORD = {"sigma_sq": 0.1, "has_variance": 1.0, "local_steps": 5.0}
 D = 48
 
 
@@ -84,7 +87,20 @@ def test_sharded_rounds_equal_the_single_process_model(mqtt_broker, tmp_path):
     for t in threads:
         t.start()
     devs = [SimDevice(mqtt_broker.url, d, t) for d, t in REG.items()]
+    for d in devs:
+        d.hold.clear()  # not before the hostile messages below were refused
     try:
+        _wait(lambda: len(workers) == 2 and all(w.link.connected for w in workers), 30, "workers")
+        # The workers refuse as one process does: garbage from a registered device (acked as
+        # a refusal), an update from an unregistered one.
+        stranger = M.Uplink(FLEET, "r", "zz", "tv", 1, torch.zeros(D), 5, dict(RECORD))
+        hostile = [
+            (topics.uplink(FLEET, "a"), b"garbage"),
+            (topics.uplink(FLEET, "zz"), M.encode(stranger)),
+        ]
+        _wait(lambda: _refused(ghost, hostile, state) >= {"malformed", "unknown_device"}, 20, "")
+        for d in devs:
+            d.hold.set()
         runner.join(60)
         _wait(lambda: all(d.final is not None for d in devs), 10, "the end announcement")
         for t in threads:
@@ -101,10 +117,22 @@ def test_sharded_rounds_equal_the_single_process_model(mqtt_broker, tmp_path):
     assert [r.closed_by for r in coord.reports] == ["all"] * 3
     assert sum(w.recorded for w in workers) == 3 * len(REG)
     assert coord.passes_reassigned >= 1  # the ghost's passes went to a live worker
-    assert not coord.rejections
+    assert set(coord.rejections) == {"malformed", "unknown_device"}  # the workers' counts
     want = _expected(devs, 3, len(REG), False, _round_orders(state, 3))
     torch.testing.assert_close(final.global_params, want, rtol=0, atol=1e-6)
     torch.testing.assert_close(devs[0].final.global_params, want, rtol=0, atol=1e-6)
+
+
+def _refused(client: paho.Client, messages: list[tuple[str, bytes]], state: Path) -> set[str]:
+    """Publish `messages` (again) and return the refusal reasons on record."""
+    for topic, payload in messages:
+        client.publish(topic, payload, qos=1)
+    time.sleep(0.7)  # the store commits refusals in batches
+    store = StateStore(state)
+    try:
+        return set(store.rejection_counts())
+    finally:
+        store.close()
 
 
 def _cli_worker(url: str, state: Path, wid: str) -> subprocess.Popen:
@@ -232,3 +260,80 @@ def test_worker_account_reads_uplinks_through_the_shared_subscription_and_device
             link.close()
         broker.stop()
         shutil.rmtree(shared, ignore_errors=True)
+
+
+def _cli_coordinator(url: str, state: Path, init: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "wakefl.tools.cli", "server", "--role", "coordinator"]
+    cmd += ["--broker", url, "--state", str(state), "--fleet", FLEET, "--init-model", str(init)]
+    cmd += ["--devices", ",".join(f"{d}:{t}" for d, t in REG.items()), "--rounds", "2"]
+    cmd += ["--round-timeout", "60", "--ack-timeout", "2"]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def _round_status(state: Path, round_id: int) -> str | None:
+    store = StateStore(state)
+    try:
+        rec = store.round(round_id)
+        return None if rec is None else rec.status
+    finally:
+        store.close()
+
+
+def test_coordinator_sigkill_while_merging_resumes_the_sealed_round(mqtt_broker, tmp_path):
+    from safetensors.torch import save_file
+
+    state, init = tmp_path / "server", tmp_path / "init.safetensors"
+    save_file({"params": torch.zeros(D)}, str(init))
+    # A worker that never answers holds the coordinator in its first pass (60 s timeout):
+    # the round is sealed, not aggregated, when the coordinator is killed.
+    ghost = _ghost_worker(mqtt_broker.url, "ghost")
+    proc = _cli_coordinator(mqtt_broker.url, state, init)
+    workers: list[AggregationWorker] = []
+
+    def start_worker(wid: str) -> None:
+        w = AggregationWorker(
+            _config(mqtt_broker, state, rounds=2),
+            make_strategy("selffl"),
+            wid,
+            progress=lambda s: None,
+        )
+        workers.append(w)
+        w.run()
+
+    threads = [threading.Thread(target=start_worker, args=(w,), daemon=True) for w in ("w1", "w2")]
+    for t in threads:
+        t.start()
+    devs = [SimDevice(mqtt_broker.url, d, t) for d, t in REG.items()]
+    try:
+        _wait(lambda: _round_status(state, 1) == "sealed", 60, "round 1 sealed")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        ghost.publish(topics.agg_worker(FLEET, "ghost"), b"", qos=1, retain=True).wait_for_publish(
+            5
+        )
+        proc = _cli_coordinator(mqtt_broker.url, state, init)
+        out, _ = proc.communicate(timeout=90)
+        assert proc.returncode == 0, out
+        assert "round 1/2: resumed with 4/4 updates on record" in out
+        _wait(lambda: all(d.final is not None for d in devs), 10, "the end announcement")
+        for t in threads:
+            t.join(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _close_all(devs)
+        ghost.loop_stop()
+        ghost.disconnect()
+        for w in workers:
+            w.stop_event.set()
+    store = StateStore(state)
+    try:
+        final = store.load_server_state()
+    finally:
+        store.close()
+    assert final.round_id == 2
+    want = _expected(devs, 2, len(REG), False, _round_orders(state, 2))
+    torch.testing.assert_close(final.global_params, want, rtol=0, atol=1e-6)
