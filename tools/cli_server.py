@@ -98,6 +98,8 @@ def _handler(args: argparse.Namespace) -> int:
     strategy_args = _strategy_args(args)
     strategy = make_strategy(args.strategy, **strategy_args)
     state = Path(args.state)
+    if args.role == "worker" and args.broker == "embedded":
+        raise ConfigError("--role worker joins a coordinator's broker: pass its --broker URL")
     if args.role == "worker":
         from wakefl.server.aggregation_worker import wait_for_store
 
