@@ -520,8 +520,10 @@ def test_sabotaged_personal_model_is_never_served_and_the_uplink_says_so(tmp_pat
         fleet="f8",
         ack_timeout_s=1.0,
     )
-    # long enough local training to unlearn the task
-    args = {**ARGS, "lr": 0.5, "warmup_steps": 12, "l_max": 12, "max_local_epochs": None}
+    # long enough local training, at a rate that learns the flipped labels: a rate so high
+    # that the model collapses to near-constant scores can keep the ranking (and so be no
+    # worse at matched FR), which is not the sabotage this test is about
+    args = {**ARGS, "lr": 0.1, "warmup_steps": 32, "l_max": 32, "max_local_epochs": None}
     th, out = _start(client)
     try:
         for rid in (1, 2):
