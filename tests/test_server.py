@@ -351,6 +351,19 @@ def _cli_server(broker_url: str, state: Path, init: Path, rounds: int) -> subpro
     )
 
 
+def _collect_lines(proc: subprocess.Popen) -> list[str]:
+    """The process's output lines, appended as they come by a reader thread."""
+    lines: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
 def test_server_sigkill_mid_round_resumes_without_losing_updates(mqtt_broker, tmp_path):
     init = tmp_path / "init.safetensors"
     save_file({"params": torch.zeros(D)}, str(init))
@@ -370,8 +383,13 @@ def test_server_sigkill_mid_round_resumes_without_losing_updates(mqtt_broker, tm
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         proc = _cli_server(mqtt_broker.url, state, init, rounds=3)
+        lines = _collect_lines(proc)
+        # c's held update goes out only once the restarted server has read its state, so the
+        # resume line counts what was on record before the kill, not a race with c.
+        _wait(lambda: any("resumed with" in line for line in lines), 30, "the resume line")
         c.hold.set()
-        out, _ = proc.communicate(timeout=60)
+        proc.wait(60)
+        out = "".join(lines)
         assert proc.returncode == 0, out
         assert "resumed with 2/3 updates on record" in out
         _wait(lambda: all(d.final is not None for d in devs), 10, "the end announcement")
