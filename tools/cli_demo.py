@@ -18,7 +18,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "device type, within about 10 minutes on 2 cores; tiny: 24 test clips)",
     )
     p.add_argument("--rounds", type=int, default=3, help="Self-FL rounds (default 3)")
-    p.add_argument("--width", type=float, default=0.25, help="model width (default 0.25)")
+    p.add_argument(
+        "--width", type=float, default=1.0, help="model width (default 1.0: the shipped full model)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--baseline",

@@ -31,7 +31,7 @@ from wakefl.errors import WakeflError
 class DemoSettings:
     profile: str = "demo"
     rounds: int = 3
-    width: float = 0.25
+    width: float = 1.0
     seed: int = 0
     warm_epochs: int = 30
     # The warm start: the shipped pretrained model of `width` unless told otherwise
