@@ -475,6 +475,14 @@ class StateStore:
 
     @staticmethod
     def _insert_update(db: sqlite3.Connection, msg: Uplink, rel: str, nbytes: int) -> None:
+        # An accepted update proves the device is connected. Its Hello may say otherwise:
+        # after a broker restart the server can read a device's will (offline) after the
+        # device's new Hello, and the device repeats no Hello once it hears the server; it
+        # would then be left out of every later round's sampling.
+        db.execute(
+            "UPDATE devices SET online=1, last_seen=? WHERE device_id=?",
+            (time.time(), msg.device_id),
+        )
         record = json.dumps(msg.record, sort_keys=True)
         db.execute(
             "INSERT INTO updates VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
