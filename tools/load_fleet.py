@@ -323,6 +323,9 @@ class LoadFleet:
         self.finished = asyncio.Event()
         self.acks: dict[tuple[str, int], asyncio.Future] = {}
         self.errors: Counter = Counter()
+        # Deliveries still sending or awaiting their ack (strong references: the loop keeps
+        # only weak ones to tasks).
+        self.deliveries: set[asyncio.Task] = set()
 
     # -------------------------------------------------------------- connections
     async def _open(self, dev: Device, follower: bool) -> None:
@@ -404,9 +407,11 @@ class LoadFleet:
         tally.opened_at = time.time()
         for d in down.instructions:
             if d in self.index:
-                asyncio.get_running_loop().create_task(
+                task = asyncio.get_running_loop().create_task(
                     self._deliver(self.devices[self.index[d]], down)
                 )
+                self.deliveries.add(task)
+                task.add_done_callback(self.deliveries.discard)
 
     # -------------------------------------------------------------- sending
     def _payload(self, dev: Device, down: M.Downlink) -> bytes:
@@ -515,6 +520,8 @@ def _with_params(up: M.Uplink, params: torch.Tensor) -> M.Uplink:
 
 
 _HEADER_AT = len(M.MAGIC) + 32
+# How long the report waits, after the final downlink, for acks still in flight.
+ACK_GRACE_S = 10.0
 
 
 def _peek(payload: bytes) -> dict[str, Any] | None:
@@ -536,6 +543,11 @@ async def run(args: argparse.Namespace, creds: dict[str, str]) -> dict[str, Any]
         await asyncio.wait_for(fleet.finished.wait(), args.time_limit)
     except TimeoutError:
         fleet.errors["time limit reached before the final downlink"] += 1
+    if fleet.deliveries:
+        # The server acks each update before it closes the round, but the final downlink
+        # reaches the follower's connection independently of the acks on the others': let
+        # the acks in flight land before counting them (bounded by ACK_GRACE_S).
+        await asyncio.wait(set(fleet.deliveries), timeout=ACK_GRACE_S)
     for dev in fleet.devices:
         if dev.conn is not None and dev.conn.transport is not None:
             dev.conn.send(b"\xe0\x00")  # DISCONNECT
