@@ -415,10 +415,14 @@ class StateStore:
 
     def set_online(self, device_id: str, online: bool) -> None:
         with self._tx() as db:
-            db.execute(
-                "UPDATE devices SET online=?, last_seen=? WHERE device_id=?",
-                (int(online), time.time(), device_id),
-            )
+            self._mark_online(db, device_id, online)
+
+    @staticmethod
+    def _mark_online(db: sqlite3.Connection, device_id: str, online: bool) -> None:
+        db.execute(
+            "UPDATE devices SET online=?, last_seen=? WHERE device_id=?",
+            (int(online), time.time(), device_id),
+        )
 
     def online_devices(self) -> list[str]:
         with self._lock:
@@ -479,10 +483,7 @@ class StateStore:
         # after a broker restart the server can read a device's will (offline) after the
         # device's new Hello, and the device repeats no Hello once it hears the server; it
         # would then be left out of every later round's sampling.
-        db.execute(
-            "UPDATE devices SET online=1, last_seen=? WHERE device_id=?",
-            (time.time(), msg.device_id),
-        )
+        StateStore._mark_online(db, msg.device_id, True)
         record = json.dumps(msg.record, sort_keys=True)
         db.execute(
             "INSERT INTO updates VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
