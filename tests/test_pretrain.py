@@ -4,6 +4,7 @@ per split), augmentation, a few training steps, checkpoints, resume and publishi
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 from pathlib import Path
 
@@ -188,7 +189,7 @@ def test_init_from_a_narrower_model_widens_it(corpus: Path, tmp_path: Path) -> N
     torch.manual_seed(0)
     narrow = tmp_path / "narrow.safetensors"
     save_model(KwsCnn(ModelConfig(width=0.25)), narrow)
-    wide = PretrainSettings(**{**SETTINGS.__dict__, "width": 1.0})
+    wide = dataclasses.replace(SETTINGS, width=1.0)
     info = pretrain(corpus, tmp_path / "w", wide, init_from=narrow, progress=False, max_steps=1)
     assert info["init_from"] == str(narrow) and info["step"] == 1
     # The other way round would throw trained channels away: refused.

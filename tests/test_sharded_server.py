@@ -59,6 +59,29 @@ def _ghost_worker(url: str, wid: str) -> paho.Client:
     return c
 
 
+def _start_workers(
+    broker, state: Path, rounds: int, ids: tuple[str, ...] = ("w1", "w2")
+) -> tuple[list[AggregationWorker], list[threading.Thread]]:
+    """In-process aggregation workers, each running in its own thread; the list fills as
+    each worker is built."""
+    workers: list[AggregationWorker] = []
+
+    def start_worker(wid: str) -> None:
+        w = AggregationWorker(
+            _config(broker, state, rounds=rounds),
+            make_strategy("selffl"),
+            wid,
+            progress=lambda s: None,
+        )
+        workers.append(w)
+        w.run()
+
+    threads = [threading.Thread(target=start_worker, args=(w,), daemon=True) for w in ids]
+    for t in threads:
+        t.start()
+    return workers, threads
+
+
 def test_sharded_rounds_equal_the_single_process_model(mqtt_broker, tmp_path):
     state = tmp_path / "server"
     coord = ShardedCoordinator(
@@ -68,24 +91,11 @@ def test_sharded_rounds_equal_the_single_process_model(mqtt_broker, tmp_path):
         task_timeout_s=2.0,
     )
     ghost = _ghost_worker(mqtt_broker.url, "ghost")
-    workers: list[AggregationWorker] = []
-
-    def start_worker(wid: str) -> None:
-        w = AggregationWorker(
-            _config(mqtt_broker, state, rounds=3),
-            make_strategy("selffl"),
-            wid,
-            progress=lambda s: None,
-        )
-        workers.append(w)
-        w.run()
 
     result: list = []
     runner = threading.Thread(target=lambda: result.append(coord.run()), daemon=True)
     runner.start()
-    threads = [threading.Thread(target=start_worker, args=(w,), daemon=True) for w in ("w1", "w2")]
-    for t in threads:
-        t.start()
+    workers, threads = _start_workers(mqtt_broker, state, rounds=3)
     devs = [SimDevice(mqtt_broker.url, d, t) for d, t in REG.items()]
     for d in devs:
         d.hold.clear()  # not before the hostile messages below were refused
@@ -291,21 +301,8 @@ def test_coordinator_sigkill_while_merging_resumes_the_sealed_round(mqtt_broker,
     # the round is sealed, not aggregated, when the coordinator is killed.
     ghost = _ghost_worker(mqtt_broker.url, "ghost")
     proc = _cli_coordinator(mqtt_broker.url, state, init)
-    workers: list[AggregationWorker] = []
 
-    def start_worker(wid: str) -> None:
-        w = AggregationWorker(
-            _config(mqtt_broker, state, rounds=2),
-            make_strategy("selffl"),
-            wid,
-            progress=lambda s: None,
-        )
-        workers.append(w)
-        w.run()
-
-    threads = [threading.Thread(target=start_worker, args=(w,), daemon=True) for w in ("w1", "w2")]
-    for t in threads:
-        t.start()
+    workers, threads = _start_workers(mqtt_broker, state, rounds=2)
     devs = [SimDevice(mqtt_broker.url, d, t) for d, t in REG.items()]
     try:
         _wait(lambda: _round_status(state, 1) == "sealed", 60, "round 1 sealed")
