@@ -82,6 +82,7 @@ class DeviceClient(serving.ModelAccess):
         eval_batch_size: int = 32,
         expected_width: float | None = None,
         progress: Progress | None = None,
+        gate_ties: str = "keep",
     ) -> None:
         self.device_id = topics.check_name(device_id, "device id")
         self.device_type = topics.check_name(device_type, "device type")
@@ -102,7 +103,8 @@ class DeviceClient(serving.ModelAccess):
             eval_batch_size=int(eval_batch_size),
             expected_width=expected_width,
         )
-        self.gate = serving.ServingGate(self.trainer, target_fr=target_fr, seed=int(seed))
+        tr = self.trainer
+        self.gate = serving.ServingGate(tr, target_fr=tr.target_fr, seed=tr.seed, ties=gate_ties)
         self._stop = threading.Event()
         self.link = DeviceLink(
             broker_url,

@@ -26,10 +26,13 @@ the model the device shipped with, when its scores are given):
    FA interval is > 1 or the lower bound of its relative FR interval is > 1 (an
    unbounded lower bound counts as > 1).
 4. C is *admissible* when it is not worse beyond the noise than S nor than B, and its
-   point figures against S are no worse: relative FA <= 1 and relative FR <= 1. (Not
-   worse beyond the noise alone would let a model that looks worse on the device's own
-   clips in; checking B as well stops a chain of such switches from drifting away from
-   the shipped model.)
+   point figures against S are better: relative FA <= 1 and relative FR <= 1 with at
+   least one of them < 1. (Not worse beyond the noise alone would let a model that looks
+   worse on the device's own clips in; checking B as well stops a chain of such switches
+   from drifting away from the shipped model.) A tie, the same errors on every clip
+   (including 0/0, no false accept by either model), keeps S: a switch needs evidence
+   that it helps, and a device whose clips show no error has none. `ties="switch"` admits
+   ties as well (relative FA <= 1 and relative FR <= 1), the rule before this one.
 5. The device serves the admissible candidate with the lowest point relative FA against S
    (ties: the first in the order given, e.g. personalized before global); with none, it
    keeps serving S.
@@ -64,6 +67,7 @@ if TYPE_CHECKING:
     from wakefl.sdk.selffl.records import RecordSchema
 
 ArrayLike = Sequence[float] | np.ndarray
+TIE_RULES = ("keep", "switch")
 KEEP_REASON_NO_CLIPS = "no local validation clips: nothing to compare on, the served model is kept"
 
 
@@ -90,6 +94,7 @@ class Comparison:
     replicates: int
     worse_beyond_noise: bool
     no_worse_point: bool  # point relative FA <= 1 and relative FR <= 1
+    better_point: bool = False  # no worse, and relative FA < 1 or relative FR < 1
 
     def as_dict(self) -> dict:
         """JSON values: an unbounded figure is "unbounded"; an interval without any
@@ -112,6 +117,7 @@ class Comparison:
             "replicates": self.replicates,
             "worse_beyond_noise": self.worse_beyond_noise,
             "no_worse_point": self.no_worse_point,
+            "better_point": self.better_point,
         }
 
 
@@ -194,6 +200,7 @@ def decide_served_model(
     n_boot: int = 500,
     seed: int = 0,
     level: float = 0.95,
+    ties: str = "keep",
 ) -> GateDecision:
     """Decide which model a device serves (the rule is in the module docstring).
 
@@ -202,9 +209,13 @@ def decide_served_model(
     `candidates` name -> scores (in order of preference on ties, e.g. {"personalized": ...,
     "global": ...}), `baseline_scores` of the shipped model (optional; skipped when equal
     to the served model's). `units` gives each clip's bootstrap unit (its speaker); None
-    makes each clip its own unit. Deterministic for a `seed`.
+    makes each clip its own unit. `ties` is "keep" (a candidate must be better than the
+    served model in the point figures) or "switch" (no worse suffices). Deterministic for
+    a `seed`.
     """
     _check_gate_settings(n_boot, level, target_fr)
+    if ties not in TIE_RULES:
+        raise ValueError(f"ties must be one of {', '.join(TIE_RULES)}, got {ties!r}")
     lab = np.asarray(labels).reshape(-1)
     served, cands, base, grp = _gate_inputs(
         lab, served_scores, candidates, baseline_scores, units, served_name
@@ -228,7 +239,8 @@ def decide_served_model(
         references["baseline"] = base
     draws = list(_unit_draws(np.random.default_rng(seed), grp, pos, neg, n_boot))
     comparisons = _compare_all(cands, references, pos, neg, float(target_fr), draws, float(level))
-    return _decision(comparisons, _admissible(cands, comparisons, served_name), common)
+    admissible = _admissible(cands, comparisons, served_name, ties == "switch")
+    return _decision(comparisons, admissible, common)
 
 
 def _compare_all(
@@ -340,18 +352,20 @@ def _gate_inputs(
 
 
 def _admissible(
-    cands: Mapping[str, np.ndarray], comparisons: list[Comparison], served_name: str
+    cands: Mapping[str, np.ndarray],
+    comparisons: list[Comparison],
+    served_name: str,
+    switch_on_tie: bool,
 ) -> list[str]:
-    """The candidates not worse beyond the noise against any reference and no worse in
-    the point figures than the served model, in the order given."""
+    """The candidates not worse beyond the noise against any reference and better in
+    the point figures than the served model (no worse, with `switch_on_tie`), in the order
+    given."""
     admissible = []
     for cname in cands:
         mine = [c for c in comparisons if c.candidate == cname]
         vs_served = next(c for c in mine if c.reference == served_name)
-        if (
-            all(c.replicates > 0 and not c.worse_beyond_noise for c in mine)
-            and vs_served.no_worse_point
-        ):
+        point_ok = vs_served.no_worse_point if switch_on_tie else vs_served.better_point
+        if all(c.replicates > 0 and not c.worse_beyond_noise for c in mine) and point_ok:
             admissible.append(cname)
     return admissible
 
@@ -374,6 +388,12 @@ def _keep_reasons(comparisons: list[Comparison], served_name: str) -> list[str]:
             reasons.append(
                 f"{c.candidate} is not as good as {c.reference} on the local clips "
                 f"(relative FA {_fmt(c.relative_fa)}, relative FR {_fmt(c.relative_fr)})"
+            )
+        elif c.reference == served_name and not c.better_point:
+            reasons.append(
+                f"{c.candidate} is no better than {c.reference} on the local clips "
+                f"({c.candidate_fa_count} against {c.reference_fa_count} false accepts, "
+                f"relative FR {_fmt(c.relative_fr)}): nothing shows that a switch helps"
             )
     return reasons
 
@@ -475,6 +495,10 @@ def _compare(
         and res.relative_fr is not None
         and res.relative_fr <= 1.0
     )
+    better = no_worse and (
+        (res.relative_fa is not None and res.relative_fa < 1.0)
+        or (res.relative_fr is not None and res.relative_fr < 1.0)
+    )
     return Comparison(
         candidate=cname,
         reference=rname,
@@ -491,6 +515,7 @@ def _compare(
         replicates=len(draws),
         worse_beyond_noise=worse,
         no_worse_point=no_worse,
+        better_point=better,
     )
 
 

@@ -31,7 +31,7 @@ from torch import Tensor
 from wakefl.errors import ConfigError, WakeflError
 from wakefl.sdk.device_state import DeviceState
 from wakefl.sdk.round_training import RoundTrainer, json_safe
-from wakefl.sdk.served_model_gate import GateDecision, decide_served_model
+from wakefl.sdk.served_model_gate import TIE_RULES, GateDecision, decide_served_model
 
 log = logging.getLogger("wakefl.device")
 
@@ -40,7 +40,8 @@ CANDIDATES = ("personalized", "global")
 
 class ServingGate:
     """The served-model gate of one device (n_boot bootstrap replicates at `level`, at the
-    device's target FR; the seed mixes the device id and the round)."""
+    device's target FR; the seed mixes the device id and the round; `ties` as in
+    `decide_served_model`)."""
 
     def __init__(
         self,
@@ -50,7 +51,11 @@ class ServingGate:
         seed: int = 0,
         n_boot: int = 500,
         level: float = 0.95,
+        ties: str = "keep",
     ) -> None:
+        if ties not in TIE_RULES:
+            raise ConfigError(f"gate ties must be one of {', '.join(TIE_RULES)}, got {ties!r}")
+        self.ties = ties
         self.trainer = trainer
         self.target_fr = float(target_fr)
         self.seed = int(seed)
@@ -100,6 +105,7 @@ class ServingGate:
             "n_boot": self.n_boot,
             "level": self.level,
             "seed": seed,
+            "ties": self.ties,
         }
         if not self.trainer.has_validation():
             return decide_served_model([], [], {}, **settings)

@@ -122,16 +122,38 @@ def test_a_noisy_equal_model_follows_the_documented_rule_and_is_deterministic():
         )
         assert d == again
         c = d.comparisons[0]
-        # The rule: switch iff not worse beyond the noise and no worse in the point figures.
-        assert d.switched == (not c.worse_beyond_noise and c.no_worse_point)
+        # The rule: switch iff not worse beyond the noise and better in the point figures.
+        assert d.switched == (not c.worse_beyond_noise and c.better_point)
         assert c.no_worse_point == (
             c.relative_fa is not None
             and c.relative_fa <= 1
             and c.relative_fr is not None
             and c.relative_fr <= 1
         )
+        assert c.better_point == (c.no_worse_point and (c.relative_fa < 1 or c.relative_fr < 1))
         switched += d.switched
     assert 0 < switched < 12  # equal models go either way on the device's own clips
+
+
+def test_a_tie_keeps_the_served_model_unless_ties_switch():
+    rng = np.random.default_rng(11)
+    labels, units, feature = _clips(rng, n_units=10)
+    # Every other clip far below every wake word: neither model false-accepts (0/0).
+    served = np.where(labels == 1, 0.6 + 0.3 * rng.random(labels.size), 0.01)
+    cand = np.where(labels == 1, 0.6 + 0.3 * rng.random(labels.size), 0.02)
+    kept = decide_served_model(labels, served, {"personalized": cand}, units=units, seed=2)
+    c = kept.comparisons[0]
+    assert c.candidate_fa_count == c.reference_fa_count == 0 and c.relative_fa == 1.0
+    assert c.no_worse_point and not c.better_point and not c.worse_beyond_noise
+    assert not kept.switched and kept.serve == "served"
+    assert "no better than served" in kept.reason
+    switched = decide_served_model(
+        labels, served, {"personalized": cand}, units=units, seed=2, ties="switch"
+    )
+    assert switched.switched and switched.serve == "personalized"
+    assert switched.comparisons == kept.comparisons  # the same evidence, another rule
+    with pytest.raises(ValueError, match="ties"):
+        decide_served_model(labels, served, {"personalized": cand}, ties="maybe")
 
 
 def test_the_baseline_guard_stops_drift_away_from_the_shipped_model():
@@ -168,7 +190,7 @@ def test_edge_cases_keep_the_served_model_with_a_reason():
     labels = np.array([1, 1, 0, 0, 0, 1, 0, 0])
     flat = np.full(8, 0.5)
     d = decide_served_model(labels, flat, {"personalized": flat.copy()}, n_boot=50)
-    assert d.comparisons[0].relative_fa == 1.0 and d.switched  # equal, not worse: allowed
+    assert d.comparisons[0].relative_fa == 1.0 and not d.switched  # equal: no evidence
     good = np.where(labels == 1, 0.9, 0.1)
     d = decide_served_model(labels, flat, {"personalized": good}, n_boot=50)
     assert d.switched and d.comparisons[0].relative_fa == 0.0

@@ -69,6 +69,13 @@ def _add_protocol_options(p: argparse.ArgumentParser) -> None:
         default=0.05,
         help="baseline operating point for the relative FA/FR report (default 0.05)",
     )
+    p.add_argument(
+        "--gate-ties",
+        choices=("keep", "switch"),
+        default="keep",
+        help="served-model gate on a tie with the served model (the same errors on the "
+        "validation clips): keep it (default) or switch to the new model",
+    )
 
 
 def _add_export_options(p: argparse.ArgumentParser) -> None:
@@ -134,6 +141,7 @@ def _run(args: argparse.Namespace) -> int:
         target_fr=args.target_fr,
         expected_width=args.width,
         progress=say,
+        gate_ties=args.gate_ties,
     )
     # SIGTERM leaves cleanly (state is committed at every step anyway).
     signal.signal(signal.SIGTERM, lambda *_: client.stop())

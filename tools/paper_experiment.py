@@ -718,27 +718,38 @@ class PaperStudy:
             params = {"personalized": run.personal[cid]}
             if run.method not in NO_GLOBAL:
                 params["global"] = run.global_params
-            decision = decide_served_model(
-                val.labels,
-                val.baseline_scores,
-                {name: self.scorer(p, val, "val") for name, p in params.items()},
-                units=val.speakers,
-                served_name="baseline",
-                target_fr=self.prof.target_fr,
-                n_boot=self.prof.n_boot,
-                seed=self.seed,
-            )
-            served = params.get(decision.serve, self.initial)
+            val_scores = {name: self.scorer(p, val, "val") for name, p in params.items()}
+            decisions = {
+                ties: decide_served_model(
+                    val.labels,
+                    val.baseline_scores,
+                    val_scores,
+                    units=val.speakers,
+                    served_name="baseline",
+                    target_fr=self.prof.target_fr,
+                    n_boot=self.prof.n_boot,
+                    seed=self.seed,
+                    ties=ties,
+                )
+                for ties in ("keep", "switch")
+            }
+            models = {
+                "served": params.get(decisions["keep"].serve, self.initial),
+                "served_ties_switch": params.get(decisions["switch"].serve, self.initial),
+                "personalized": params["personalized"],
+            }
             recs = {
-                name: relative_records(
-                    test,
-                    self.scorer(p, test, "test"),
-                    (ALL_STATES,),
-                    self.prof.target_fr,
-                    self.prof.n_boot,
-                    self.seed,
-                )[ALL_STATES]
-                for name, p in (("served", served), ("personalized", params["personalized"]))
+                name: _gate_record(
+                    relative_records(
+                        test,
+                        self.scorer(p, test, "test"),
+                        (ALL_STATES,),
+                        self.prof.target_fr,
+                        self.prof.n_boot,
+                        self.seed,
+                    )[ALL_STATES]
+                )
+                for name, p in models.items()
             }
             out.append(
                 {
@@ -746,10 +757,10 @@ class PaperStudy:
                     "method": label,
                     "client": cid,
                     "device_type": dt,
-                    "serves": decision.serve,
-                    "reason": decision.reason,
-                    "served": _gate_record(recs["served"]),
-                    "personalized": _gate_record(recs["personalized"]),
+                    "serves": decisions["keep"].serve,
+                    "reason": decisions["keep"].reason,
+                    "serves_ties_switch": decisions["switch"].serve,
+                    **recs,
                 }
             )
         return out

@@ -565,6 +565,30 @@ def _why_gate(result: dict[str, Any]) -> list[str]:
         f"are worse than the warm start beyond the CI"
         + (f" ({where})" if worse else "")
         + f", against {worse_p} of the personalized models served without the gate."
+    ] + _why_gate_ties(gate)
+
+
+def _fa_above_one(rec: dict[str, Any]) -> bool:
+    fa = rec.get("relative_fa")
+    return fa is None or fa > 1.0  # None: unbounded
+
+
+def _why_gate_ties(gate: list[dict[str, Any]]) -> list[str]:
+    """The same clients under the earlier rule that switches on a tie (an ablation row;
+    results written before the rule changed have no such field)."""
+    rows = [g for g in gate if "served_ties_switch" in g]
+    if not rows:
+        return []
+    switched = sum(g["serves_ties_switch"] != "baseline" for g in rows)
+    worse = sum(ci_side(g["served_ties_switch"]["relative_fa_ci"]) == "above" for g in rows)
+    above_one = sum(_fa_above_one(g["served_ties_switch"]) for g in rows)
+    above_one_keep = sum(_fa_above_one(g["served"]) for g in rows)
+    return [
+        f"Ablation, a gate that also switches on a tie (the same errors on the validation "
+        f"clips): {switched} of {len(rows)} clients would leave the warm start, "
+        f"{worse} of the served models would be worse than it beyond the CI, and "
+        f"{above_one} would have a point relative FA above 1 on the test speakers "
+        f"(against {above_one_keep} with ties keeping the served model)."
     ]
 
 
@@ -782,7 +806,7 @@ def _md_gate(result: dict[str, Any]) -> list[str]:
         "",
         "Each Self-FL client serves what the served-model gate decides on its device "
         "type's validation speakers: its personalized model or the global model when "
-        "that is not worse than the warm start beyond the noise and no worse in the point "
+        "that is not worse than the warm start beyond the noise and better in the point "
         "figures, else the warm start (docs/SELF_FL.md). Counts of clients whose served "
         "(personalized) model's relative FA on the test speakers has a 95% CI wholly "
         "above 1.",
