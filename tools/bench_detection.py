@@ -7,7 +7,9 @@ the held-out speakers (the corpus's test split) and the unseen-voices corpus:
 - FRR and FA/h at the model's shipped threshold (its card), when it has one;
 - a DET curve (FRR against FA/h) per split, as PNG;
 - with `--int8`, the same for the int8 ONNX export, and how often its decisions agree with
-  fp32 at the shipped threshold, on every stream window and clip.
+  fp32 at the shipped threshold, on every stream window and clip;
+- with `--detectors 0.1:3 0.2:1`, the same figures for other streaming detector settings
+  (hop and smoothing), from the same scores.
 
     python -m wakefl.tools.bench_detection --pretrained small --corpus DIR [--int8] [--json]
 """
@@ -19,7 +21,7 @@ import json
 import math
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,21 +43,50 @@ FRR_TARGET = 0.05
 
 @dataclass
 class SplitScores:
-    """One model's scores on one device type of one split."""
+    """One model's scores on one device type of one split, for one detector setting."""
 
     pos: np.ndarray  # clip scores of wake-phrase clips
     neg: np.ndarray  # clip scores of other clips
     raw_streams: list[np.ndarray]  # raw window posteriors of each negative stream
     stream_hours: float
+    hop_s: float = HOP_S
+    smoothing: int = SMOOTHING
 
     @property
     def streams(self) -> list[np.ndarray]:
-        return [smoothed(r, SMOOTHING) for r in self.raw_streams]
+        return [smoothed(r, self.smoothing) for r in self.raw_streams]
+
+    def detector(self, hop_s: float, smoothing: int) -> SplitScores:
+        """The same scores seen by a detector at `hop_s` (a multiple of this one's: its
+        window ends are every k-th of these) and `smoothing`."""
+        step = hop_s / self.hop_s
+        if step < 1 or abs(step - round(step)) > 1e-6:
+            raise ConfigError(f"hop {hop_s} s is not a multiple of the scored hop {self.hop_s} s")
+        return replace(
+            self,
+            raw_streams=[r[:: int(round(step))] for r in self.raw_streams],
+            hop_s=hop_s,
+            smoothing=smoothing,
+        )
 
 
-def _events(streams: list[np.ndarray], thr: float) -> int:
-    hops = int(round(REFRACTORY_S / HOP_S))
-    return sum(count_events(s, thr, hops) for s in streams)
+def parse_detector(text: str) -> tuple[float, int]:
+    """`HOP:SMOOTHING`, e.g. `0.2:1`."""
+    try:
+        hop, smoothing = text.split(":")
+        out = (float(hop), int(smoothing))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected HOP:SMOOTHING, got {text!r}") from None
+    if not (out[0] > 0 and out[1] >= 1):
+        raise argparse.ArgumentTypeError(f"hop must be > 0 and smoothing >= 1, got {text!r}")
+    return out
+
+
+def _events(sc: SplitScores, thr: float) -> int:
+    # The detector counts the refractory period in samples: a whole number of hops that
+    # covers it.
+    hops = math.ceil(REFRACTORY_S / sc.hop_s - 1e-9)
+    return sum(count_events(s, thr, hops) for s in sc.streams)
 
 
 def frr_at_fa(sc: SplitScores, fa_per_hour: float) -> dict[str, Any]:
@@ -69,7 +100,7 @@ def frr_at_fa(sc: SplitScores, fa_per_hour: float) -> dict[str, Any]:
     lo, hi = 0, len(cands) - 1
     while lo < hi:  # the first candidate whose events are within the allowance
         mid = (lo + hi) // 2
-        if _events(streams, float(cands[mid])) <= allowed:
+        if _events(sc, float(cands[mid])) <= allowed:
             hi = mid
         else:
             lo = mid + 1
@@ -78,7 +109,7 @@ def frr_at_fa(sc: SplitScores, fa_per_hour: float) -> dict[str, Any]:
         "fa_per_hour_target": fa_per_hour,
         "threshold": thr,
         "frr": float(np.mean(sc.pos < thr)),
-        "fa_per_hour": _events(streams, thr) / sc.stream_hours,
+        "fa_per_hour": _events(sc, thr) / sc.stream_hours,
         "resolved": sc.stream_hours * fa_per_hour >= 1.0,
     }
 
@@ -89,7 +120,7 @@ def fa_at_frr(sc: SplitScores, frr: float) -> dict[str, Any]:
         "frr_target": frr,
         "threshold": thr,
         "frr": float(np.mean(sc.pos < thr)),
-        "fa_per_hour": _events(sc.streams, thr) / sc.stream_hours,
+        "fa_per_hour": _events(sc, thr) / sc.stream_hours,
     }
 
 
@@ -98,16 +129,14 @@ def at_threshold(sc: SplitScores, thr: float) -> dict[str, Any]:
         "threshold": thr,
         "frr": float(np.mean(sc.pos < thr)),
         "clip_far": float(np.mean(sc.neg >= thr)),
-        "fa_per_hour": _events(sc.streams, thr) / sc.stream_hours,
+        "fa_per_hour": _events(sc, thr) / sc.stream_hours,
     }
 
 
 def det_points(sc: SplitScores, n: int = 60) -> list[tuple[float, float]]:
     """(FA/h, FRR) over thresholds spread across the positives' scores."""
     thrs = np.unique(np.quantile(sc.pos, np.linspace(0.0, 0.5, n)))
-    return [
-        (_events(sc.streams, float(t)) / sc.stream_hours, float(np.mean(sc.pos < t))) for t in thrs
-    ]
+    return [(_events(sc, float(t)) / sc.stream_hours, float(np.mean(sc.pos < t))) for t in thrs]
 
 
 def score_split(
@@ -240,11 +269,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             f"{args.corpus} holds no manifest.csv (build it with `wakefl corpus build "
             "--profile pretrain`)"
         )
+    detectors = args.detectors or [(HOP_S, SMOOTHING)]
+    (hop_s, smoothing), others = detectors[0], detectors[1:]
     result: dict[str, Any] = {
         "model": args.pretrained or str(args.weights),
         "corpus": str(args.corpus),
-        "hop_s": HOP_S,
-        "smoothing": SMOOTHING,
+        "hop_s": hop_s,
+        "smoothing": smoothing,
         "refractory_s": REFRACTORY_S,
     }
     with tempfile.TemporaryDirectory(prefix="wakefl-bench-det-") as tmp:
@@ -256,12 +287,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             curves: dict[str, list[tuple[float, float]]] = {}
             for precision, scorer in scorers.items():
                 t0 = time.perf_counter()
-                per = {
+                scored = {
                     d: score_split(scorer, manifest, d, args.max_stream_seconds) for d in devices
                 }
+                per = {d: sc.detector(hop_s, smoothing) for d, sc in scored.items()}
                 rows = {d: summarize(sc, shipped) for d, sc in per.items()}
                 rows["_seconds"] = round(time.perf_counter() - t0, 1)
                 result.setdefault(precision, {})[split] = rows
+                _other_detectors(result, others, scored, shipped, (precision, split))
                 curves.update({f"{precision} {d}": det_points(sc) for d, sc in per.items()})
                 if precision == "fp32":
                     fp32 = per
@@ -279,11 +312,47 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+def _other_detectors(
+    result: dict[str, Any],
+    others: list[tuple[float, int]],
+    scored: dict[str, SplitScores],
+    shipped: float | None,
+    where: tuple[str, str],
+) -> None:
+    """The same scores through other detector settings, into result["detectors"]."""
+    precision, split = where
+    for h, m in others:
+        rows: dict[str, Any] = {
+            d: summarize(sc.detector(h, m), shipped) for d, sc in scored.items()
+        }
+        rows["_seconds"] = result[precision][split]["_seconds"]
+        label = f"hop {h} s, smoothing {m}"
+        result.setdefault("detectors", {}).setdefault(label, {}).setdefault(precision, {})[
+            split
+        ] = rows
+
+
 def format_table(result: dict[str, Any]) -> str:
+    primary = f"hop {result['hop_s']} s, smoothing {result['smoothing']}"
+    lines = _table_lines(result, primary)
+    for label, figures in result.get("detectors", {}).items():
+        lines += _table_lines(figures, label)
+    for split, ag in result.get("int8_agreement", {}).items():
+        lines.append(
+            f"\nint8 vs fp32 decisions at the shipped threshold ({primary}), {split}: "
+            f"{ag['share']:.4f} ({ag['agree']}/{ag['decisions']})"
+        )
+    lines.append(
+        "\n* fewer stream hours than 1/target: the threshold allows no false accept at all"
+    )
+    return "\n".join(lines)
+
+
+def _table_lines(result: dict[str, Any], detector: str) -> list[str]:
     lines = []
     for precision in ("fp32", "int8"):
         for split, rows in result.get(precision, {}).items():
-            lines.append(f"\n{precision}, {split} ({rows['_seconds']} s to score)")
+            lines.append(f"\n{precision}, {split}, {detector} ({rows['_seconds']} s to score)")
             lines.append(
                 "type | FRR @0.5 FA/h | FRR @0.1 FA/h | FA/h @5% FRR | shipped thr: FRR, FA/h | hours"
             )
@@ -298,15 +367,7 @@ def format_table(result: dict[str, Any]) -> str:
                     f"{d} | {a['frr']:.3f}{flag(a)} | {b['frr']:.3f}{flag(b)} | "
                     f"{c['fa_per_hour']:.2f} | {ship} | {r['stream_hours']}"
                 )
-    for split, ag in result.get("int8_agreement", {}).items():
-        lines.append(
-            f"\nint8 vs fp32 decisions at the shipped threshold, {split}: "
-            f"{ag['share']:.4f} ({ag['agree']}/{ag['decisions']})"
-        )
-    lines.append(
-        "\n* fewer stream hours than 1/target: the threshold allows no false accept at all"
-    )
-    return "\n".join(lines)
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -325,6 +386,15 @@ def main(argv: list[str] | None = None) -> int:
         type=float,
         default=None,
         help="score only the first S s of each stream",
+    )
+    p.add_argument(
+        "--detectors",
+        type=parse_detector,
+        nargs="+",
+        default=None,
+        metavar="HOP:SMOOTHING",
+        help=f"streaming detector settings, the first one primary (default {HOP_S}:{SMOOTHING}); "
+        f"hops are multiples of {HOP_S} s, scored once",
     )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--plots", type=Path, default=None, help="folder for DET curve PNGs")

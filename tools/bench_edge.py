@@ -1,6 +1,8 @@
 """Edge benchmark: per-window latency of torch eager, onnxruntime fp32 and onnxruntime
 int8 (batch 1, 1 thread), the streaming detector's real-time factor and CPU share at the
-default hop, model sizes on disk, and int8-vs-fp32 decision agreement.
+default hop, model sizes on disk, int8-vs-fp32 decision agreement, and, for trained weights
+with an operating-point card, the int8 detector's detection delay after "hey nova" (espeak-ng
+voices) at hop 0.1 s and 0.2 s.
 
     .venv/bin/python tools/bench_edge.py [--width 1.0 | --weights W.safetensors]
 """
@@ -59,6 +61,77 @@ def bench_audio(seconds: float, sample_rate: int, workdir: Path) -> np.ndarray:
     return np.tile(one, reps)[: int(seconds * sample_rate)]
 
 
+DELAY_VOICES = ("en-us", "en-gb-x-rp", "en-gb-scotland", "en-029", "en-gb-x-gbclan", "en")
+DELAY_RATES = (140, 175, 210)
+# (hop s, smoothing): the shipped detector, and the larger hop whose moving average spans
+# the same 0.2 s of window ends, and that hop without smoothing.
+DELAY_CONFIGS = ((0.1, 3), (0.2, 2), (0.2, 1))
+
+
+def speech_end(wave: np.ndarray, sample_rate: int, frame_s: float = 0.01) -> int:
+    """The sample where speech ends: the end of the last 10 ms frame whose RMS is above
+    10% of the loudest frame's (espeak-ng pads its output with near-silence)."""
+    n = int(frame_s * sample_rate)
+    frames = wave[: wave.size // n * n].reshape(-1, n)
+    rms = np.sqrt(np.mean(frames.astype(np.float64) ** 2, axis=1))
+    loud = np.flatnonzero(rms > 0.1 * rms.max())
+    return int((loud[-1] + 1) * n)
+
+
+def delay_streams(sample_rate: int, workdir: Path) -> list[tuple[np.ndarray, int, int]]:
+    """(stream, phrase start, phrase end) for "hey nova" in each espeak-ng voice and rate,
+    each between 2 s and 2.5 s of low noise; empty without espeak-ng."""
+    from wakefl.edge_runtime import load_audio
+
+    if not shutil.which("espeak-ng"):
+        return []
+    rng = np.random.default_rng(1)
+    out = []
+    for voice in DELAY_VOICES:
+        for rate in DELAY_RATES:
+            p = workdir / f"delay-{voice}-{rate}.wav"
+            subprocess.run(
+                ["espeak-ng", "-v", voice, "-s", str(rate), "-w", str(p), "hey nova"],
+                check=True,
+                capture_output=True,
+            )
+            utt = load_audio(p, sample_rate)
+            utt = 0.5 * utt / max(1e-6, float(np.abs(utt).max()))
+            pre, post = int(2.0 * sample_rate), int(2.5 * sample_rate)
+            noise = 0.005 * rng.standard_normal(pre + utt.size + post)
+            stream = noise.astype(np.float32)
+            stream[pre : pre + utt.size] += utt
+            out.append((stream, pre, pre + speech_end(utt, sample_rate)))
+    return out
+
+
+def detection_delay(
+    scorer: Any, streams: list, threshold: float, hop_s: float, smoothing: int
+) -> dict[str, Any]:
+    """Share of the phrases detected and the delay from the end of the phrase's speech to
+    the detection event, streaming 10 ms chunks through the detector at (hop, smoothing)."""
+    from wakefl.edge_runtime import StreamingDetector
+
+    delays = []
+    for stream, start, end in streams:
+        det = StreamingDetector(scorer, hop_s=hop_s, threshold=threshold, smoothing=smoothing)
+        chunk = int(0.01 * scorer.sample_rate)
+        events = [e for i in range(0, stream.size, chunk) for e in det.push(stream[i : i + chunk])]
+        hits = [e.time_s for e in events if e.time_s * scorer.sample_rate >= start]
+        if hits:
+            delays.append(hits[0] - end / scorer.sample_rate)
+    d = np.array(delays)
+    return {
+        "hop_s": hop_s,
+        "smoothing": smoothing,
+        "phrases": len(streams),
+        "detected": len(delays),
+        "delay_median_ms": float(np.median(d) * 1e3) if d.size else None,
+        "delay_p90_ms": float(np.percentile(d, 90) * 1e3) if d.size else None,
+        "delay_max_ms": float(d.max() * 1e3) if d.size else None,
+    }
+
+
 def latency_ms(fn, windows: np.ndarray, n: int, label: str) -> dict[str, float]:
     for w in windows[:5]:
         fn(w[None])
@@ -96,6 +169,18 @@ def _print_summary(res: dict, width: float, hop: float) -> None:
         print(
             f"  streaming {k:10s} RTF {v['real_time_factor']:.4f}  CPU "
             f"{100 * v['cpu_share_of_one_core']:.2f}% of one core ({v['audio_s']:.0f} s audio)"
+        )
+    for d in res.get("detection_delay", []):
+        med = d["delay_median_ms"]
+        figures = (
+            f"delay median {med:.0f} ms, p90 {d['delay_p90_ms']:.0f} ms, "
+            f"max {d['delay_max_ms']:.0f} ms"
+            if med is not None
+            else "no detection"
+        )
+        print(
+            f"  int8 detection at hop {d['hop_s']} s, smoothing {d['smoothing']}: "
+            f"{d['detected']}/{d['phrases']} phrases detected, {figures}"
         )
     a = res["int8_vs_fp32"]
     print(
@@ -153,17 +238,38 @@ def _measure(model: Any, args: argparse.Namespace, tmp: Path, res: dict) -> None
         "onnx_fp32": stream_cost(s32, audio, args.hop),
         "onnx_int8": stream_cost(s8, audio, args.hop),
     }
+    card = _card(args.weights)
+    if card is not None:
+        print("[bench] detection delay", file=sys.stderr)
+        streams = delay_streams(cfg.sample_rate, tmp)
+        res["detection_delay"] = [
+            detection_delay(s8, streams, float(card["threshold"]), hop, smoothing)
+            for hop, smoothing in DELAY_CONFIGS
+        ]
+    res["int8_vs_fp32"] = _agreement(s32, s8, windows, args.weights is not None)
+
+
+def _agreement(s32: Any, s8: Any, windows: np.ndarray, trained: bool) -> dict[str, Any]:
+    """How often int8 and fp32 decide alike on the benchmark's windows."""
     p32 = np.concatenate([s32.score(windows[i : i + 64]) for i in range(0, len(windows), 64)])
     p8 = np.concatenate([s8.score(windows[i : i + 64]) for i in range(0, len(windows), 64)])
     # An untrained model has no operating point; its median posterior splits the
     # windows in half, the hardest threshold for agreement.
-    thr = 0.5 if args.weights is not None else float(np.median(p32))
-    res["int8_vs_fp32"] = {
+    thr = 0.5 if trained else float(np.median(p32))
+    return {
         "windows": len(p32),
         "threshold": thr,
         "decision_differs_share": float(np.mean((p32 >= thr) != (p8 >= thr))),
         "max_abs_prob_diff": float(np.abs(p32 - p8).max()),
     }
+
+
+def _card(weights: Path | None) -> dict | None:
+    """The operating-point card beside trained weights (None: untrained, or no card)."""
+    if weights is None:
+        return None
+    path = Path(weights).with_suffix(".card.json")
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,84 @@
+"""The detection benchmark's detector settings and the edge benchmark's delay measurement
+agree with the streaming detector the edge runtime runs."""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+import pytest
+
+from wakefl.edge_runtime import StreamingDetector
+from wakefl.errors import ConfigError
+from wakefl.tools.bench_detection import SplitScores, _events, parse_detector
+from wakefl.tools.pretrain import stream_windows
+
+SR, WINDOW = 16000, 24000
+
+
+class EnergyScorer:
+    """A deterministic posterior from the window's loudness, standing in for a model: what
+    is checked is where windows fall and how their posteriors become events."""
+
+    sample_rate = SR
+    window_samples = WINDOW
+
+    def score(self, windows: np.ndarray) -> np.ndarray:
+        rms = np.sqrt(np.mean(np.asarray(windows, dtype=np.float64) ** 2, axis=1))
+        return 1.0 - np.exp(-8.0 * rms)
+
+
+def _stream(seconds: float = 30.0) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    x = 0.01 * rng.standard_normal(int(seconds * SR))
+    for start in (3.0, 9.5, 17.2, 24.0):  # loud bursts the detector fires on
+        a = int(start * SR)
+        x[a : a + int(0.8 * SR)] += 0.4 * rng.standard_normal(int(0.8 * SR))
+    return x.astype(np.float32)
+
+
+@pytest.mark.parametrize(("hop_s", "smoothing"), [(0.2, 1), (0.2, 2), (0.3, 3)])
+def test_a_coarser_detector_from_fine_scores_matches_the_streaming_detector(hop_s, smoothing):
+    wave, scorer = _stream(), EnergyScorer()
+    raw = scorer.score(stream_windows(wave, WINDOW, int(0.1 * SR)))
+    fine = SplitScores(np.array([0.9]), np.array([0.1]), [raw], wave.size / SR / 3600, 0.1, 3)
+    coarse = fine.detector(hop_s, smoothing)
+    det = StreamingDetector(scorer, hop_s=hop_s, smoothing=smoothing, threshold=0.5)
+    posteriors, _ = det.feed(wave)
+    assert np.allclose(coarse.raw_streams[0], [r for _, r, _ in posteriors])
+    assert np.allclose(coarse.streams[0], [s for _, _, s in posteriors])
+    for thr in (0.3, 0.5, 0.8):
+        det = StreamingDetector(scorer, hop_s=hop_s, smoothing=smoothing, threshold=thr)
+        assert _events(coarse, thr) == len(det.feed(wave)[1])
+
+
+def test_detector_settings_are_checked():
+    sc = SplitScores(np.array([0.9]), np.array([0.1]), [np.zeros(10)], 0.01, 0.1, 3)
+    with pytest.raises(ConfigError, match="multiple"):
+        sc.detector(0.15, 2)
+    assert parse_detector("0.2:1") == (0.2, 1)
+    for bad in ("0.2", "x:1", "0.2:0", "-1:2"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_detector(bad)
+
+
+def test_the_delay_is_measured_from_the_end_of_speech_to_the_detection():
+    from wakefl.tools.bench_edge import detection_delay, speech_end
+
+    rng = np.random.default_rng(3)
+    utt = np.concatenate(
+        [0.3 * rng.standard_normal(int(0.6 * SR)), 0.001 * rng.standard_normal(int(0.3 * SR))]
+    )
+    assert abs(speech_end(utt, SR) - int(0.6 * SR)) <= int(0.01 * SR)
+    stream = 0.005 * rng.standard_normal(int(6.0 * SR))
+    start = int(2.0 * SR)
+    stream[start : start + utt.size] += utt
+    end = start + speech_end(utt, SR)
+    streams = [(stream.astype(np.float32), start, end)]
+    res = detection_delay(EnergyScorer(), streams, threshold=0.5, hop_s=0.1, smoothing=1)
+    det = StreamingDetector(EnergyScorer(), hop_s=0.1, smoothing=1, threshold=0.5)
+    first = det.feed(stream.astype(np.float32))[1][0].time_s
+    assert res["detected"] == res["phrases"] == 1
+    assert res["delay_median_ms"] == pytest.approx((first - end / SR) * 1e3)
+    missed = detection_delay(EnergyScorer(), streams, threshold=0.99, hop_s=0.1, smoothing=1)
+    assert missed["detected"] == 0 and missed["delay_median_ms"] is None
