@@ -24,8 +24,15 @@ class OnnxScorer:
         opts.inter_op_num_threads = 1
         opts.log_severity_level = 3
         try:
+            # QDQ propagation moves an int8 model's quantize step in front of MaxPool,
+            # which then runs onnxruntime's uint8 kernel: 1.4 ms of a 3.8 ms window on one
+            # core, against 0.25 ms for the float kernel it replaces. Max-pooling commutes
+            # with the (monotonic) quantization, so the scores do not change.
             self._session = ort.InferenceSession(
-                str(path), opts, providers=["CPUExecutionProvider"]
+                str(path),
+                opts,
+                providers=["CPUExecutionProvider"],
+                disabled_optimizers=["QDQPropagationTransformer"],
             )
         except Exception as exc:  # onnxruntime raises its own untyped errors
             raise ConfigError(f"{path}: not a loadable ONNX model ({exc})") from exc

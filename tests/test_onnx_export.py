@@ -13,6 +13,8 @@ import torch
 from wakefl.edge_runtime import OnnxScorer, load_audio
 from wakefl.errors import ConfigError
 from wakefl.models.kws_cnn import export_onnx
+from wakefl.models.kws_cnn.frontend import DftLogMelFrontend
+from wakefl.models.kws_cnn.quantize import frontend_convs
 from wakefl.tools.cli import main
 
 PROB_TOL = 1e-4
@@ -61,7 +63,14 @@ def test_int8_size_and_agreement(tiny_kws_model, tiny_kws_onnx, speech_windows, 
     )
     assert not (tmp_path / "tiny_int8.onnx.data").exists()
     fp32_size, int8_size = tiny_kws_onnx.stat().st_size, int8_path.stat().st_size
-    assert int8_size < 0.6 * fp32_size
+    # The frontend's DFT basis stays float in both files; the CNN's weights shrink.
+    basis = 4 * 2 * 257 * 400
+    assert int8_size - basis < 0.6 * (fp32_size - basis)
+    graph = onnx.load(str(int8_path)).graph
+    (dft,) = frontend_convs(graph)
+    producers = {o: n.op_type for n in graph.node for o in n.output}
+    assert producers.get(next(n for n in graph.node if n.name == dft).input[1]) is None
+    assert sum(n.op_type == "QuantizeLinear" for n in graph.node) > 0
     q = OnnxScorer(int8_path)
     assert q.metadata["precision"] == "int8" and q.window_samples == 24000
     p32 = OnnxScorer(tiny_kws_onnx).score(speech_windows)
@@ -72,6 +81,23 @@ def test_int8_size_and_agreement(tiny_kws_model, tiny_kws_onnx, speech_windows, 
         f"{differ:.1%} of {len(p32)} windows; max |dp| {np.abs(p32 - p8).max():.3f}"
     )
     assert differ <= 0.1
+
+
+def test_the_exported_frontend_is_a_dft_convolution_equal_to_the_stft(
+    tiny_kws_model, tiny_kws_onnx, speech_windows
+):
+    graph = onnx.load(str(tiny_kws_onnx)).graph
+    assert not any(n.op_type == "STFT" for n in graph.node)
+    assert len(frontend_convs(graph)) == 1
+    dft = DftLogMelFrontend(tiny_kws_model.frontend)
+    x = torch.from_numpy(speech_windows)
+    with torch.no_grad():
+        ref, got = tiny_kws_model.frontend(x), dft(x)
+    assert got.shape == ref.shape
+    # log-mel over speech and silence (log floor): equal to float rounding
+    assert float((got - ref).abs().max()) < 1e-3
+    assert float((got - ref).abs().mean()) < 1e-5
+    assert not any(k in ("basis", "fb") for k in tiny_kws_model.state_dict())
 
 
 def test_export_refuses_bad_output(tiny_kws_model, tmp_path):

@@ -170,6 +170,11 @@ def _print_summary(res: dict, width: float, hop: float) -> None:
             f"  streaming {k:10s} RTF {v['real_time_factor']:.4f}  CPU "
             f"{100 * v['cpu_share_of_one_core']:.2f}% of one core ({v['audio_s']:.0f} s audio)"
         )
+    st = res["streaming"]
+    print(
+        "  int8 CPU against the same model with the STFT operator: "
+        f"{st['onnx_int8']['cpu_share_of_one_core'] / st['onnx_int8_stft_op']['cpu_share_of_one_core']:.2f}x"
+    )
     for d in res.get("detection_delay", []):
         med = d["delay_median_ms"]
         figures = (
@@ -211,11 +216,11 @@ def _measure(model: Any, args: argparse.Namespace, tmp: Path, res: dict) -> None
     )
     st = save_model(model, tmp / "model.safetensors")
     fp32 = export_onnx(model, tmp / "model.onnx")
-    int8 = export_onnx(
-        model,
-        tmp / "model_int8.onnx",
-        int8=True,
-        calibration_windows=windows[:: max(1, len(windows) // 32)][:32],
+    calib = windows[:: max(1, len(windows) // 32)][:32]
+    int8 = export_onnx(model, tmp / "model_int8.onnx", int8=True, calibration_windows=calib)
+    # The reference: the same int8 model with onnxruntime's STFT operator as its frontend.
+    stft = export_onnx(
+        model, tmp / "stft_int8.onnx", int8=True, calibration_windows=calib, dft_frontend=False
     )
     res["size_bytes"] = {
         "safetensors": st.stat().st_size,
@@ -237,6 +242,7 @@ def _measure(model: Any, args: argparse.Namespace, tmp: Path, res: dict) -> None
     res["streaming"] = {
         "onnx_fp32": stream_cost(s32, audio, args.hop),
         "onnx_int8": stream_cost(s8, audio, args.hop),
+        "onnx_int8_stft_op": stream_cost(OnnxScorer(stft, threads=1), audio, args.hop),
     }
     card = _card(args.weights)
     if card is not None:

@@ -44,3 +44,39 @@ class LogMelFrontend(nn.Module):
 
     def forward(self, wave: torch.Tensor) -> torch.Tensor:
         return torch.log(self.mel(wave) + LOG_FLOOR)
+
+
+class DftLogMelFrontend(nn.Module):
+    """The same log-mel as `LogMelFrontend`, with the short-time Fourier transform written
+    as a 1-D convolution against a windowed DFT basis: what the ONNX export runs.
+
+    onnxruntime's STFT kernel took 2.2 ms of the full model's 4.4 ms per window on one
+    core; a float Conv over the same frames is an ordinary GEMM there. The basis covers
+    only the window's `win_length` non-zero taps (the window sits centred in `n_fft`, as
+    torch.stft places it). Equal to `LogMelFrontend` to float rounding (tested)."""
+
+    def __init__(self, frontend: LogMelFrontend) -> None:
+        super().__init__()
+        spec = frontend.mel.spectrogram
+        n_fft, win_length = int(spec.n_fft), int(spec.win_length)
+        if spec.power != 2.0 or not spec.center or spec.pad_mode != "reflect" or spec.normalized:
+            raise ValueError("DftLogMelFrontend reproduces a centred, reflect-padded power STFT")
+        self.offset = (n_fft - win_length) // 2
+        self.pad = n_fft // 2
+        self.hop = int(spec.hop_length)
+        self.bins = n_fft // 2 + 1
+        k = torch.arange(self.bins, dtype=torch.float64)[:, None]
+        n = torch.arange(self.offset, self.offset + win_length, dtype=torch.float64)[None, :]
+        angle = 2.0 * torch.pi * k * n / n_fft
+        window = spec.window.to(torch.float64)[None, :]
+        basis = torch.cat([torch.cos(angle) * window, -torch.sin(angle) * window])
+        # Buffers out of the state dict: the checkpoint format does not change.
+        self.register_buffer("basis", basis.float()[:, None, :], persistent=False)
+        self.register_buffer("fb", frontend.mel.mel_scale.fb.clone(), persistent=False)
+
+    def forward(self, wave: torch.Tensor) -> torch.Tensor:
+        x = torch.nn.functional.pad(wave[:, None, :], (self.pad, self.pad), mode="reflect")
+        y = torch.nn.functional.conv1d(x[:, :, self.offset :], self.basis, stride=self.hop)
+        power = y[:, : self.bins] ** 2 + y[:, self.bins :] ** 2
+        mel = torch.matmul(power.transpose(1, 2), self.fb).transpose(1, 2)
+        return torch.log(mel + LOG_FLOOR)

@@ -1,6 +1,6 @@
 """Static int8 (QDQ) quantization of an exported fp32 model with onnxruntime. Only the
-CNN's convolutions and the head's Gemms are quantized: the log-mel frontend (STFT, mel
-MatMul, log) spans too wide a dynamic range for 8 bits and stays float. (quantize_dynamic
+CNN's convolutions and the head's Gemms are quantized: the log-mel frontend (the DFT
+convolution, mel MatMul, log) spans too wide a dynamic range for 8 bits and stays float. (quantize_dynamic
 and quant_pre_process fail on this graph's shape inference; static QDQ does not need them.)"""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -60,6 +61,15 @@ class _WindowReader:
         self._it = iter(self._windows)
 
 
+def frontend_convs(graph: Any) -> list[str]:
+    """The names of the 1-D convolutions of the frontend (its DFT over the waveform): they
+    stay float like the rest of the frontend."""
+    weights = {t.name: list(t.dims) for t in graph.initializer}
+    return [
+        n.name for n in graph.node if n.op_type == "Conv" and len(weights.get(n.input[1], [])) == 3
+    ]
+
+
 def quantize_int8(
     fp32_path: Path | str, out_path: Path | str, calibration_windows: np.ndarray
 ) -> Path:
@@ -77,7 +87,8 @@ def quantize_int8(
         raise ConfigError(f"calibration windows must be [N, T] with N >= 1, got {windows.shape}")
     if not np.isfinite(windows).all():
         raise ConfigError("calibration windows hold NaN/Inf")
-    input_name = onnx.load(str(fp32_path), load_external_data=False).graph.input[0].name
+    graph = onnx.load(str(fp32_path), load_external_data=False).graph
+    input_name = graph.input[0].name
 
     class Reader(_WindowReader, CalibrationDataReader):
         pass
@@ -93,6 +104,7 @@ def quantize_int8(
             Reader(input_name, windows),
             quant_format=QuantFormat.QDQ,
             op_types_to_quantize=QUANTIZED_OPS,
+            nodes_to_exclude=frontend_convs(graph),
             per_channel=True,
             activation_type=QuantType.QUInt8,
             weight_type=QuantType.QInt8,
