@@ -8,10 +8,13 @@ import numpy as np
 
 from wakefl.errors import AudioError, ConfigError
 
+from .log_mel import LogMel, LogMelSpec
+
 
 class OnnxScorer:
     """`score(windows [B, window_samples]) -> [B]` wake probabilities. The sample rate and
-    window length come from the model's ONNX metadata."""
+    window length come from the model's ONNX metadata; for a log-mel-input model (the
+    default export) so do the frontend's settings, and `log_mel` computes its input."""
 
     def __init__(self, path: Path | str, threads: int = 1) -> None:
         import onnxruntime as ort
@@ -48,6 +51,13 @@ class OnnxScorer:
         self.metadata = dict(meta)
         self.path = path
         self._input = self._session.get_inputs()[0].name
+        # A log-mel-input model: the frontend runs here, in numpy (edge_runtime.log_mel).
+        self.log_mel: LogMel | None = None
+        if meta.get("input", "wave") == "log_mel":
+            spec = LogMelSpec.from_metadata(meta)
+            if spec.window_samples != self.window_samples:
+                raise ConfigError(f"{path}: inconsistent window length in the metadata")
+            self.log_mel = LogMel(spec)
 
     def score(self, windows: np.ndarray) -> np.ndarray:
         w = np.asarray(windows, dtype=np.float32)
@@ -57,5 +67,19 @@ class OnnxScorer:
             raise AudioError(f"windows must be [B, {self.window_samples}], got {w.shape}")
         if w.shape[0] == 0:
             return np.zeros(0, dtype=np.float32)
-        (prob,) = self._session.run(None, {self._input: np.ascontiguousarray(w)})
+        return self._run(w if self.log_mel is None else self.log_mel(w))
+
+    def score_features(self, log_mel: np.ndarray) -> np.ndarray:
+        """Scores [B, n_mels, frames] log-mel inputs of a log-mel-input model (what
+        `StreamingDetector` computes incrementally)."""
+        if self.log_mel is None:
+            raise ConfigError(f"{self.path} takes the waveform, not log-mel features")
+        spec = self.log_mel.spec
+        f = np.asarray(log_mel, dtype=np.float32)
+        if f.ndim != 3 or f.shape[1:] != (spec.n_mels, spec.frames):
+            raise AudioError(f"features must be [B, {spec.n_mels}, {spec.frames}], got {f.shape}")
+        return self._run(f)
+
+    def _run(self, x: np.ndarray) -> np.ndarray:
+        (prob,) = self._session.run(None, {self._input: np.ascontiguousarray(x)})
         return np.asarray(prob, dtype=np.float32).reshape(-1)

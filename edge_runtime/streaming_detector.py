@@ -16,6 +16,7 @@ import numpy as np
 from wakefl.errors import AudioError, ConfigError
 
 from .audio_input import load_audio, to_float32
+from .log_mel import StreamingLogMel
 
 
 class WindowScorer(Protocol):
@@ -86,6 +87,13 @@ class StreamingDetector:
         self.smoothing = int(smoothing)
         self.refractory_samples = int(round(refractory_s * self.sample_rate))
         self.max_batch = max(1, int(max_batch))
+        # A log-mel-input scorer: compute each window's shared frames once.
+        log_mel = getattr(scorer, "log_mel", None)
+        self._frames = (
+            StreamingLogMel(log_mel, self.hop_samples)
+            if log_mel is not None and self.hop_samples % log_mel.spec.hop_length == 0
+            else None
+        )
         self.reset()
 
     def reset(self) -> None:
@@ -96,6 +104,8 @@ class StreamingDetector:
         self._next_end = self.window_samples
         self._recent: deque[float] = deque(maxlen=self.smoothing)
         self._last_event: int | None = None
+        if self._frames is not None:
+            self._frames.reset()
 
     @property
     def samples_seen(self) -> int:
@@ -104,6 +114,17 @@ class StreamingDetector:
     def push(self, chunk: np.ndarray) -> list[Detection]:
         """Feeds a chunk (int16 or float32, any length); returns the detections it caused."""
         return self.feed(chunk)[1]
+
+    def _score(self, ends: list[int]) -> np.ndarray:
+        """Posteriors of the windows ending at `ends` (stream samples)."""
+        windows = [
+            self._buf[e - self.window_samples - self._buf_start : e - self._buf_start] for e in ends
+        ]
+        if self._frames is None:
+            return self.scorer.score(np.stack(windows))
+        index = [(e - self.window_samples) // self.hop_samples for e in ends]
+        feats = np.stack([self._frames.window(w, k) for w, k in zip(windows, index, strict=True)])
+        return self.scorer.score_features(feats)  # type: ignore[attr-defined]
 
     def feed(self, chunk: np.ndarray) -> tuple[list[tuple[float, float, float]], list[Detection]]:
         """Like `push`, also returning (time_s, raw, smoothed) for every scored window."""
@@ -119,13 +140,7 @@ class StreamingDetector:
         events: list[Detection] = []
         for i in range(0, len(ends), self.max_batch):
             batch = ends[i : i + self.max_batch]
-            windows = np.stack(
-                [
-                    self._buf[e - self.window_samples - self._buf_start : e - self._buf_start]
-                    for e in batch
-                ]
-            )
-            raw = np.asarray(self.scorer.score(windows), dtype=np.float64).reshape(-1)
+            raw = np.asarray(self._score(batch), dtype=np.float64).reshape(-1)
             if raw.shape[0] != len(batch):
                 raise ConfigError(f"scorer returned {raw.shape[0]} scores for {len(batch)} windows")
             for end, r in zip(batch, raw, strict=True):

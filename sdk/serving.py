@@ -189,7 +189,7 @@ def save_checkpoint(model: Any, path: str | Path) -> Path:
 
 
 def save_onnx(model: Any, path: str | Path, int8: bool = False) -> Path:
-    """`model` as ONNX for the edge runtime (waveform in, probability out), written to a
+    """`model` as ONNX for the edge runtime (log-mel in, probability out), written to a
     temp name and renamed, so a detector that reloads the file never sees half of it."""
     from wakefl.models.kws_cnn import export_onnx
 
@@ -233,7 +233,7 @@ class ModelAccess:
         return save_checkpoint(self.served_model(), path)
 
     def export_onnx(self, path: str | Path, int8: bool = False) -> Path:
-        """Hand the served model to the edge runtime: an ONNX file (waveform in,
+        """Hand the served model to the edge runtime: an ONNX file (log-mel in,
         probability out) that `wakefl.edge_runtime.OnnxScorer` loads, written atomically."""
         return save_onnx(self.served_model(), path, int8=int8)
 

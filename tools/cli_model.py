@@ -30,7 +30,7 @@ def _register_info(sub: argparse._SubParsersAction) -> None:
 
 def _register_export(sub: argparse._SubParsersAction) -> None:
     """`wakefl model export`."""
-    exp = sub.add_parser("export", help="export to ONNX (waveform in, wake probability out)")
+    exp = sub.add_parser("export", help="export to ONNX (log-mel in, wake probability out)")
     exp.add_argument("--out", type=Path, required=True, help="output FILE.onnx")
     src = exp.add_mutually_exclusive_group()
     src.add_argument("--weights", type=Path, default=None, help="a .safetensors checkpoint")
@@ -55,6 +55,14 @@ def _register_export(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="WAV",
         help="WAV files whose windows calibrate int8 (default: synthetic audio)",
+    )
+    exp.add_argument(
+        "--frontend",
+        choices=("log_mel", "dft", "stft"),
+        default="log_mel",
+        help="log_mel (default): the graph takes the log-mel spectrogram, which "
+        "wakefl.edge_runtime computes; dft or stft: the graph takes the waveform (for other "
+        "runtimes), its STFT as a DFT convolution or as the ONNX STFT operator",
     )
     exp.add_argument("--json", action="store_true", help="print JSON")
     exp.set_defaults(func=_export)
@@ -225,7 +233,9 @@ def _export(args: argparse.Namespace) -> int:
         calib = _calibration_windows(
             args.calibration, model.cfg.window_samples, model.cfg.sample_rate
         )
-    out = export_onnx(model, args.out, int8=args.int8, calibration_windows=calib)
+    out = export_onnx(
+        model, args.out, int8=args.int8, calibration_windows=calib, frontend=args.frontend
+    )
     if getattr(args, "pretrained", None) is not None:
         # The operating point travels beside the ONNX file, where `wakefl eval
         # --at-shipped-threshold` and a device app look for it.

@@ -1,6 +1,8 @@
 """Log-mel frontend inside the model: waveform in, log-mel spectrogram out. Its window and
 mel filterbank are buffers, not parameters, so flat parameter vectors hold only the
-trainable weights."""
+trainable weights. The ONNX export leaves it out by default (the edge runtime computes the
+same log-mel in numpy, edge_runtime/log_mel.py); `DftLogMelFrontend` is its form for a
+waveform-in export."""
 
 from __future__ import annotations
 
@@ -76,7 +78,8 @@ class DftLogMelFrontend(nn.Module):
 
     def forward(self, wave: torch.Tensor) -> torch.Tensor:
         x = torch.nn.functional.pad(wave[:, None, :], (self.pad, self.pad), mode="reflect")
-        y = torch.nn.functional.conv1d(x[:, :, self.offset :], self.basis, stride=self.hop)
+        basis, fb = self.get_buffer("basis"), self.get_buffer("fb")
+        y = torch.nn.functional.conv1d(x[:, :, self.offset :], basis, stride=self.hop)
         power = y[:, : self.bins] ** 2 + y[:, self.bins :] ** 2
-        mel = torch.matmul(power.transpose(1, 2), self.fb).transpose(1, 2)
+        mel = torch.matmul(power.transpose(1, 2), fb).transpose(1, 2)
         return torch.log(mel + LOG_FLOOR)

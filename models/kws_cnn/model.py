@@ -67,8 +67,11 @@ class KwsCnn(nn.Module):
         )
 
     def forward(self, wave: torch.Tensor) -> torch.Tensor:
-        x = self.frontend(wave).unsqueeze(1)
-        x = self.features(x)
+        return self.classify(self.frontend(wave))
+
+    def classify(self, log_mel: torch.Tensor) -> torch.Tensor:
+        """log-mel [B, n_mels, frames] -> logits [B, 2]: the model after its frontend."""
+        x = self.features(log_mel.unsqueeze(1))
         x = x.mean(dim=(2, 3))
         return self.head(x)
 
@@ -95,3 +98,15 @@ class ProbabilityModel(nn.Module):
 
     def forward(self, wave: torch.Tensor) -> torch.Tensor:
         return self.model.predict_proba(wave)
+
+
+class LogMelProbabilityModel(nn.Module):
+    """Wraps a `KwsCnn` so its forward takes the log-mel spectrogram and returns the wake
+    probability (what ONNX ships: the edge runtime computes the log-mel itself)."""
+
+    def __init__(self, model: KwsCnn) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, log_mel: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.model.classify(log_mel), dim=-1)[:, 1]

@@ -1,8 +1,10 @@
-"""Export to ONNX: waveform [B, window_samples] in, wake probability [B] out, dynamic
-batch, opset 18, one self-contained file. The metadata tells an edge device the sample
-rate and window length (and the frontend parameters) so it needs no other file. The
-frontend's STFT is exported as a convolution against a DFT basis (`DftLogMelFrontend`),
-which onnxruntime runs several times faster than its STFT operator."""
+"""Export to ONNX: log-mel spectrogram [B, n_mels, frames] in (or, on request, the
+waveform [B, window_samples]), wake probability [B] out, dynamic batch, opset 18, one
+self-contained file. The metadata tells an edge device the sample rate, window length and
+frontend settings, so `wakefl.edge_runtime` needs no other file to turn audio into the
+model's input (edge_runtime/log_mel.py). Why log-mel in: onnxruntime's STFT operator
+took half of a window's time, and a stream's overlapping windows share most of their
+frames, which a device computes once."""
 
 from __future__ import annotations
 
@@ -22,18 +24,28 @@ import torch
 from wakefl.errors import ConfigError
 
 from .config import ARCHITECTURE
-from .frontend import DftLogMelFrontend
-from .model import KwsCnn, ProbabilityModel
+from .frontend import LOG_FLOOR, DftLogMelFrontend
+from .model import KwsCnn, LogMelProbabilityModel, ProbabilityModel
 from .quantize import quantize_int8, synthetic_calibration_windows
 
 OPSET = 18
 INPUT_NAME = "wave"
+LOG_MEL_INPUT = "log_mel"
+FRONTENDS = ("log_mel", "dft", "stft")
 OUTPUT_NAME = "wake_prob"
 
 
-def onnx_metadata(model: KwsCnn, precision: str) -> dict[str, str]:
+def onnx_metadata(model: KwsCnn, precision: str, frontend: str = "log_mel") -> dict[str, str]:
     cfg = model.cfg
+    f_max = cfg.f_max if cfg.f_max is not None else cfg.sample_rate / 2.0
     return {
+        # "log_mel": the graph takes [B, n_mels, frames] (edge_runtime.log_mel computes
+        # it from these settings); "wave": [B, window_samples].
+        "input": "log_mel" if frontend == "log_mel" else "wave",
+        "f_min": repr(float(cfg.f_min)),
+        "f_max": repr(float(f_max)),
+        "log_floor": repr(LOG_FLOOR),
+        "frames": str(cfg.n_frames),
         "architecture": ARCHITECTURE,
         "model_version": str(cfg.version),
         "precision": precision,
@@ -60,12 +72,19 @@ def _set_metadata(path: Path, meta: dict[str, str]) -> None:
     onnx.save_model(proto, str(path), save_as_external_data=False)
 
 
-def _export_fp32(model: KwsCnn, out: Path, dft_frontend: bool = True) -> None:
+def _export_fp32(model: KwsCnn, out: Path, frontend: str) -> None:
     export_model = copy.deepcopy(model).cpu().float().eval()
-    if dft_frontend:
-        export_model.frontend = DftLogMelFrontend(export_model.frontend)
-    wrapped = ProbabilityModel(export_model).eval()
-    example = torch.zeros(2, model.cfg.window_samples)
+    cfg = model.cfg
+    wrapped: torch.nn.Module
+    if frontend == "log_mel":
+        wrapped = LogMelProbabilityModel(export_model).eval()
+        example, input_name = torch.zeros(2, cfg.n_mels, cfg.n_frames), LOG_MEL_INPUT
+    else:
+        if frontend == "dft":
+            # The same function, another module type: the attribute is typed for the first.
+            export_model.frontend = DftLogMelFrontend(export_model.frontend)  # type: ignore[assignment]
+        wrapped = ProbabilityModel(export_model).eval()
+        example, input_name = torch.zeros(2, cfg.window_samples), INPUT_NAME
     batch = torch.export.Dim("batch", min=1, max=4096)
     # The exporter prints progress and warns about optional torchvision ops; neither is
     # actionable for this model.
@@ -81,7 +100,7 @@ def _export_fp32(model: KwsCnn, out: Path, dft_frontend: bool = True) -> None:
                 (example,),
                 dynamo=True,
                 opset_version=OPSET,
-                input_names=[INPUT_NAME],
+                input_names=[input_name],
                 output_names=[OUTPUT_NAME],
                 dynamic_shapes=({0: batch},),
                 external_data=False,
@@ -99,19 +118,26 @@ def export_onnx(
     out_path: Path | str,
     int8: bool = False,
     calibration_windows: np.ndarray | None = None,
-    dft_frontend: bool = True,
+    frontend: str = "log_mel",
 ) -> Path:
     """Exports `model` to `out_path` (fp32, or static-QDQ int8 with `int8=True`, calibrated
     on `calibration_windows` [N, window_samples] or on synthetic audio when None).
-    `dft_frontend=False` keeps onnxruntime's STFT operator (the benchmarks' reference)."""
+
+    `frontend` says where the log-mel spectrogram is computed: "log_mel" (the default)
+    exports the model after its frontend, log-mel in, and the edge runtime computes the
+    log-mel in numpy, reusing a stream's frames across overlapping windows; "dft" and
+    "stft" export waveform-in graphs, the STFT as a DFT convolution or as onnxruntime's
+    STFT operator (a benchmark reference)."""
     out = Path(out_path)
     if out.suffix != ".onnx":
         raise ConfigError(f"ONNX output must end in .onnx, got {out}")
+    if frontend not in FRONTENDS:
+        raise ConfigError(f"frontend must be one of {', '.join(FRONTENDS)}, got {frontend!r}")
     out.parent.mkdir(parents=True, exist_ok=True)
     cfg = model.cfg
     if not int8:
-        _export_fp32(model, out, dft_frontend)
-        _set_metadata(out, onnx_metadata(model, "fp32"))
+        _export_fp32(model, out, frontend)
+        _set_metadata(out, onnx_metadata(model, "fp32", frontend))
         return out
     if calibration_windows is None:
         calibration_windows = synthetic_calibration_windows(cfg.window_samples, cfg.sample_rate)
@@ -121,12 +147,16 @@ def export_onnx(
             f"calibration windows must be [N, {cfg.window_samples}], got "
             f"{calibration_windows.shape}"
         )
+    calibration = calibration_windows
+    if frontend == "log_mel":
+        with torch.no_grad():
+            calibration = model.cpu().float().frontend(torch.from_numpy(calibration)).numpy()
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         fp32 = Path(tmp) / "fp32.onnx"
-        _export_fp32(model, fp32, dft_frontend)
-        quantize_int8(fp32, out, calibration_windows)
+        _export_fp32(model, fp32, frontend)
+        quantize_int8(fp32, out, calibration)
     data = Path(str(out) + ".data")
     if data.exists():  # never ship a second file
         os.remove(data)
-    _set_metadata(out, onnx_metadata(model, "int8"))
+    _set_metadata(out, onnx_metadata(model, "int8", frontend))
     return out

@@ -83,8 +83,8 @@ def quantize_int8(
     )
 
     windows = np.asarray(calibration_windows, dtype=np.float32)
-    if windows.ndim != 2 or windows.shape[0] == 0:
-        raise ConfigError(f"calibration windows must be [N, T] with N >= 1, got {windows.shape}")
+    if windows.ndim < 2 or windows.shape[0] == 0:
+        raise ConfigError(f"calibration inputs must be [N, ...] with N >= 1, got {windows.shape}")
     if not np.isfinite(windows).all():
         raise ConfigError("calibration windows hold NaN/Inf")
     graph = onnx.load(str(fp32_path), load_external_data=False).graph

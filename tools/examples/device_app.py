@@ -144,7 +144,7 @@ def main() -> None:
             summary = device.run()
             print_rounds(summary)
 
-            # 3. Hand the served model to the edge runtime (ONNX: waveform in, score out):
+            # 3. Hand the served model to the edge runtime (ONNX; the runtime turns audio into its input):
             #    the served-model gate's choice among the model served so far, the new
             #    personalized model and the global one (the baseline until one is better).
             if summary.served:
