@@ -583,12 +583,15 @@ def _why_gate_ties(gate: list[dict[str, Any]]) -> list[str]:
     worse = sum(ci_side(g["served_ties_switch"]["relative_fa_ci"]) == "above" for g in rows)
     above_one = sum(_fa_above_one(g["served_ties_switch"]) for g in rows)
     above_one_keep = sum(_fa_above_one(g["served"]) for g in rows)
+    better = sum(ci_side(g["served_ties_switch"]["relative_fa_ci"]) == "below" for g in rows)
+    better_keep = sum(ci_side(g["served"]["relative_fa_ci"]) == "below" for g in rows)
     return [
         f"Ablation, a gate that also switches on a tie (the same errors on the validation "
         f"clips): {switched} of {len(rows)} clients would leave the warm start, "
-        f"{worse} of the served models would be worse than it beyond the CI, and "
+        f"{worse} of the served models would be worse than it beyond the CI, "
         f"{above_one} would have a point relative FA above 1 on the test speakers "
-        f"(against {above_one_keep} with ties keeping the served model)."
+        f"(against {above_one_keep} with ties keeping the served model), and {better} "
+        f"would be better than the warm start beyond the CI (against {better_keep})."
     ]
 
 
