@@ -205,6 +205,12 @@ def test_tiny_study_end_to_end(tiny_corpus: Path, tmp_path: Path):
             assert g["served"] == g["personalized"]
         if g["serves"] == "baseline":  # the warm start against itself
             assert g["served"]["relative_fa"] in (1.0, None)
+        # the tie-switching ablation leaves the warm start whenever tie-keeping does
+        assert g["serves_ties_switch"] in ("personalized", "global", "baseline")
+        if g["serves"] != "baseline":
+            assert g["serves_ties_switch"] != "baseline"
+        if g["serves_ties_switch"] == g["serves"]:
+            assert g["served_ties_switch"] == g["served"]
     # With matched FR the candidate's FR stays at the baseline's wherever scores allow it
     # (the match is made on all of a device type's clips, the "all" rows).
     matched = [
@@ -268,6 +274,7 @@ def test_tiny_study_end_to_end(tiny_corpus: Path, tmp_path: Path):
         assert (out1 / fig).stat().st_size > 1000
     assert json.loads((out1 / "results.json").read_text())["rows"] == rows
     assert render_markdown(result, None) == render_markdown(json.loads(json.dumps(result)), None)
+    assert "Ablation, a gate that also switches on a tie" in render_markdown(result, None)
 
     # Same seed, same tables: the CLI reruns Self-FL alone (warm start from the cache) and
     # must reproduce every Self-FL cell bit for bit.
