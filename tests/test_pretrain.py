@@ -183,6 +183,28 @@ def test_publish_writes_fp16_weights_config_and_card(corpus: Path, tmp_path: Pat
         publish(tmp_path / "run", "medium", dest=tmp_path / "ship")
 
 
+def test_publish_the_last_checkpoint(corpus: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    run = tmp_path / "run"
+    pretrain(corpus, run, SETTINGS, progress=False, max_steps=3)
+    pretrain(corpus, run, SETTINGS, resume=True, progress=False, max_steps=2)
+    out = publish(run, "small", dest=tmp_path / "ship", checkpoint="last")
+    state = load_file(str(run / "state.safetensors"))
+    for k, p in load_model(out).named_parameters():
+        torch.testing.assert_close(p, state[f"model.{k}"].half().float())
+    card = json.loads(out.with_suffix(".card.json").read_text())
+    last = json.loads((run / "history.jsonl").read_text().splitlines()[-1])
+    assert card["step"] == last["step"] == 5 and card["checkpoint"] == "last"
+    assert card["validation"]["frr"] == last["frr"]
+    # a last checkpoint without its validation record is refused
+    (run / "history.jsonl").write_text((run / "history.jsonl").read_text().splitlines()[0] + "\n")
+    with pytest.raises(ConfigError, match="not validated"):
+        publish(run, "small", dest=tmp_path / "ship", checkpoint="last")
+    with pytest.raises(ConfigError, match="best or last"):
+        publish(run, "small", dest=tmp_path / "ship", checkpoint="middle")
+
+
 def test_init_from_a_narrower_model_widens_it(corpus: Path, tmp_path: Path) -> None:
     from wakefl.models.kws_cnn import KwsCnn, ModelConfig, save_model
 

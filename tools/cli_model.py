@@ -151,6 +151,12 @@ def _register_publish(sub: argparse._SubParsersAction) -> None:
         default=0.05,
         help="the shipped threshold's false-reject rate on validation clips (default 0.05)",
     )
+    pub.add_argument(
+        "--checkpoint",
+        choices=("best", "last"),
+        default="best",
+        help="best (by the run's validation criterion, the default) or the last checkpoint",
+    )
     pub.set_defaults(func=_publish)
 
 
@@ -339,6 +345,12 @@ def _publish(args: argparse.Namespace) -> int:
 
     if not 0.0 < args.target_frr < 1.0:
         raise ConfigError("--target-frr must be in (0, 1)")
-    out = publish(args.run, args.name, manifest=args.corpus, target_frr=args.target_frr)
+    out = publish(
+        args.run,
+        args.name,
+        manifest=args.corpus,
+        target_frr=args.target_frr,
+        checkpoint=args.checkpoint,
+    )
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB) with its config and card")
     return 0

@@ -631,17 +631,54 @@ def shipped_operating_point(model: Any, manifest: Path, target_frr: float) -> di
     }
 
 
+def _last_checkpoint(run: Path, model: Any, best_card: dict[str, Any]) -> dict[str, Any]:
+    """Load the run's last checkpoint into `model` (the best model's architecture) and
+    return its card: the best card's settings with the validation figures of that step.
+    The validation criterion is noisy on a few validation streams; a benchmark on more
+    audio may prefer the last step (MODEL_CARD.md, how `full` was made)."""
+    import torch
+    from safetensors.torch import load_file
+
+    try:
+        info = json.loads((run / STATE_INFO).read_text(encoding="utf-8"))
+        tensors = load_file(str(run / STATE_WEIGHTS))
+        history = [json.loads(x) for x in (run / HISTORY).read_text().splitlines() if x.strip()]
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{run}: no readable last checkpoint ({exc})") from None
+    step = info.get("step")
+    metrics = next((h for h in reversed(history) if h.get("step") == step), None)
+    if metrics is None:
+        raise ConfigError(f"{run}: the last checkpoint (step {step}) was not validated")
+    with torch.no_grad():
+        for k, p in model.named_parameters():
+            if tensors.get(f"model.{k}") is None or tensors[f"model.{k}"].shape != p.shape:
+                raise ConfigError(f"{run}: the last checkpoint does not fit the model ({k})")
+            p.copy_(tensors[f"model.{k}"])
+    keys = ("threshold", "frr", "clip_far", "frr_at_half", "far_at_half", "val_stream_hours")
+    validation = {k: metrics[k] for k in keys if k in metrics}
+    return {
+        **best_card,
+        "threshold": metrics["threshold"],
+        "validation": validation,
+        "step": step,
+        "samples": metrics.get("samples"),
+        "checkpoint": "last",
+    }
+
+
 def publish(
     run: Path,
     name: str,
     dest: Path | None = None,
     manifest: Path | None = None,
     target_frr: float = 0.05,
+    checkpoint: str = "best",
 ) -> Path:
-    """Copy a run's best model into the shipped-models folder as fp16 safetensors, with its
-    JSON config and operating-point card. With a corpus `manifest` (default: the run's own)
-    the shipped threshold is set on its validation clips at `target_frr`, scored with the
-    fp16 weights that ship; otherwise the run's validation threshold is kept."""
+    """Copy a run's best model (or, with `checkpoint="last"`, its last checkpoint) into the
+    shipped-models folder as fp16 safetensors, with its JSON config and operating-point
+    card. With a corpus `manifest` (default: the run's own) the shipped threshold is set on
+    its validation clips at `target_frr`, scored with the fp16 weights that ship; otherwise
+    the run's validation threshold is kept."""
     import torch
     from safetensors.torch import save_file
 
@@ -655,6 +692,10 @@ def publish(
     dest.mkdir(parents=True, exist_ok=True)
     model = load_model(run / BEST)
     card = json.loads((run / BEST_CARD).read_text(encoding="utf-8"))
+    if checkpoint == "last":
+        card = _last_checkpoint(run, model, card)
+    elif checkpoint != "best":
+        raise ConfigError(f"checkpoint must be best or last, got {checkpoint!r}")
     tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in model.named_parameters()}
     if manifest is None and (run / STATE_INFO).exists():
         saved = json.loads((run / STATE_INFO).read_text(encoding="utf-8")).get("manifest")
