@@ -113,17 +113,17 @@ class LogMel:
         w = np.asarray(windows, dtype=np.float64)
         if w.ndim != 2 or w.shape[1] != s.window_samples:
             raise AudioError(f"windows must be [B, {s.window_samples}], got {w.shape}")
-        frames = self._taps(w)[:, : s.frames]
-        return self._log_mel(frames).transpose(0, 2, 1).astype(np.float32)
+        frames = self.taps(w)[:, : s.frames]
+        return self.frame_log_mel(frames).transpose(0, 2, 1).astype(np.float32)
 
-    def _taps(self, w: np.ndarray) -> np.ndarray:
+    def taps(self, w: np.ndarray) -> np.ndarray:
         """[B, frames, win_length] views of the reflect-padded windows."""
         pad = self.spec.n_fft // 2
         padded = np.pad(w, ((0, 0), (pad, pad)), mode="reflect")
         taps = np.lib.stride_tricks.sliding_window_view(padded, self.spec.win_length, axis=1)
         return taps[:, self._offset :: self.spec.hop_length]
 
-    def _log_mel(self, frames: np.ndarray) -> np.ndarray:
+    def frame_log_mel(self, frames: np.ndarray) -> np.ndarray:
         """[..., win_length] frame taps -> [..., n_mels] float64."""
         # The power spectrum does not depend on where the taps sit inside the n_fft frame.
         spectrum = np.fft.rfft(frames * self._window, n=self.spec.n_fft, axis=-1)
@@ -155,9 +155,10 @@ class StreamingLogMel:
             )
         self.log_mel = log_mel
         self.step = hop_samples // log_mel.spec.hop_length
-        inner = np.flatnonzero(log_mel.interior())  # one contiguous run of frames
+        interior = log_mel.interior()
+        inner = np.flatnonzero(interior)  # one contiguous run of frames
         self._lo, self._hi = int(inner[0]), int(inner[-1]) + 1
-        self._edges = np.flatnonzero(~log_mel.interior())
+        self._edges = np.flatnonzero(~interior)
         self.reset()
 
     def reset(self) -> None:
@@ -173,10 +174,10 @@ class StreamingLogMel:
         if not (self._first <= lo <= have_end):  # a jump: nothing to reuse
             self._first, self._frames = lo, self._frames[:0]
             have_end = lo
-        taps = self.log_mel._taps(np.asarray(wave, dtype=np.float64)[None, :])[0]
+        taps = self.log_mel.taps(np.asarray(wave, dtype=np.float64)[None, :])[0]
         new_from = have_end - lo + self._lo  # the window's first frame not yet computed
         todo = np.concatenate([self._edges, np.arange(new_from, self._hi)])
-        computed = self.log_mel._log_mel(taps[todo])
+        computed = self.log_mel.frame_log_mel(taps[todo])
         n_edges = len(self._edges)
         self._frames = np.concatenate([self._frames[lo - self._first :], computed[n_edges:]])
         self._first = lo

@@ -222,14 +222,13 @@ def plot(curves: dict[str, list[tuple[float, float]]], title: str, out: Path) ->
 
 def _export(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, Path], float | None, Any]:
     from wakefl.models.kws_cnn import export_onnx, load_model
-    from wakefl.models.kws_cnn.pretrained import load_pretrained, pretrained_card
+    from wakefl.models.kws_cnn.pretrained import card_beside, load_pretrained, pretrained_card
 
     if args.pretrained:
         model, card = load_pretrained(args.pretrained), pretrained_card(args.pretrained)
     else:
         model = load_model(args.weights)
-        card_path = Path(args.weights).with_suffix(".card.json")
-        card = json.loads(card_path.read_text()) if card_path.exists() else {}
+        card = card_beside(args.weights) or {}
     paths = {"fp32": export_onnx(model, tmp / "model.onnx")}
     if args.int8:
         # Calibrate on real corpus audio: a few test clips of each device type.

@@ -258,7 +258,9 @@ def _measure(model: Any, args: argparse.Namespace, tmp: Path, res: dict) -> None
             for f, p in refs.items()
         },
     }
-    card = _card(args.weights)
+    from wakefl.models.kws_cnn.pretrained import card_beside
+
+    card = None if args.weights is None else card_beside(args.weights)
     if card is not None:
         print("[bench] detection delay", file=sys.stderr)
         streams = delay_streams(cfg.sample_rate, tmp)
@@ -282,14 +284,6 @@ def _agreement(s32: Any, s8: Any, windows: np.ndarray, trained: bool) -> dict[st
         "decision_differs_share": float(np.mean((p32 >= thr) != (p8 >= thr))),
         "max_abs_prob_diff": float(np.abs(p32 - p8).max()),
     }
-
-
-def _card(weights: Path | None) -> dict | None:
-    """The operating-point card beside trained weights (None: untrained, or no card)."""
-    if weights is None:
-        return None
-    path = Path(weights).with_suffix(".card.json")
-    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
 
 
 def main(argv: list[str] | None = None) -> int:

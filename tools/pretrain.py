@@ -326,8 +326,20 @@ def save_state(out: Path, model: Any, opt: Any, info: dict[str, Any]) -> None:
     write_atomic(out / STATE_INFO, (json.dumps(info, indent=1) + "\n").encode())
 
 
-def load_state(out: Path, model: Any, opt: Any) -> dict[str, Any]:
+def _copy_weights(model: Any, tensors: dict[str, Any], error: str) -> None:
+    """Copy a checkpoint's `model.<name>` tensors into `model`; ConfigError(`error`) naming
+    the first parameter that is missing or of another shape."""
     import torch
+
+    with torch.no_grad():
+        for k, p in model.named_parameters():
+            t = tensors.get(f"model.{k}")
+            if t is None or t.shape != p.shape:
+                raise ConfigError(f"{error} ({k})")
+            p.copy_(t)
+
+
+def load_state(out: Path, model: Any, opt: Any) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     try:
@@ -335,13 +347,7 @@ def load_state(out: Path, model: Any, opt: Any) -> dict[str, Any]:
         tensors = load_file(str(out / STATE_WEIGHTS))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot resume from {out}: {exc}") from None
-    with torch.no_grad():
-        for k, p in model.named_parameters():
-            if f"model.{k}" not in tensors or tensors[f"model.{k}"].shape != p.shape:
-                raise ConfigError(
-                    f"cannot resume from {out}: its weights do not fit this model ({k})"
-                )
-            p.copy_(tensors[f"model.{k}"])
+    _copy_weights(model, tensors, f"cannot resume from {out}: its weights do not fit this model")
     for i, p in enumerate(opt.param_groups[0]["params"]):
         if f"opt.{i}.exp_avg" in tensors:
             opt.state[p] = {
@@ -636,7 +642,6 @@ def _last_checkpoint(run: Path, model: Any, best_card: dict[str, Any]) -> dict[s
     return its card: the best card's settings with the validation figures of that step.
     The validation criterion is noisy on a few validation streams; a benchmark on more
     audio may prefer the last step (MODEL_CARD.md, how `full` was made)."""
-    import torch
     from safetensors.torch import load_file
 
     try:
@@ -649,11 +654,7 @@ def _last_checkpoint(run: Path, model: Any, best_card: dict[str, Any]) -> dict[s
     metrics = next((h for h in reversed(history) if h.get("step") == step), None)
     if metrics is None:
         raise ConfigError(f"{run}: the last checkpoint (step {step}) was not validated")
-    with torch.no_grad():
-        for k, p in model.named_parameters():
-            if tensors.get(f"model.{k}") is None or tensors[f"model.{k}"].shape != p.shape:
-                raise ConfigError(f"{run}: the last checkpoint does not fit the model ({k})")
-            p.copy_(tensors[f"model.{k}"])
+    _copy_weights(model, tensors, f"{run}: the last checkpoint does not fit the model")
     keys = ("threshold", "frr", "clip_far", "frr_at_half", "far_at_half", "val_stream_hours")
     validation = {k: metrics[k] for k in keys if k in metrics}
     return {

@@ -150,7 +150,9 @@ def export_onnx(
     calibration = calibration_windows
     if frontend == "log_mel":
         with torch.no_grad():
-            calibration = model.cpu().float().frontend(torch.from_numpy(calibration)).numpy()
+            # A copy: the caller's model stays on its device and dtype.
+            log_mel = copy.deepcopy(model.frontend).cpu().float()
+            calibration = log_mel(torch.from_numpy(calibration)).numpy()
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         fp32 = Path(tmp) / "fp32.onnx"
         _export_fp32(model, fp32, frontend)

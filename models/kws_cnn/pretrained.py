@@ -40,11 +40,23 @@ def load_pretrained(name: str) -> KwsCnn:
 def pretrained_card(name: str) -> dict[str, Any]:
     """The operating-point card: `threshold`, `hop_s`, `smoothing`, `refractory_s`, the
     phrase and the validation figures it was chosen on."""
-    path = pretrained_path(name).with_suffix(".card.json")
+    card = card_beside(pretrained_path(name))
+    if card is None:
+        raise ConfigError(f"the pretrained model {name!r} has no card")
+    return card
+
+
+def card_beside(weights: Path | str) -> dict[str, Any] | None:
+    """The operating-point card beside a weights file (`<weights>.card.json`, as
+    `wakefl model pretrain` and `publish` write it); None when there is none, ConfigError
+    when it cannot be read or has no numeric `threshold`."""
+    path = Path(weights).with_suffix(".card.json")
+    if not path.exists():
+        return None
     try:
         card = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot read the card of pretrained model {name!r}: {exc}") from None
+        raise ConfigError(f"cannot read the card {path}: {exc}") from None
     if not isinstance(card, dict) or not isinstance(card.get("threshold"), int | float):
         raise ConfigError(f"{path}: no numeric 'threshold'")
     return card
