@@ -80,7 +80,8 @@ def _register_pretrain(sub: argparse._SubParsersAction) -> None:
         default=None,
         metavar="MANIFEST",
         help="a corpus manifest with train/val clips and streams "
-        "(default: build or reuse the 'pretrain' corpus for --phrase)",
+        "(default: build or reuse the cached 'pretrain' corpus of --phrase and --seed; a "
+        "new seed builds a new corpus, about 25 min)",
     )
     pre.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     _add_pretrain_run_options(pre)
@@ -108,7 +109,9 @@ def _add_pretrain_run_options(pre: argparse.ArgumentParser) -> None:
     )
     pre.add_argument("--batch-size", type=int, default=32)
     pre.add_argument("--lr", type=float, default=2e-3)
-    pre.add_argument("--seed", type=int, default=0)
+    pre.add_argument(
+        "--seed", type=int, default=0, help="training seed, and the default corpus's seed"
+    )
     pre.add_argument("--threads", type=int, default=2, help="torch threads for training")
     pre.add_argument("--eval-every", type=int, default=500, metavar="STEPS")
     pre.add_argument(
