@@ -275,6 +275,7 @@ def test_tiny_study_end_to_end(tiny_corpus: Path, tmp_path: Path):
     assert json.loads((out1 / "results.json").read_text())["rows"] == rows
     assert render_markdown(result, None) == render_markdown(json.loads(json.dumps(result)), None)
     assert "Ablation, a gate that also switches on a tie" in render_markdown(result, None)
+    assert "## Self-FL ablations" not in render_markdown(result, None)
 
     # Same seed, same tables: the CLI reruns Self-FL alone (warm start from the cache) and
     # must reproduce every Self-FL cell bit for bit.
@@ -374,6 +375,13 @@ def test_selffl_ablation_rows_in_settings_of_their_own(tiny_corpus: Path, tmp_pa
     assert ("ablation-full-participation", "selffl+paper-rules") in methods
     assert ("ablation-sampling-0.25", "selffl-client+paper-rules") in methods
     assert cfg["method_labels"]["selffl-client+paper-rules"] == "Self-FL client-level, paper-rules"
+    # the report sets each ablation row beside the default rules' row of its setting
+    md = render_markdown(result, None)
+    assert "## Self-FL ablations: the paper's rules back, global model" in md
+    for setting in ("full-participation", "sampling-0.25"):
+        for rules in ("wakefl (default)", "paper-rules"):
+            assert md.count(f"| {setting} | {rules} | ") == 2  # global and personalized
+    assert "| full-participation | paper-rules | n/a |" not in md
     # the main settings' rows are the same as without the ablation
     main = {
         (r["setting"], r["method"])

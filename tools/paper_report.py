@@ -637,6 +637,55 @@ def _why_sampling(result: dict[str, Any]) -> list[str]:
     return out
 
 
+def ablation_table(result: dict[str, Any], model: str) -> str:
+    """Self-FL with wakefl's rules (the main settings' rows) against the same run with some
+    rules switched back to the paper's (the "ablation-" settings), all states pooled. Rows
+    = (setting, rules), columns = device types."""
+    cfg = result["config"]
+    idx = _index(result["rows"])
+    dts = cfg["device_types"]
+    lines = ["| setting | rules | " + " | ".join(dts) + " |", "|---|---|" + "---|" * len(dts)]
+    runs = [("full-participation", "selffl")]
+    runs += [(f"sampling-{rate:g}", "selffl-client") for rate in cfg["activity_rates"]]
+    for setting, method in runs:
+        variants = [(setting, method, "wakefl (default)")]
+        variants += [
+            (f"ablation-{setting}", f"{method}+{a}", a) for a in cfg.get("selffl_ablations", {})
+        ]
+        for row_setting, row_method, name in variants:
+            cells = [format_cell(idx.get((row_setting, row_method, model, dt, ALL))) for dt in dts]
+            lines.append(f"| {setting} | {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _md_ablations(result: dict[str, Any]) -> list[str]:
+    """The Self-FL ablation tables, when the run has ablation rows."""
+    ablations = result["config"].get("selffl_ablations") or {}
+    if not ablations:
+        return []
+    rules = "; ".join(
+        f"`{name}`: " + ", ".join(f"{k}={v!r}" for k, v in over.items())
+        for name, over in ablations.items()
+    )
+    intro = (
+        "Self-FL (Alg. 1; client level under sampling) at the selected learning rate with "
+        "some of wakefl's rules switched back to the paper's (docs/SELF_FL.md, \"Deliberate "
+        f'deviations"), all states pooled. {rules}.'
+    )
+    return [
+        "## Self-FL ablations: the paper's rules back, global model",
+        "",
+        intro,
+        "",
+        ablation_table(result, "global"),
+        "",
+        "## Self-FL ablations: personalized models",
+        "",
+        ablation_table(result, "personalized"),
+        "",
+    ]
+
+
 def render_markdown(result: dict[str, Any], figures: dict[str, Any] | None = None) -> str:
     cfg = result["config"]
     md = _md_preamble(result)
@@ -724,13 +773,15 @@ def _md_preamble(result: dict[str, Any]) -> list[str]:
 
 
 def _md_tables(result: dict[str, Any]) -> list[str]:
-    """Tables 2a/2b, the device states, Tables 5/6, tuning and the comparisons."""
+    """Tables 2a/2b, the device states, Tables 5/6, tuning, the comparisons and the
+    Self-FL ablations."""
     return (
         _md_full_participation(result)
         + _md_sampling(result)
         + _md_tuning(result)
         + _md_gate(result)
         + _md_comparisons(result)
+        + _md_ablations(result)
     )
 
 
