@@ -224,3 +224,95 @@ def test_init_from_a_narrower_model_widens_it(corpus: Path, tmp_path: Path) -> N
             init_from=tmp_path / "wide.safetensors",
             progress=False,
         )
+
+
+def test_mel_warp_moves_a_formant_by_its_factor() -> None:
+    import librosa
+
+    from wakefl.tools.mel_warp import hz_to_mel, source_positions, warp_log_mel
+
+    hz = np.array([0.0, 300.0, 999.0, 1000.0, 2500.0, 8000.0])
+    assert np.allclose(hz_to_mel(hz), librosa.hz_to_mel(hz))  # the frontend's Slaney scale
+    assert np.allclose(source_positions(40, 20.0, 8000.0, np.array([1.0]))[0], np.arange(40))
+    centres = librosa.mel_frequencies(42, fmin=20.0, fmax=8000.0)[1:-1]
+    # A peak at band k (a formant at centre_k) lands, after scaling by alpha, on the band
+    # whose centre is nearest alpha * centre_k.
+    k, alphas = 20, np.array([0.9, 1.1])
+    feats = torch.zeros(2, 40, 5)
+    feats[:, k, :] = 1.0
+    warped = warp_log_mel(feats, alphas, 20.0, 8000.0)
+    for j, a in enumerate(alphas):
+        peak = int(warped[j, :, 0].argmax())
+        assert peak == int(np.argmin(np.abs(centres - a * centres[k]))) != k
+    torch.testing.assert_close(warp_log_mel(feats, np.ones(2), 20.0, 8000.0), feats)
+
+
+def test_mining_keeps_the_highest_scoring_negatives() -> None:
+    from wakefl.tools.hard_negatives import CLIP, STREAM, candidates, mine, windows_of
+
+    rng = np.random.default_rng(0)
+    streams = [rng.uniform(-1, 1, 5000).astype(np.float32) * g for g in (0.1, 0.5)]
+    clips = rng.uniform(-1, 1, (30, 400)).astype(np.float32) * rng.uniform(0, 1, (30, 1))
+
+    def loudness(w: np.ndarray) -> np.ndarray:
+        return np.abs(w).mean(axis=1)
+
+    desc = candidates(streams, len(clips), 400, 40, seed=1, step=3)
+    assert np.array_equal(desc, candidates(streams, len(clips), 400, 40, seed=1, step=3))
+    assert not np.array_equal(desc, candidates(streams, len(clips), 400, 40, seed=1, step=4))
+    assert (desc[:, 0] == STREAM).sum() == 20 and (desc[:, 0] == CLIP).sum() == 20
+    assert all(s + 400 <= streams[i].size for src, i, s in desc if src == STREAM)
+    pool = mine(loudness, streams, clips, 400, 40, 8, seed=1, step=3, chunk=7)
+    all_scores = loudness(windows_of(desc, streams, clips, 400))
+    pool_scores = loudness(windows_of(pool, streams, clips, 400))
+    assert np.allclose(pool_scores, np.sort(all_scores)[::-1][:8])
+
+
+def test_mining_and_warp_resume_equals_uninterrupted_run(corpus: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    s = dataclasses.replace(
+        SETTINGS,
+        hard_negative_share=0.5,
+        mine_every_steps=2,
+        mine_candidates=24,
+        hard_pool=6,
+        mel_warp=0.1,
+    )
+    whole = pretrain(corpus, tmp_path / "a", s, progress=False)
+    assert whole["hard_pool_step"] == 4 and len(whole["hard_pool"]) == 6
+    # A pool of silent windows: the negatives drawn from it stay (nearly) silent through
+    # the augmentation, the others do not.
+    data = load_pretrain_data(corpus, 24000, 6.0, progress=False)
+    data.hard = np.zeros((6, 24000), np.float32)
+    n_pos = round(s.batch_size * s.positive_share)
+    n_hard = round((s.batch_size - n_pos) * s.hard_negative_share)
+    x, y = make_batch(data, 5, s)
+    peaks = np.abs(x).max(axis=1)
+    assert (y[n_pos : n_pos + n_hard] == 0).all() and (peaks[n_pos : n_pos + n_hard] < 2e-3).all()
+    assert (peaks[n_pos + n_hard :] > 2e-3).any()
+    pretrain(corpus, tmp_path / "b", s, progress=False, max_steps=3)  # killed mid-segment
+    pretrain(corpus, tmp_path / "b", s, resume=True, progress=False)
+    wa = load_file(str(tmp_path / "a" / "state.safetensors"))
+    wb = load_file(str(tmp_path / "b" / "state.safetensors"))
+    for k in wa:
+        torch.testing.assert_close(wa[k], wb[k], rtol=1e-5, atol=1e-6)
+    assert json.loads((tmp_path / "b" / STATE_INFO).read_text())["hard_pool"] == whole["hard_pool"]
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--mel-warp", "0.7"],
+        ["--mel-warp", "nan"],
+        ["--hard-negatives", "1.5"],
+        ["--mine-every", "0"],
+    ],
+)
+def test_pretrain_cli_refuses_absurd_augmentation_flags(flags, tmp_path: Path, capsys) -> None:
+    from wakefl.tools.cli import main
+
+    rc = main(["model", "pretrain", "--out", str(tmp_path / "run"), "--quiet", *flags])
+    err = capsys.readouterr().err
+    assert rc == 2 and flags[0] in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()  # refused before any corpus build or run folder

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from wakefl.errors import ConfigError
 
@@ -121,6 +122,23 @@ def _add_pretrain_run_options(pre: argparse.ArgumentParser) -> None:
         metavar="S",
         help="validate on the first S s of each validation stream (validation cost)",
     )
+    pre.add_argument(
+        "--mel-warp",
+        type=float,
+        default=0.0,
+        metavar="W",
+        help="vocal-tract-length perturbation: scale each example's spectrum by a factor in "
+        "[1-W, 1+W] (0 = off)",
+    )
+    pre.add_argument(
+        "--hard-negatives",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="draw this share of the negatives from a pool of the highest-scoring training "
+        "negatives, mined again every --mine-every steps (0 = off)",
+    )
+    pre.add_argument("--mine-every", type=int, default=1500, metavar="STEPS")
     pre.add_argument("--checkpoint-minutes", type=float, default=5.0)
     pre.add_argument(
         "--max-minutes",
@@ -282,18 +300,45 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pretrain(args: argparse.Namespace) -> int:
-    from wakefl.cache_location import cache_root
-    from wakefl.tools.corpus_build import build_corpus
-    from wakefl.tools.pretrain import PretrainSettings, pretrain
+def _pretrain_settings(args: argparse.Namespace) -> Any:
+    """The run's PretrainSettings from `wakefl model pretrain`'s flags, checked."""
+    from wakefl.tools.pretrain import PretrainSettings
 
     if args.samples < args.batch_size:
         raise ConfigError("--samples must be at least one batch")
+    if not 0.0 <= args.mel_warp < 0.5:
+        raise ConfigError(f"--mel-warp must be in [0, 0.5), got {args.mel_warp}")
+    if not 0.0 <= args.hard_negatives <= 1.0 or args.mine_every < 1:
+        raise ConfigError("--hard-negatives must be in [0, 1] and --mine-every at least 1")
     if args.device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
             raise ConfigError("--device cuda: no CUDA device is available here")
+    return PretrainSettings(
+        width=args.width,
+        phrase=" ".join(args.phrase.lower().split()),
+        seed=args.seed,
+        batch_size=args.batch_size,
+        samples=args.samples,
+        lr=args.lr,
+        threads=args.threads,
+        device=args.device,
+        eval_every_steps=args.eval_every,
+        val_stream_seconds=args.val_stream_seconds,
+        checkpoint_minutes=args.checkpoint_minutes,
+        mel_warp=args.mel_warp,
+        hard_negative_share=args.hard_negatives,
+        mine_every_steps=args.mine_every,
+    )
+
+
+def _pretrain(args: argparse.Namespace) -> int:
+    from wakefl.cache_location import cache_root
+    from wakefl.tools.corpus_build import build_corpus
+    from wakefl.tools.pretrain import pretrain
+
+    settings = _pretrain_settings(args)
     manifest = args.corpus
     if manifest is None:
         phrase = "-".join(args.phrase.lower().split())
@@ -307,19 +352,6 @@ def _pretrain(args: argparse.Namespace) -> int:
                 phrase=args.phrase,
                 progress=not args.quiet,
             )
-    settings = PretrainSettings(
-        width=args.width,
-        phrase=" ".join(args.phrase.lower().split()),
-        seed=args.seed,
-        batch_size=args.batch_size,
-        samples=args.samples,
-        lr=args.lr,
-        threads=args.threads,
-        device=args.device,
-        eval_every_steps=args.eval_every,
-        val_stream_seconds=args.val_stream_seconds,
-        checkpoint_minutes=args.checkpoint_minutes,
-    )
     info = pretrain(
         manifest,
         args.out,

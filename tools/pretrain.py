@@ -3,7 +3,12 @@
 Every batch is drawn fresh: a third wake-phrase clips, the rest negatives (clips of confusable
 phrases, other speech and background, and random 1.5 s cuts of the training streams), each
 augmented on the fly (tools/wave_augment.py) and with SpecAugment-style masks on the log-mel
-input. The learning rate warms up linearly, then follows a cosine to 5%.
+input. The learning rate warms up linearly, then follows a cosine to 5%. Two options target
+what the benchmark still misses: `mel_warp` scales each example's spectrum like another
+vocal tract (tools/mel_warp.py: voices of engines training never heard), and
+`hard_negative_share` draws part of the negatives from a pool of the training negatives the
+model currently scores highest (tools/hard_negatives.py: the false accepts that set the
+threshold).
 
 Validation measures what a device maker ships for: the false-reject rate of the validation
 clips at the threshold where the streaming detector (its smoothing and refractory period)
@@ -13,7 +18,8 @@ model by that figure is kept.
 Checkpoints: `state.safetensors` (weights and optimizer moments) + `state.json` (step, best
 figure, history) every `checkpoint_minutes`, written atomically. `--resume` continues from
 them; the batch of step k depends only on (seed, k), so a resumed run sees the same data a
-run without the kill would have seen.
+run without the kill would have seen (with mining on: on (seed, k) and the pool, whose
+descriptors the checkpoint carries).
 """
 
 from __future__ import annotations
@@ -57,6 +63,15 @@ class PretrainSettings:
     positive_share: float = 1 / 3
     stream_crop_share: float = 0.4  # of the negatives in a batch
     spec_masks: bool = True
+    # Vocal-tract-length perturbation: each example's spectrum scaled by a factor drawn
+    # from [1 - mel_warp, 1 + mel_warp] (tools/mel_warp.py); 0 = off.
+    mel_warp: float = 0.0
+    # Share of the negatives drawn from the mined pool of high-scoring negatives
+    # (tools/hard_negatives.py); 0 = off. The pool is renewed every `mine_every_steps`.
+    hard_negative_share: float = 0.0
+    mine_every_steps: int = 1500
+    mine_candidates: int = 6000
+    hard_pool: int = 600
     eval_every_steps: int = 500
     checkpoint_minutes: float = 5.0
     val_fa_per_hour: float = 2.0
@@ -92,6 +107,7 @@ class PretrainData:
     val_labels: np.ndarray
     val_streams: list[np.ndarray] = field(default_factory=list)
     bank: Any = None  # wave_augment.AugmentBank
+    hard: np.ndarray | None = None  # [H, T] the mined hard negatives, when mining is on
 
     @property
     def window(self) -> int:
@@ -150,14 +166,18 @@ def make_batch(data: PretrainData, step: int, s: PretrainSettings) -> tuple[np.n
     rng = np.random.default_rng([s.seed, 77, step])
     n_pos = max(1, int(round(s.batch_size * s.positive_share)))
     n_neg = s.batch_size - n_pos
-    n_cut = int(round(n_neg * s.stream_crop_share)) if data.train_streams else 0
+    pool = data.hard if data.hard is not None and len(data.hard) else None
+    n_hard = int(round(n_neg * s.hard_negative_share)) if pool is not None else 0
+    n_cut = int(round((n_neg - n_hard) * s.stream_crop_share)) if data.train_streams else 0
     out = np.empty((s.batch_size, data.window), np.float32)
     labels = np.zeros(s.batch_size, np.int64)
     labels[:n_pos] = 1
     for i in range(s.batch_size):
         if i < n_pos:
             src = data.pos[int(rng.integers(len(data.pos)))]
-        elif i < n_pos + n_cut:
+        elif pool is not None and i < n_pos + n_hard:
+            src = pool[int(rng.integers(len(pool)))]
+        elif i < n_pos + n_hard + n_cut:
             stream = data.train_streams[int(rng.integers(len(data.train_streams)))]
             start = int(rng.integers(0, stream.size - data.window + 1))
             src = stream[start : start + data.window]
@@ -168,9 +188,15 @@ def make_batch(data: PretrainData, step: int, s: PretrainSettings) -> tuple[np.n
 
 
 def batch_stream(
-    data: PretrainData, start_step: int, s: PretrainSettings, workers: int = 1
+    data: PretrainData,
+    start_step: int,
+    s: PretrainSettings,
+    workers: int = 1,
+    end_step: int | None = None,
 ) -> Iterator[tuple[Any, Any]]:
-    """Batches from `start_step` on, prepared in a worker process while the model trains."""
+    """Batches of steps `start_step` to `end_step` (default: the run's end), prepared in a
+    worker process while the model trains."""
+    end = s.total_steps if end_step is None else min(end_step, s.total_steps)
     import torch
     from torch.utils.data import DataLoader, IterableDataset
 
@@ -179,7 +205,7 @@ def batch_stream(
             info = torch.utils.data.get_worker_info()
             k, n = (info.id, info.num_workers) if info is not None else (0, 1)
             step = start_step + k
-            while step < s.total_steps:
+            while step < end:
                 x, y = make_batch(data, step, s)
                 yield torch.from_numpy(x), torch.from_numpy(y)
                 step += n
@@ -408,9 +434,19 @@ def spec_mask(feats: Any, generator: Any) -> Any:
     return out
 
 
-def forward_train(model: Any, wave: Any, generator: Any, masks: bool) -> Any:
-    """The model's forward with masks on the log-mel input (as KwsCnn.forward otherwise)."""
+def forward_train(model: Any, wave: Any, generator: Any, masks: bool, mel_warp: float = 0.0) -> Any:
+    """The model's forward with a spectrum warp and masks on the log-mel input (as
+    KwsCnn.forward otherwise)."""
     x = model.frontend(wave)
+    if mel_warp > 0:
+        import torch
+
+        from wakefl.tools.mel_warp import warp_log_mel
+
+        cfg = model.cfg
+        u = torch.rand(x.shape[0], generator=generator).numpy()
+        f_max = cfg.f_max if cfg.f_max is not None else cfg.sample_rate / 2.0
+        x = warp_log_mel(x, 1.0 + mel_warp * (2.0 * u - 1.0), cfg.f_min, f_max)
     if masks:
         x = spec_mask(x, generator)
     x = model.features(x.unsqueeze(1)).mean(dim=(2, 3))
@@ -482,7 +518,8 @@ def _train_step(
     for g in opt.param_groups:
         g["lr"] = lr_at(step, s)
     gen.manual_seed(s.seed * 1_000_003 + step)  # the masks of step k depend on k alone
-    loss = F.cross_entropy(forward_train(model, x.to(s.device), gen, s.spec_masks), y.to(s.device))
+    logits = forward_train(model, x.to(s.device), gen, s.spec_masks, s.mel_warp)
+    loss = F.cross_entropy(logits, y.to(s.device))
     if not torch.isfinite(loss):
         raise ConfigError(f"the training loss became {loss.item()} at step {step}; lower --lr")
     opt.zero_grad(set_to_none=True)
@@ -552,6 +589,86 @@ def _out_of_time(
     )
 
 
+@dataclass
+class _Loop:
+    """The training loop's clock and running loss across segments."""
+
+    t0: float
+    last_ckpt: float
+    seconds0: float
+    start_step: int
+    max_minutes: float | None
+    max_steps: int | None
+    running: float | None = None
+
+
+def _mine_pool(model: Any, data: PretrainData, s: PretrainSettings, info: dict, step: int) -> None:
+    """Renew the pool of hard negatives before `step` (tools/hard_negatives.py); the pool's
+    descriptors go into the run's state, its score range into the history."""
+    from wakefl.tools.hard_negatives import mine, windows_of
+
+    was = model.training
+    model.eval()
+    try:
+        desc = mine(
+            lambda w: score_batches(model, w),
+            data.train_streams,
+            data.neg,
+            data.window,
+            s.mine_candidates,
+            s.hard_pool,
+            s.seed,
+            step,
+        )
+    finally:
+        model.train(was)
+    data.hard = windows_of(desc, data.train_streams, data.neg, data.window)
+    info["hard_pool"] = desc.tolist()
+    info["hard_pool_step"] = step
+
+
+def _segment_end(step: int, s: PretrainSettings) -> int:
+    """The step before which the pool is next renewed (the run's end without mining)."""
+    if s.hard_negative_share <= 0:
+        return s.total_steps
+    return min(s.total_steps, (step // s.mine_every_steps + 1) * s.mine_every_steps)
+
+
+def _train_segment(
+    ctx: tuple[Path, Any, Any, PretrainData, PretrainSettings, dict, Any, Any],
+    loop: _Loop,
+    first: int,
+    end: int,
+) -> tuple[int, bool]:
+    """Train steps `first` to `end`; returns the next step and whether the run stops (done,
+    or out of time in this call)."""
+    out, model, opt, data, s, info, gen, bar = ctx
+    step = first
+    for step, (x, y) in enumerate(batch_stream(data, first, s, end_step=end), start=first):
+        loss = _train_step(model, opt, x, y, step, gen, s)
+        loop.running = loss if loop.running is None else 0.98 * loop.running + 0.02 * loss
+        info["step"] = step + 1
+        info["seconds"] = loop.seconds0 + time.monotonic() - loop.t0
+        bar.update(1)
+        done = step + 1 >= s.total_steps
+        out_of_time = _out_of_time(
+            loop.t0, loop.max_minutes, step + 1 - loop.start_step, loop.max_steps
+        )
+        if (step + 1) % s.eval_every_steps == 0 or done or out_of_time:
+            metrics = _validate_and_record(out, model, data, s, info, step, loop.running)
+            bar.set_postfix(
+                loss=f"{loop.running:.3f}",
+                frr=f"{metrics['frr']:.3f}",
+                best=f"{info['best']['frr']:.3f}",
+            )
+        if done or out_of_time or time.monotonic() - loop.last_ckpt > s.checkpoint_minutes * 60:
+            save_state(out, model, opt, info)
+            loop.last_ckpt = time.monotonic()
+        if done or out_of_time:
+            return step + 1, True
+    return end, False
+
+
 def pretrain(
     manifest: Path,
     out: Path,
@@ -569,46 +686,33 @@ def pretrain(
     from tqdm import tqdm
 
     from wakefl.sdk.atomic_files import write_atomic
+    from wakefl.tools.hard_negatives import windows_of
 
     model, opt = _new_run(out, s, resume)
     info = _start_info(out, s, manifest, model, opt, resume, init_from)
     data = load_pretrain_data(
         manifest, model.cfg.window_samples, s.val_stream_seconds, progress, s.seed
     )
-    start_step = int(info["step"])
-    gen = torch.Generator()
-    t0, last_ckpt = time.monotonic(), time.monotonic()
-    seconds0 = float(info["seconds"])
+    step = int(info["step"])
+    if s.hard_negative_share > 0 and info.get("hard_pool"):
+        desc = np.asarray(info["hard_pool"], np.int64).reshape(-1, 3)
+        data.hard = windows_of(desc, data.train_streams, data.neg, data.window)
+    now = time.monotonic()
+    loop = _Loop(now, now, float(info["seconds"]), step, max_minutes, max_steps)
     bar = tqdm(
         total=s.total_steps,
-        initial=start_step,
+        initial=step,
         desc=f"pretrain w{s.width}",
         unit="step",
         disable=not progress,
     )
-    running = None
-    step = start_step
+    ctx = (out, model, opt, data, s, info, torch.Generator(), bar)
     model.train()
-    for step, (x, y) in enumerate(batch_stream(data, start_step, s), start=start_step):
-        loss = _train_step(model, opt, x, y, step, gen, s)
-        running = loss if running is None else 0.98 * running + 0.02 * loss
-        info["step"] = step + 1
-        info["seconds"] = seconds0 + time.monotonic() - t0
-        bar.update(1)
-        done = step + 1 >= s.total_steps
-        out_of_time = _out_of_time(t0, max_minutes, step + 1 - start_step, max_steps)
-        if (step + 1) % s.eval_every_steps == 0 or done or out_of_time:
-            metrics = _validate_and_record(out, model, data, s, info, step, running)
-            bar.set_postfix(
-                loss=f"{running:.3f}",
-                frr=f"{metrics['frr']:.3f}",
-                best=f"{info['best']['frr']:.3f}",
-            )
-        if done or out_of_time or time.monotonic() - last_ckpt > s.checkpoint_minutes * 60:
-            save_state(out, model, opt, info)
-            last_ckpt = time.monotonic()
-        if done or out_of_time:
-            break
+    stopped = False
+    while step < s.total_steps and not stopped:
+        if s.hard_negative_share > 0 and (step % s.mine_every_steps == 0 or data.hard is None):
+            _mine_pool(model, data, s, info, step)
+        step, stopped = _train_segment(ctx, loop, step, _segment_end(step, s))
     bar.close()
     write_atomic(out / STATE_INFO, (json.dumps(info, indent=1) + "\n").encode())
     return info
