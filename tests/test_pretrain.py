@@ -248,7 +248,7 @@ def test_mel_warp_moves_a_formant_by_its_factor() -> None:
 
 
 def test_mining_keeps_the_highest_scoring_negatives() -> None:
-    from wakefl.tools.hard_negatives import CLIP, STREAM, candidates, mine, windows_of
+    from wakefl.tools.hard_negatives import CLIP, STREAM, candidates, fits, mine, windows_of
 
     rng = np.random.default_rng(0)
     streams = [rng.uniform(-1, 1, 5000).astype(np.float32) * g for g in (0.1, 0.5)]
@@ -266,6 +266,10 @@ def test_mining_keeps_the_highest_scoring_negatives() -> None:
     all_scores = loudness(windows_of(desc, streams, clips, 400))
     pool_scores = loudness(windows_of(pool, streams, clips, 400))
     assert np.allclose(pool_scores, np.sort(all_scores)[::-1][:8])
+    assert fits(pool, streams, len(clips), 400)
+    assert not fits(pool, streams[:1] + [streams[1][:300]], len(clips), 400)  # short stream
+    assert not fits(np.array([[CLIP, 30, 0]]), streams, len(clips), 400)
+    assert not fits(np.array([[7, 0, 0]]), streams, len(clips), 400)
 
 
 def test_mining_and_warp_resume_equals_uninterrupted_run(corpus: Path, tmp_path: Path) -> None:

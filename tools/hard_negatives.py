@@ -41,6 +41,19 @@ def candidates(
     return rows
 
 
+def fits(desc: np.ndarray, streams: list[np.ndarray], n_clips: int, window: int) -> bool:
+    """Whether every descriptor names a whole window of these streams or clips (a pool
+    restored from a checkpoint made on another corpus does not)."""
+    for source, index, start in np.asarray(desc, np.int64).reshape(-1, 3):
+        if source == STREAM:
+            ok = 0 <= index < len(streams) and 0 <= start <= streams[index].size - window
+        else:
+            ok = source == CLIP and 0 <= index < n_clips
+        if not ok:
+            return False
+    return True
+
+
 def windows_of(
     desc: np.ndarray, streams: list[np.ndarray], clips: np.ndarray, window: int
 ) -> np.ndarray:

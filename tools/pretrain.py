@@ -604,7 +604,7 @@ class _Loop:
 
 def _mine_pool(model: Any, data: PretrainData, s: PretrainSettings, info: dict, step: int) -> None:
     """Renew the pool of hard negatives before `step` (tools/hard_negatives.py); the pool's
-    descriptors go into the run's state, its score range into the history."""
+    descriptors go into the run's state."""
     from wakefl.tools.hard_negatives import mine, windows_of
 
     was = model.training
@@ -686,7 +686,7 @@ def pretrain(
     from tqdm import tqdm
 
     from wakefl.sdk.atomic_files import write_atomic
-    from wakefl.tools.hard_negatives import windows_of
+    from wakefl.tools.hard_negatives import fits, windows_of
 
     model, opt = _new_run(out, s, resume)
     info = _start_info(out, s, manifest, model, opt, resume, init_from)
@@ -696,6 +696,11 @@ def pretrain(
     step = int(info["step"])
     if s.hard_negative_share > 0 and info.get("hard_pool"):
         desc = np.asarray(info["hard_pool"], np.int64).reshape(-1, 3)
+        if not fits(desc, data.train_streams, len(data.neg), data.window):
+            raise ConfigError(
+                f"--resume: the hard-negative pool in {out} names audio this corpus lacks "
+                "(was the run made on another corpus?)"
+            )
         data.hard = windows_of(desc, data.train_streams, data.neg, data.window)
     now = time.monotonic()
     loop = _Loop(now, now, float(info["seconds"]), step, max_minutes, max_steps)
