@@ -302,6 +302,13 @@ def test_mining_and_warp_resume_equals_uninterrupted_run(corpus: Path, tmp_path:
     for k in wa:
         torch.testing.assert_close(wa[k], wb[k], rtol=1e-5, atol=1e-6)
     assert json.loads((tmp_path / "b" / STATE_INFO).read_text())["hard_pool"] == whole["hard_pool"]
+    # A checkpoint whose pool names a clip this corpus lacks is refused on resume.
+    pretrain(corpus, tmp_path / "c", s, progress=False, max_steps=3)
+    state = json.loads((tmp_path / "c" / STATE_INFO).read_text())
+    state["hard_pool"][0] = [1, 10**6, 0]
+    (tmp_path / "c" / STATE_INFO).write_text(json.dumps(state))
+    with pytest.raises(ConfigError, match="another corpus"):
+        pretrain(corpus, tmp_path / "c", s, resume=True, progress=False)
 
 
 @pytest.mark.parametrize(

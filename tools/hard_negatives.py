@@ -37,7 +37,7 @@ def candidates(
         rows[:n_cut, 2] = (rng.random(n_cut) * sizes).astype(np.int64)
     if n > n_cut:
         rows[n_cut:, 0] = CLIP
-        rows[n_cut:, 1] = rng.integers(max(1, n_clips), size=n - n_cut)
+        rows[n_cut:, 1] = rng.integers(n_clips, size=n - n_cut)
     return rows
 
 

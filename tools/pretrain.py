@@ -590,9 +590,18 @@ def _out_of_time(
 
 
 @dataclass
-class _Loop:
-    """The training loop's clock and running loss across segments."""
+class _Run:
+    """What the training loop works on, across the segments between two minings: the run's
+    objects, its clock and its running loss."""
 
+    out: Path
+    model: Any
+    opt: Any
+    data: PretrainData
+    s: PretrainSettings
+    info: dict[str, Any]
+    gen: Any  # torch.Generator of the spectrogram masks and the warp
+    bar: Any  # tqdm progress bar
     t0: float
     last_ckpt: float
     seconds0: float
@@ -602,11 +611,12 @@ class _Loop:
     running: float | None = None
 
 
-def _mine_pool(model: Any, data: PretrainData, s: PretrainSettings, info: dict, step: int) -> None:
+def _mine_pool(run: _Run, step: int) -> None:
     """Renew the pool of hard negatives before `step` (tools/hard_negatives.py); the pool's
     descriptors go into the run's state."""
-    from wakefl.tools.hard_negatives import mine, windows_of
+    from wakefl.tools.hard_negatives import mine
 
+    model, data, s = run.model, run.data, run.s
     was = model.training
     model.eval()
     try:
@@ -622,9 +632,31 @@ def _mine_pool(model: Any, data: PretrainData, s: PretrainSettings, info: dict, 
         )
     finally:
         model.train(was)
+    _use_pool(run, desc)
+    run.info["hard_pool_step"] = step
+
+
+def _use_pool(run: _Run, desc: np.ndarray) -> None:
+    """Train on the pool these descriptors name, and keep them in the run's state."""
+    from wakefl.tools.hard_negatives import windows_of
+
+    data = run.data
     data.hard = windows_of(desc, data.train_streams, data.neg, data.window)
-    info["hard_pool"] = desc.tolist()
-    info["hard_pool_step"] = step
+    run.info["hard_pool"] = desc.tolist()
+
+
+def _restore_pool(run: _Run) -> None:
+    """The pool a resumed run's checkpoint holds; refused when it names audio this corpus
+    lacks (a checkpoint made on another corpus)."""
+    from wakefl.tools.hard_negatives import fits
+
+    desc = np.asarray(run.info["hard_pool"], np.int64).reshape(-1, 3)
+    if not fits(desc, run.data.train_streams, len(run.data.neg), run.data.window):
+        raise ConfigError(
+            f"--resume: the hard-negative pool in {run.out} names audio this corpus lacks "
+            "(was the run made on another corpus?)"
+        )
+    _use_pool(run, desc)
 
 
 def _segment_end(step: int, s: PretrainSettings) -> int:
@@ -634,36 +666,31 @@ def _segment_end(step: int, s: PretrainSettings) -> int:
     return min(s.total_steps, (step // s.mine_every_steps + 1) * s.mine_every_steps)
 
 
-def _train_segment(
-    ctx: tuple[Path, Any, Any, PretrainData, PretrainSettings, dict, Any, Any],
-    loop: _Loop,
-    first: int,
-    end: int,
-) -> tuple[int, bool]:
+def _train_segment(run: _Run, first: int, end: int) -> tuple[int, bool]:
     """Train steps `first` to `end`; returns the next step and whether the run stops (done,
     or out of time in this call)."""
-    out, model, opt, data, s, info, gen, bar = ctx
+    s, info = run.s, run.info
     step = first
-    for step, (x, y) in enumerate(batch_stream(data, first, s, end_step=end), start=first):
-        loss = _train_step(model, opt, x, y, step, gen, s)
-        loop.running = loss if loop.running is None else 0.98 * loop.running + 0.02 * loss
+    for step, (x, y) in enumerate(batch_stream(run.data, first, s, end_step=end), start=first):
+        loss = _train_step(run.model, run.opt, x, y, step, run.gen, s)
+        run.running = loss if run.running is None else 0.98 * run.running + 0.02 * loss
         info["step"] = step + 1
-        info["seconds"] = loop.seconds0 + time.monotonic() - loop.t0
-        bar.update(1)
+        info["seconds"] = run.seconds0 + time.monotonic() - run.t0
+        run.bar.update(1)
         done = step + 1 >= s.total_steps
         out_of_time = _out_of_time(
-            loop.t0, loop.max_minutes, step + 1 - loop.start_step, loop.max_steps
+            run.t0, run.max_minutes, step + 1 - run.start_step, run.max_steps
         )
         if (step + 1) % s.eval_every_steps == 0 or done or out_of_time:
-            metrics = _validate_and_record(out, model, data, s, info, step, loop.running)
-            bar.set_postfix(
-                loss=f"{loop.running:.3f}",
+            metrics = _validate_and_record(run.out, run.model, run.data, s, info, step, run.running)
+            run.bar.set_postfix(
+                loss=f"{run.running:.3f}",
                 frr=f"{metrics['frr']:.3f}",
                 best=f"{info['best']['frr']:.3f}",
             )
-        if done or out_of_time or time.monotonic() - loop.last_ckpt > s.checkpoint_minutes * 60:
-            save_state(out, model, opt, info)
-            loop.last_ckpt = time.monotonic()
+        if done or out_of_time or time.monotonic() - run.last_ckpt > s.checkpoint_minutes * 60:
+            save_state(run.out, run.model, run.opt, info)
+            run.last_ckpt = time.monotonic()
         if done or out_of_time:
             return step + 1, True
     return end, False
@@ -686,7 +713,6 @@ def pretrain(
     from tqdm import tqdm
 
     from wakefl.sdk.atomic_files import write_atomic
-    from wakefl.tools.hard_negatives import fits, windows_of
 
     model, opt = _new_run(out, s, resume)
     info = _start_info(out, s, manifest, model, opt, resume, init_from)
@@ -694,16 +720,6 @@ def pretrain(
         manifest, model.cfg.window_samples, s.val_stream_seconds, progress, s.seed
     )
     step = int(info["step"])
-    if s.hard_negative_share > 0 and info.get("hard_pool"):
-        desc = np.asarray(info["hard_pool"], np.int64).reshape(-1, 3)
-        if not fits(desc, data.train_streams, len(data.neg), data.window):
-            raise ConfigError(
-                f"--resume: the hard-negative pool in {out} names audio this corpus lacks "
-                "(was the run made on another corpus?)"
-            )
-        data.hard = windows_of(desc, data.train_streams, data.neg, data.window)
-    now = time.monotonic()
-    loop = _Loop(now, now, float(info["seconds"]), step, max_minutes, max_steps)
     bar = tqdm(
         total=s.total_steps,
         initial=step,
@@ -711,13 +727,31 @@ def pretrain(
         unit="step",
         disable=not progress,
     )
-    ctx = (out, model, opt, data, s, info, torch.Generator(), bar)
+    now = time.monotonic()
+    run = _Run(
+        out=out,
+        model=model,
+        opt=opt,
+        data=data,
+        s=s,
+        info=info,
+        gen=torch.Generator(),
+        bar=bar,
+        t0=now,
+        last_ckpt=now,
+        seconds0=float(info["seconds"]),
+        start_step=step,
+        max_minutes=max_minutes,
+        max_steps=max_steps,
+    )
+    if s.hard_negative_share > 0 and info.get("hard_pool"):
+        _restore_pool(run)
     model.train()
     stopped = False
     while step < s.total_steps and not stopped:
         if s.hard_negative_share > 0 and (step % s.mine_every_steps == 0 or data.hard is None):
-            _mine_pool(model, data, s, info, step)
-        step, stopped = _train_segment(ctx, loop, step, _segment_end(step, s))
+            _mine_pool(run, step)
+        step, stopped = _train_segment(run, step, _segment_end(step, s))
     bar.close()
     write_atomic(out / STATE_INFO, (json.dumps(info, indent=1) + "\n").encode())
     return info
