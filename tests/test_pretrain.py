@@ -55,6 +55,17 @@ def corpus(tmp_path_factory) -> Path:
     )
 
 
+@pytest.fixture(scope="module")
+def voices_corpus(tmp_path_factory) -> Path:
+    return build_corpus(
+        tmp_path_factory.mktemp("pretrain-voices-micro"),
+        seed=1,
+        profile="pretrain-voices-micro",
+        progress=False,
+        tts_cache_dir=tmp_path_factory.getbasetemp() / "tts",
+    )
+
+
 def _speakers(path: Path) -> list[dict[str, str]]:
     with path.open(encoding="utf-8") as f:
         return list(csv.DictReader(f))
@@ -79,6 +90,69 @@ def test_corpus_has_streams_per_split_and_an_unseen_voices_corpus(corpus: Path) 
     assert {r.speaker for r in unseen if r.kind == "clip" and r.label == 1} <= {
         s["speaker"] for s in _speakers(corpus.parent / "unseen" / "speakers.csv")
     }
+
+
+def test_extra_voices_corpus_speaks_with_voices_the_unseen_split_lacks(
+    corpus: Path, voices_corpus: Path
+) -> None:
+    extra = {(s["engine"], s["voice"]) for s in _speakers(voices_corpus.parent / "speakers.csv")}
+    unseen = {
+        (s["engine"], s["voice"]) for s in _speakers(corpus.parent / "unseen" / "speakers.csv")
+    }
+    assert extra and {e for e, _ in extra} == {"pico"}
+    assert not extra & unseen
+    rows = read_manifest(voices_corpus)
+    train = [r for r in rows if r.split == "train" and r.kind == "clip"]
+    assert {r.label for r in train} == {0, 1}
+    assert any(r.kind == "stream" and r.split == "train" for r in rows)
+    # Real rendered speech: a wake-phrase clip is far louder than a background-only one.
+    from wakefl.edge_runtime import load_audio
+
+    pos = next(r for r in train if r.label == 1)
+    bg = next(r for r in train if r.speaker.startswith("nospeech"))
+    assert (
+        np.abs(load_audio(pos.resolve(voices_corpus), 16000)).max()
+        > 2 * np.abs(load_audio(bg.resolve(voices_corpus), 16000)).std()
+    )
+
+
+def test_extra_corpus_adds_training_audio_only(corpus: Path, voices_corpus: Path) -> None:
+    base = load_pretrain_data(corpus, 24000, 6.0, progress=False)
+    both = load_pretrain_data(corpus, 24000, 6.0, progress=False, extra=[voices_corpus])
+    train = [r for r in read_manifest(voices_corpus) if r.split == "train"]
+    n_pos = sum(r.kind == "clip" and r.label == 1 for r in train)
+    n_neg = sum(r.kind == "clip" and r.label == 0 for r in train)
+    assert n_pos and n_neg
+    assert len(both.pos) == len(base.pos) + n_pos and len(both.neg) == len(base.neg) + n_neg
+    n_streams = sum(r.kind == "stream" for r in train)
+    assert len(both.train_streams) == len(base.train_streams) + n_streams
+    # The main corpus's audio comes first (mined-pool indices stay valid), and validation
+    # is the main corpus's alone.
+    np.testing.assert_array_equal(both.pos[: len(base.pos)], base.pos)
+    np.testing.assert_array_equal(both.neg[: len(base.neg)], base.neg)
+    np.testing.assert_array_equal(both.val_clips, base.val_clips)
+    assert len(both.val_streams) == len(base.val_streams)
+
+
+def test_resume_needs_the_same_extra_corpora(
+    corpus: Path, voices_corpus: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    run = tmp_path / "run"
+    pretrain(corpus, run, SETTINGS, progress=False, max_steps=2, extra=[voices_corpus])
+    assert json.loads((run / STATE_INFO).read_text())["extra_manifests"] == [str(voices_corpus)]
+    with pytest.raises(ConfigError, match="extra-corpus"):
+        pretrain(corpus, run, SETTINGS, resume=True, progress=False)
+    info = pretrain(corpus, run, SETTINGS, resume=True, progress=False, extra=[voices_corpus])
+    assert info["step"] == SETTINGS.total_steps
+    # An add-on corpus built for another wake phrase is refused.
+    other = tmp_path / "other"
+    shutil.copytree(voices_corpus.parent, other)
+    meta = json.loads((other / "corpus.json").read_text())
+    (other / "corpus.json").write_text(json.dumps({**meta, "phrase": "hey robot"}))
+    with pytest.raises(ConfigError, match="hey robot"):
+        load_pretrain_data(corpus, 24000, 6.0, progress=False, extra=[other / "manifest.csv"])
 
 
 def test_augmentation_keeps_length_and_is_deterministic() -> None:
@@ -318,6 +392,7 @@ def test_mining_and_warp_resume_equals_uninterrupted_run(corpus: Path, tmp_path:
         ["--mel-warp", "nan"],
         ["--hard-negatives", "1.5"],
         ["--mine-every", "0"],
+        ["--extra-corpus", "no-such-corpus/manifest.csv"],
     ],
 )
 def test_pretrain_cli_refuses_absurd_augmentation_flags(flags, tmp_path: Path, capsys) -> None:

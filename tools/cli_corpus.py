@@ -20,7 +20,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--profile",
         choices=tuple(PROFILES),
         default="tiny",
-        help="corpus size and recipe; 'pretrain' is the pretraining corpus (see tools/CORPUS.md)",
+        help="corpus size and recipe; 'pretrain' is the pretraining corpus, 'pretrain-voices' "
+        "its add-on of more voices (see tools/CORPUS.md)",
     )
     b.add_argument("--phrase", default="hey nova", help="the wake phrase (default: hey nova)")
     b.add_argument(

@@ -84,6 +84,15 @@ def _register_pretrain(sub: argparse._SubParsersAction) -> None:
         "(default: build or reuse the cached 'pretrain' corpus of --phrase and --seed; a "
         "new seed builds a new corpus, about 25 min)",
     )
+    pre.add_argument(
+        "--extra-corpus",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="MANIFEST",
+        help="add this corpus's training clips and streams (e.g. the 'pretrain-voices' "
+        "profile, or imported recordings); repeatable. Validation stays on --corpus",
+    )
     pre.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     _add_pretrain_run_options(pre)
     pre.set_defaults(func=_pretrain)
@@ -310,6 +319,9 @@ def _pretrain_settings(args: argparse.Namespace) -> Any:
         raise ConfigError(f"--mel-warp must be in [0, 0.5), got {args.mel_warp}")
     if not 0.0 <= args.hard_negatives <= 1.0 or args.mine_every < 1:
         raise ConfigError("--hard-negatives must be in [0, 1] and --mine-every at least 1")
+    for extra in args.extra_corpus:
+        if not extra.is_file():
+            raise ConfigError(f"--extra-corpus {extra}: no such manifest")
     if args.device == "cuda":
         import torch
 
@@ -360,6 +372,7 @@ def _pretrain(args: argparse.Namespace) -> int:
         init_from=args.init_from,
         max_minutes=args.max_minutes,
         progress=not args.quiet,
+        extra=args.extra_corpus,
     )
     best = info.get("best") or {}
     print(

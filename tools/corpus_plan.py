@@ -13,6 +13,7 @@ from wakefl.tools.speech_synthesis import (
     ESPEAK_VARIANTS,
     ESPEAK_VOICES,
     FLITE_VOICES,
+    PICO_OTHER_VOICES,
     PICO_VOICES,
     Voice,
 )
@@ -83,7 +84,8 @@ class CorpusProfile:
     others_per_speaker: int = 4
     rooms_per_device: int = 16
     # "basic": espeak-ng and flite; "pretrain": every engine, wide prosody, hard negatives,
-    # training and validation streams, and an unseen-voices test corpus.
+    # training and validation streams, and an unseen-voices test corpus; "pico-other": the
+    # pretraining texts spoken by Pico's non-English voices (an add-on training corpus).
     voice_set: str = "basic"
     train_streams_per_device: int = 0
     val_streams_per_device: int = 0
@@ -112,6 +114,15 @@ PROFILES: dict[str, CorpusProfile] = {
     # The same recipe at a size a test builds in seconds.
     "pretrain-micro": CorpusProfile(
         "pretrain-micro", 24, 4, 6, 6, 1, 12.0, 3, 3, 4, "pretrain", 1, 1, 6, 6, 1
+    ),
+    # An add-on for `wakefl model pretrain --extra-corpus`: 96 speakers of Pico's German,
+    # Spanish, French and Italian voices reading the pretraining texts, 5,500 training clips
+    # and 25 minutes of training streams. Pico's English voices stay unseen.
+    "pretrain-voices": CorpusProfile(
+        "pretrain-voices", 96, 500, 40, 40, 0, 300.0, 8, 6, 32, "pico-other", 1, 0
+    ),
+    "pretrain-voices-micro": CorpusProfile(
+        "pretrain-voices-micro", 12, 4, 6, 6, 0, 12.0, 3, 3, 4, "pico-other", 1, 0
     ),
 }
 
@@ -178,7 +189,7 @@ def _allocate(total: int, shares: dict[str, float], minimum: int = 0) -> dict[st
 def make_speakers(seed: int, profile: CorpusProfile, phrase: str) -> list[Speaker]:
     """Synthetic speakers, each a distinct voice and prosody, assigned to disjoint splits
     (stratified by engine, so every split hears both synthesisers)."""
-    if profile.voice_set == "pretrain":
+    if profile.voice_set in ("pretrain", "pico-other"):
         return make_pretrain_speakers(seed, profile, phrase)
     rng = np.random.default_rng([seed, 9001])
     n_flite = max(3, profile.n_speakers // 4)
@@ -271,9 +282,24 @@ def _pretrain_voices(rng: np.random.Generator, n: int) -> list[Voice]:
     return voices
 
 
+def _pico_other_voices(rng: np.random.Generator, n: int) -> list[Voice]:
+    """Pico's non-English voices in turn, each speaker with its own speed and pitch."""
+    return [
+        Voice(
+            "pico",
+            PICO_OTHER_VOICES[k % len(PICO_OTHER_VOICES)],
+            "",
+            int(rng.integers(75, 146)),
+            int(rng.integers(70, 146)),
+        )
+        for k in range(n)
+    ]
+
+
 def unseen_voices(seed: int, n: int) -> list[Voice]:
-    """Voices no training clip uses: the whole Pico engine, festival's HTS voice and the
-    held-out espeak-ng families."""
+    """Voices no training clip uses: Pico's English voices, festival's HTS voice and the
+    held-out espeak-ng families. The main corpus has no Pico voice at all; the add-on
+    `pretrain-voices` corpus has Pico's other voices."""
     rng = np.random.default_rng([seed, 9002])
     n_fest = max(1, n // 6)
     n_espeak = max(1, n // 3)
@@ -317,7 +343,7 @@ def texts_for(profile: CorpusProfile, phrase: str) -> tuple[tuple[str, ...], tup
     """(confusable phrases, other speech) a profile's speakers draw from."""
     confusables = confusables_for(phrase)
     others = OTHER_SPEECH
-    if profile.voice_set == "pretrain":
+    if profile.voice_set in ("pretrain", "pico-other"):
         if phrase.strip().lower() == "hey nova":
             confusables = tuple(dict.fromkeys(confusables + PRETRAIN_CONFUSABLES))
         others = tuple(dict.fromkeys(others + PRETRAIN_OTHER_SPEECH))
@@ -359,10 +385,13 @@ def speakers_with_texts(
 def make_pretrain_speakers(seed: int, profile: CorpusProfile, phrase: str) -> list[Speaker]:
     """Training-engine speakers split 80/10/10 by speaker (stratified by engine)."""
     rng = np.random.default_rng([seed, 9003])
-    voices = _pretrain_voices(rng, profile.n_speakers)
+    if profile.voice_set == "pico-other":
+        voices = _pico_other_voices(rng, profile.n_speakers)
+    else:
+        voices = _pretrain_voices(rng, profile.n_speakers)
     shares = {"train": 0.8, "val": 0.1, "test": 0.1}
     speakers: list[Speaker] = []
-    for engine in ("espeak-ng", "flite", "festival"):
+    for engine in dict.fromkeys(v.engine for v in voices):
         group = [v for v in voices if v.engine == engine]
         counts = _allocate(len(group), shares, minimum=1)
         order = rng.permutation(len(group))

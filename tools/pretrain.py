@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,9 +120,55 @@ def _decode(path: Path) -> np.ndarray:
     return load_audio(path, 16000)
 
 
+def _corpus_phrase(manifest: Path) -> str | None:
+    """The wake phrase a built corpus was made for (its corpus.json), if it says."""
+    try:
+        info = json.loads((manifest.parent / "corpus.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    phrase = info.get("phrase") if isinstance(info, dict) else None
+    return phrase if isinstance(phrase, str) else None
+
+
+def _extra_training_audio(
+    main: Path, extra: Path, window: int, progress: bool
+) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """An add-on corpus's training clips (waves, labels) and training streams. Its
+    validation and test audio is not used: validation stays on the main corpus."""
+    from tqdm import tqdm
+
+    from wakefl.sdk.dataset import load_clip
+    from wakefl.sdk.manifest import read_manifest
+
+    phrases = (_corpus_phrase(main), _corpus_phrase(extra))
+    if None not in phrases and phrases[0] != phrases[1]:
+        raise ConfigError(
+            f"--extra-corpus {extra} was built for {phrases[1]!r}, the corpus for {phrases[0]!r}"
+        )
+    rows = [r for r in read_manifest(extra) if r.split == "train"]
+    clips = [r for r in rows if r.kind == "clip"]
+    if not clips:
+        raise ConfigError(f"--extra-corpus {extra}: no training clips")
+    waves = np.stack(
+        [
+            load_clip(r.resolve(extra), window)
+            for r in tqdm(clips, desc="decode extra clips", disable=not progress, leave=False)
+        ]
+    ).astype(np.float32)
+    streams = [_decode(r.resolve(extra)) for r in rows if r.kind == "stream"]
+    return waves, np.array([r.label for r in clips]), [s for s in streams if s.size >= window]
+
+
 def load_pretrain_data(
-    manifest: Path, window: int, val_stream_seconds: float, progress: bool = True, seed: int = 0
+    manifest: Path,
+    window: int,
+    val_stream_seconds: float,
+    progress: bool = True,
+    seed: int = 0,
+    extra: Sequence[Path] = (),
 ) -> PretrainData:
+    """The corpus's training and validation audio, plus the training audio of each `extra`
+    corpus (appended after the main corpus's, so mined-pool indices stay stable)."""
     from tqdm import tqdm
 
     from wakefl.sdk.dataset import load_clip
@@ -148,7 +194,7 @@ def load_pretrain_data(
     cap = int(val_stream_seconds * 16000)
     from wakefl.tools.wave_augment import AugmentBank
 
-    return PretrainData(
+    data = PretrainData(
         pos=arr[train & (labels == 1)],
         neg=arr[train & (labels == 0)],
         train_streams=[s for s in streams["train"] if s.size >= window],
@@ -157,6 +203,12 @@ def load_pretrain_data(
         val_streams=[s[:cap] for s in streams["val"] if s.size >= window],
         bank=AugmentBank.make(seed),
     )
+    for path in extra:
+        x, y, more = _extra_training_audio(manifest, path, window, progress)
+        data.pos = np.concatenate([data.pos, x[y == 1]])
+        data.neg = np.concatenate([data.neg, x[y == 0]])
+        data.train_streams += more
+    return data
 
 
 def make_batch(data: PretrainData, step: int, s: PretrainSettings) -> tuple[np.ndarray, np.ndarray]:
@@ -461,9 +513,11 @@ def _start_info(
     opt: Any,
     resume: bool,
     init_from: Path | None,
+    extra: Sequence[Path] = (),
 ) -> dict[str, Any]:
     """The run's state info: a new run (from `init_from`'s weights when given) or the saved
-    one (model and optimizer restored) when resuming."""
+    one (model and optimizer restored) when resuming, which must name the same `extra`
+    corpora."""
     info: dict[str, Any] = {
         "settings": asdict(s),
         "step": 0,
@@ -484,6 +538,7 @@ def _start_info(
         _settings_match(saved, s)
         info = load_state(out, model, opt)
         info["settings"] = asdict(s)
+    _same_extras(info, out, extra)
     return info
 
 
@@ -659,6 +714,17 @@ def _restore_pool(run: _Run) -> None:
     _use_pool(run, desc)
 
 
+def _same_extras(info: dict[str, Any], out: Path, extra: Sequence[Path]) -> None:
+    """Record the add-on corpora of a new run; a resumed run must name the same ones, or
+    its batches and mined pool would change under it."""
+    extras = [str(p) for p in extra]
+    if info.setdefault("extra_manifests", extras) != extras:
+        raise ConfigError(
+            f"--resume: the run in {out} was trained with --extra-corpus "
+            f"{info['extra_manifests'] or 'none'}, this run names {extras or 'none'}"
+        )
+
+
 def _segment_end(step: int, s: PretrainSettings) -> int:
     """The step before which the pool is next renewed (the run's end without mining)."""
     if s.hard_negative_share <= 0:
@@ -705,19 +771,20 @@ def pretrain(
     max_minutes: float | None = None,
     progress: bool = True,
     max_steps: int | None = None,
+    extra: Sequence[Path] = (),
 ) -> dict[str, Any]:
     """Train (or resume) into `out`; returns the final state info. Stops at `s.samples` or
     after `max_minutes` or `max_steps` in this call (checkpointing first). `init_from` starts a
-    new run from saved weights (a shipped model: its optimizer state is not shipped)."""
+    new run from saved weights (no optimizer state); `extra` corpora add training audio."""
     import torch
     from tqdm import tqdm
 
     from wakefl.sdk.atomic_files import write_atomic
 
     model, opt = _new_run(out, s, resume)
-    info = _start_info(out, s, manifest, model, opt, resume, init_from)
+    info = _start_info(out, s, manifest, model, opt, resume, init_from, extra)
     data = load_pretrain_data(
-        manifest, model.cfg.window_samples, s.val_stream_seconds, progress, s.seed
+        manifest, model.cfg.window_samples, s.val_stream_seconds, progress, s.seed, extra
     )
     step = int(info["step"])
     bar = tqdm(
