@@ -82,3 +82,41 @@ def test_the_delay_is_measured_from_the_end_of_speech_to_the_detection():
     assert res["delay_median_ms"] == pytest.approx((first - end / SR) * 1e3)
     missed = detection_delay(EnergyScorer(), streams, threshold=0.99, hop_s=0.1, smoothing=1)
     assert missed["detected"] == 0 and missed["delay_median_ms"] is None
+
+
+def test_frr_by_voice_family_uses_the_split_threshold(tmp_path) -> None:
+    from wakefl.tools.bench_detection import format_table, summarize, voice_families
+
+    (tmp_path / "speakers.csv").write_text(
+        "speaker,split,engine,voice,variant,rate,pitch\n"
+        "u0,test,pico,en-US,,100,100\nu1,test,festival,slt,,100,0\n"
+    )
+    families = voice_families(tmp_path / "manifest.csv")
+    assert families == {"u0": "pico:en-US", "u1": "festival:slt"}
+    stream = np.full(600, 0.3)
+    stream[300] = 0.7  # the one window the streams would false-accept below 0.7
+    sc = SplitScores(
+        pos=np.array([0.9, 0.95, 0.6, 0.8, 0.5, 0.65, 0.99, 0.75]),
+        neg=np.array([0.1]),
+        raw_streams=[stream],
+        stream_hours=0.5,
+        smoothing=1,
+        pos_voices=np.array([families[s] for s in ["u0"] * 4 + ["u1"] * 4]),
+    )
+    out = summarize(sc, shipped=0.9)
+    # Half an hour of stream allows no false accept at 0.5 FA/h: the lowest threshold
+    # above the stream's 0.7 is the positive at 0.75.
+    assert out["frr_at_0.5_fa_h"]["threshold"] == 0.75
+    assert out["by_voice"] == {
+        "festival:slt": {
+            "positives": 4,
+            "frr_at_0.5_fa_h": 0.5,
+            "frr_at_shipped_threshold": 0.75,
+        },
+        "pico:en-US": {"positives": 4, "frr_at_0.5_fa_h": 0.25, "frr_at_shipped_threshold": 0.5},
+    }
+    table = format_table(
+        {"hop_s": 0.1, "smoothing": 1, "fp32": {"unseen voices": {"A": out, "_seconds": 1.0}}}
+    )
+    assert "pico:en-US | 0.25/0.50" in table and "festival:slt | 0.50/0.75" in table
+    assert voice_families(tmp_path / "elsewhere" / "manifest.csv") == {}

@@ -51,6 +51,7 @@ class SplitScores:
     stream_hours: float
     hop_s: float = HOP_S
     smoothing: int = SMOOTHING
+    pos_voices: np.ndarray | None = None  # each positive's voice family ("engine:voice")
 
     @property
     def streams(self) -> list[np.ndarray]:
@@ -139,6 +140,18 @@ def det_points(sc: SplitScores, n: int = 60) -> list[tuple[float, float]]:
     return [(_events(sc, float(t)) / sc.stream_hours, float(np.mean(sc.pos < t))) for t in thrs]
 
 
+def voice_families(manifest: Path) -> dict[str, str]:
+    """speaker -> "engine:voice" from the speakers.csv a built corpus has beside its
+    manifest; empty for a corpus without one (imported recordings)."""
+    import csv
+
+    path = manifest.parent / "speakers.csv"
+    if not path.is_file():
+        return {}
+    with path.open(encoding="utf-8", newline="") as f:
+        return {r["speaker"]: f"{r['engine']}:{r['voice']}" for r in csv.DictReader(f)}
+
+
 def score_split(
     scorer: Any, manifest: Path, device: str, max_stream_s: float | None, batch: int = 128
 ) -> SplitScores:
@@ -171,7 +184,13 @@ def score_split(
         seconds += w.size / scorer.sample_rate
     if not raw:
         raise ConfigError(f"{manifest}: device type {device} has no test streams")
-    return SplitScores(scores[labels == 1], scores[labels == 0], raw, seconds / 3600)
+    families = voice_families(manifest)
+    voices = None
+    if families:
+        voices = np.array([families.get(r.speaker, "?") for r in clips if r.label == 1])
+    return SplitScores(
+        scores[labels == 1], scores[labels == 0], raw, seconds / 3600, pos_voices=voices
+    )
 
 
 def summarize(sc: SplitScores, shipped: float | None) -> dict[str, Any]:
@@ -184,6 +203,21 @@ def summarize(sc: SplitScores, shipped: float | None) -> dict[str, Any]:
     }
     if shipped is not None:
         out["at_shipped_threshold"] = at_threshold(sc, shipped)
+    if sc.pos_voices is not None:
+        out["by_voice"] = by_voice(sc, out["frr_at_0.5_fa_h"]["threshold"], shipped)
+    return out
+
+
+def by_voice(sc: SplitScores, thr: float, shipped: float | None) -> dict[str, Any]:
+    """FRR of each voice family's positives at the split's 0.5 FA/h threshold (all families
+    share the negative streams) and at the shipped threshold."""
+    assert sc.pos_voices is not None
+    out: dict[str, Any] = {}
+    for v in sorted(set(sc.pos_voices.tolist())):
+        pos = sc.pos[sc.pos_voices == v]
+        out[v] = {"positives": int(pos.size), "frr_at_0.5_fa_h": float(np.mean(pos < thr))}
+        if shipped is not None:
+            out[v]["frr_at_shipped_threshold"] = float(np.mean(pos < shipped))
     return out
 
 
@@ -336,6 +370,7 @@ def format_table(result: dict[str, Any]) -> str:
     lines = _table_lines(result, primary)
     for label, figures in result.get("detectors", {}).items():
         lines += _table_lines(figures, label)
+    lines += _voice_lines(result.get("fp32", {}))
     for split, ag in result.get("int8_agreement", {}).items():
         lines.append(
             f"\nint8 vs fp32 decisions at the shipped threshold ({primary}), {split}: "
@@ -345,6 +380,30 @@ def format_table(result: dict[str, Any]) -> str:
         "\n* fewer stream hours than 1/target: the threshold allows no false accept at all"
     )
     return "\n".join(lines)
+
+
+def _voice_lines(splits: dict[str, Any]) -> list[str]:
+    """fp32 FRR of each voice family per device type: at 0.5 FA/h, and at the shipped
+    threshold after the slash."""
+    lines = []
+    for split, rows in splits.items():
+        types = [d for d in rows if not d.startswith("_") and "by_voice" in rows[d]]
+        if not types:
+            continue
+        lines.append(f"\nfp32, {split}, FRR by voice @0.5 FA/h / @shipped thr")
+        lines.append("voice | " + " | ".join(types))
+        for v in sorted({v for d in types for v in rows[d]["by_voice"]}):
+            cells = []
+            for d in types:
+                r = rows[d]["by_voice"].get(v)
+                ship = r.get("frr_at_shipped_threshold") if r else None
+                cells.append(
+                    "-"
+                    if r is None
+                    else f"{r['frr_at_0.5_fa_h']:.2f}" + ("" if ship is None else f"/{ship:.2f}")
+                )
+            lines.append(f"{v} | " + " | ".join(cells))
+    return lines
 
 
 def _table_lines(result: dict[str, Any], detector: str) -> list[str]:
