@@ -282,12 +282,12 @@ def _pretrain_voices(rng: np.random.Generator, n: int) -> list[Voice]:
     return voices
 
 
-def _pico_other_voices(rng: np.random.Generator, n: int) -> list[Voice]:
-    """Pico's non-English voices in turn, each speaker with its own speed and pitch."""
+def _pico_voices(rng: np.random.Generator, names: tuple[str, ...], n: int) -> list[Voice]:
+    """`n` Pico speakers over `names` in turn, each with its own speed and pitch."""
     return [
         Voice(
             "pico",
-            PICO_OTHER_VOICES[k % len(PICO_OTHER_VOICES)],
+            names[k % len(names)],
             "",
             int(rng.integers(75, 146)),
             int(rng.integers(70, 146)),
@@ -304,16 +304,7 @@ def unseen_voices(seed: int, n: int) -> list[Voice]:
     n_fest = max(1, n // 6)
     n_espeak = max(1, n // 3)
     n_pico = max(1, n - n_fest - n_espeak)
-    voices = [
-        Voice(
-            "pico",
-            PICO_VOICES[k % len(PICO_VOICES)],
-            "",
-            int(rng.integers(75, 146)),
-            int(rng.integers(70, 146)),
-        )
-        for k in range(n_pico)
-    ]
+    voices = _pico_voices(rng, PICO_VOICES, n_pico)
     voices += [
         Voice(
             "festival",
@@ -386,7 +377,7 @@ def make_pretrain_speakers(seed: int, profile: CorpusProfile, phrase: str) -> li
     """Training-engine speakers split 80/10/10 by speaker (stratified by engine)."""
     rng = np.random.default_rng([seed, 9003])
     if profile.voice_set == "pico-other":
-        voices = _pico_other_voices(rng, profile.n_speakers)
+        voices = _pico_voices(rng, PICO_OTHER_VOICES, profile.n_speakers)
     else:
         voices = _pretrain_voices(rng, profile.n_speakers)
     shares = {"train": 0.8, "val": 0.1, "test": 0.1}
