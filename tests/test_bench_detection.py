@@ -120,3 +120,6 @@ def test_frr_by_voice_family_uses_the_split_threshold(tmp_path) -> None:
     )
     assert "pico:en-US | 0.25/0.50" in table and "festival:slt | 0.50/0.75" in table
     assert voice_families(tmp_path / "elsewhere" / "manifest.csv") == {}
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "speakers.csv").write_text("speaker,age\nalice,40\n")
+    assert voice_families(tmp_path / "mine" / "manifest.csv") == {}

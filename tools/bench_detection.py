@@ -149,7 +149,10 @@ def voice_families(manifest: Path) -> dict[str, str]:
     if not path.is_file():
         return {}
     with path.open(encoding="utf-8", newline="") as f:
-        return {r["speaker"]: f"{r['engine']}:{r['voice']}" for r in csv.DictReader(f)}
+        reader = csv.DictReader(f)
+        if not {"speaker", "engine", "voice"} <= set(reader.fieldnames or ()):
+            return {}  # some other table of speakers: no voice families to report
+        return {r["speaker"]: f"{r['engine']}:{r['voice']}" for r in reader}
 
 
 def score_split(
