@@ -396,17 +396,18 @@ def _voice_lines(splits: dict[str, Any]) -> list[str]:
         lines.append(f"\nfp32, {split}, FRR by voice @0.5 FA/h / @shipped thr")
         lines.append("voice | " + " | ".join(types))
         for v in sorted({v for d in types for v in rows[d]["by_voice"]}):
-            cells = []
-            for d in types:
-                r = rows[d]["by_voice"].get(v)
-                ship = r.get("frr_at_shipped_threshold") if r else None
-                cells.append(
-                    "-"
-                    if r is None
-                    else f"{r['frr_at_0.5_fa_h']:.2f}" + ("" if ship is None else f"/{ship:.2f}")
-                )
+            cells = [_voice_cell(rows[d]["by_voice"].get(v)) for d in types]
             lines.append(f"{v} | " + " | ".join(cells))
     return lines
+
+
+def _voice_cell(r: dict[str, Any] | None) -> str:
+    if r is None:
+        return "-"
+    cell = f"{r['frr_at_0.5_fa_h']:.2f}"
+    if "frr_at_shipped_threshold" in r:
+        cell += f"/{r['frr_at_shipped_threshold']:.2f}"
+    return cell
 
 
 def _table_lines(result: dict[str, Any], detector: str) -> list[str]:

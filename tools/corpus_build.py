@@ -307,6 +307,15 @@ def _build_unseen(
     return write_manifest(rows, udir / "manifest.csv")
 
 
+def read_corpus_info(folder: Path) -> object | None:
+    """The parsed corpus.json of a finished build in `folder`, or None when it is missing
+    or unreadable (a folder that is not a finished synthetic build)."""
+    try:
+        return json.loads((Path(folder) / _CORPUS_INFO).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
 def build_corpus(
     out_dir: str | Path,
     seed: int = 0,

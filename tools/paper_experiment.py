@@ -1133,13 +1133,11 @@ def _study_config(
 def _corpus_matches(folder: Path, profile: str, seed: int) -> bool:
     """Whether `folder` holds a synthetic build of today's `profile` with `seed`: a corpus
     left by an earlier version of the profile (other sizes) must not be reused."""
-    import json
-
+    from wakefl.tools.corpus_build import read_corpus_info
     from wakefl.tools.corpus_plan import PROFILES as CORPUS_PROFILES
 
-    try:
-        info = json.loads((folder / "corpus.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    info = read_corpus_info(folder)
+    if info is None:
         return False
     want = asdict(CORPUS_PROFILES[profile]) if profile in CORPUS_PROFILES else None
     return info.get("seed") == seed and info.get("profile") == want

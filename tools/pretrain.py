@@ -122,22 +122,29 @@ def _decode(path: Path) -> np.ndarray:
 
 def _corpus_phrase(manifest: Path) -> str | None:
     """The wake phrase a built corpus was made for (its corpus.json), if it says."""
-    try:
-        info = json.loads((manifest.parent / "corpus.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
+    from wakefl.tools.corpus_build import read_corpus_info
+
+    info = read_corpus_info(manifest.parent)
     phrase = info.get("phrase") if isinstance(info, dict) else None
     return phrase if isinstance(phrase, str) else None
 
 
-def _extra_training_audio(
-    main: Path, extra: Path, window: int, progress: bool
-) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
-    """An add-on corpus's training clips (waves, labels) and training streams. Its
-    validation and test audio is not used: validation stays on the main corpus."""
+def _decode_clips(rows: list[Any], manifest: Path, window: int, progress: bool) -> np.ndarray:
+    """The clip rows of `manifest` as a float32 [N, window] array, with a progress bar."""
     from tqdm import tqdm
 
     from wakefl.sdk.dataset import load_clip
+
+    waves = [
+        load_clip(r.resolve(manifest), window)
+        for r in tqdm(rows, desc="decode clips", unit="clip", disable=not progress, leave=False)
+    ]
+    return np.stack(waves).astype(np.float32)
+
+
+def _extra_rows(main: Path, extra: Path) -> list[Any]:
+    """An add-on corpus's training rows, checked before any audio is decoded: built for the
+    main corpus's phrase, with training clips. Its validation and test audio is not used."""
     from wakefl.sdk.manifest import read_manifest
 
     phrases = (_corpus_phrase(main), _corpus_phrase(extra))
@@ -146,15 +153,17 @@ def _extra_training_audio(
             f"--extra-corpus {extra} was built for {phrases[1]!r}, the corpus for {phrases[0]!r}"
         )
     rows = [r for r in read_manifest(extra) if r.split == "train"]
-    clips = [r for r in rows if r.kind == "clip"]
-    if not clips:
+    if not any(r.kind == "clip" for r in rows):
         raise ConfigError(f"--extra-corpus {extra}: no training clips")
-    waves = np.stack(
-        [
-            load_clip(r.resolve(extra), window)
-            for r in tqdm(clips, desc="decode extra clips", disable=not progress, leave=False)
-        ]
-    ).astype(np.float32)
+    return rows
+
+
+def _extra_training_audio(
+    extra: Path, rows: list[Any], window: int, progress: bool
+) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """An add-on corpus's training clips (waves, labels) and training streams."""
+    clips = [r for r in rows if r.kind == "clip"]
+    waves = _decode_clips(clips, extra, window, progress)
     streams = [_decode(r.resolve(extra)) for r in rows if r.kind == "stream"]
     return waves, np.array([r.label for r in clips]), [s for s in streams if s.size >= window]
 
@@ -169,9 +178,6 @@ def load_pretrain_data(
 ) -> PretrainData:
     """The corpus's training and validation audio, plus the training audio of each `extra`
     corpus (appended after the main corpus's, so mined-pool indices stay stable)."""
-    from tqdm import tqdm
-
-    from wakefl.sdk.dataset import load_clip
     from wakefl.sdk.manifest import read_manifest
 
     rows = read_manifest(manifest)
@@ -180,11 +186,8 @@ def load_pretrain_data(
         raise ConfigError(f"{manifest}: no wake-phrase clips in the train split")
     if not any(r.split == "val" and r.label == 1 for r in clips):
         raise ConfigError(f"{manifest}: no wake-phrase clips in the val split")
-    waves = [
-        load_clip(r.resolve(manifest), window)
-        for r in tqdm(clips, desc="decode clips", unit="clip", disable=not progress, leave=False)
-    ]
-    arr = np.stack(waves).astype(np.float32)
+    extra_rows = [_extra_rows(manifest, path) for path in extra]
+    arr = _decode_clips(clips, manifest, window, progress)
     labels = np.array([r.label for r in clips])
     train = np.array([r.split == "train" for r in clips])
     streams = {
@@ -203,8 +206,8 @@ def load_pretrain_data(
         val_streams=[s[:cap] for s in streams["val"] if s.size >= window],
         bank=AugmentBank.make(seed),
     )
-    for path in extra:
-        x, y, more = _extra_training_audio(manifest, path, window, progress)
+    for path, more_rows in zip(extra, extra_rows, strict=True):
+        x, y, more = _extra_training_audio(path, more_rows, window, progress)
         data.pos = np.concatenate([data.pos, x[y == 1]])
         data.neg = np.concatenate([data.neg, x[y == 0]])
         data.train_streams += more
