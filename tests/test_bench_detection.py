@@ -123,3 +123,39 @@ def test_frr_by_voice_family_uses_the_split_threshold(tmp_path) -> None:
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "speakers.csv").write_text("speaker,age\nalice,40\n")
     assert voice_families(tmp_path / "mine" / "manifest.csv") == {}
+
+
+def test_the_validation_split_is_scored_apart_from_the_test_split(tmp_path) -> None:
+    import soundfile as sf
+
+    from wakefl.tools.bench_detection import _splits, score_split
+
+    rng = np.random.default_rng(1)
+    rows = ["path,label,device_type,state,speaker,split,duration_s,kind"]
+    # Validation audio is louder than test audio, and its stream twice as long, so each
+    # figure shows which split it came from.
+    for split, gain, seconds in (("test", 0.05, 20.0), ("val", 0.3, 40.0)):
+        for i, label in enumerate((1, 0)):
+            name = f"{split}_{i}.wav"
+            sf.write(tmp_path / name, gain * rng.standard_normal(WINDOW), SR)
+            rows.append(f"{name},{label},A,normal,s{i},{split},1.5,clip")
+        sf.write(
+            tmp_path / f"{split}_stream.wav", gain * rng.standard_normal(int(seconds * SR)), SR
+        )
+        rows.append(f"{split}_stream.wav,0,A,normal,mix,{split},{seconds},stream")
+    (tmp_path / "manifest.csv").write_text("\n".join(rows) + "\n")
+    scorer = EnergyScorer()
+    test = score_split(scorer, tmp_path / "manifest.csv", "A", None)
+    val = score_split(scorer, tmp_path / "manifest.csv", "A", None, split="val")
+    assert test.stream_hours == pytest.approx(20.0 / 3600)
+    assert val.stream_hours == pytest.approx(40.0 / 3600)
+    assert val.pos[0] > 0.9 > 0.5 > test.pos[0]
+    # Choosing on validation leaves both reported splits (held-out, unseen) unread.
+    (tmp_path / "unseen").mkdir()
+    (tmp_path / "unseen" / "manifest.csv").write_text(rows[0] + "\n")
+    assert _splits(tmp_path, "val") == {"validation": tmp_path / "manifest.csv"}
+    assert list(_splits(tmp_path, "test")) == ["held-out speakers", "unseen voices"]
+    with pytest.raises(ConfigError, match="no manifest.csv"):
+        _splits(tmp_path / "unseen" / "none", "val")
+    with pytest.raises(ConfigError, match="no train clips"):
+        score_split(scorer, tmp_path / "manifest.csv", "A", None, split="train")

@@ -198,3 +198,44 @@ def test_widening_preserves_the_function_and_noise_breaks_the_symmetry(hey_nova_
     assert not torch.equal(conv.weight[0], conv.weight[1])
     with pytest.raises(ConfigError, match="cannot widen"):
         widen(wide, 0.25)
+
+
+def test_blending_interpolates_every_parameter_and_refuses_a_mismatch(tmp_path, capsys):
+    from wakefl.models.kws_cnn.blend import blend
+    from wakefl.tools.cli import main
+
+    torch.manual_seed(0)
+    first, second = KwsCnn(ModelConfig(width=0.25)), KwsCnn(ModelConfig(width=0.25))
+    with torch.no_grad():
+        for p in second.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    wave = 0.1 * torch.randn(2, first.cfg.window_samples)
+    first.eval(), second.eval()
+    torch.testing.assert_close(blend(first, second, 0.0)(wave), first(wave))
+    torch.testing.assert_close(blend(first, second, 1.0)(wave), second(wave))
+    # A quarter of the way: every parameter, GroupNorm affines included.
+    torch.testing.assert_close(
+        get_flat_params(blend(first, second, 0.25)),
+        0.75 * get_flat_params(first) + 0.25 * get_flat_params(second),
+    )
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ConfigError, match="in \\[0, 1\\]"):
+            blend(first, second, bad)
+    with pytest.raises(ConfigError, match="different configs"):
+        blend(first, KwsCnn(ModelConfig(width=0.5)), 0.5)
+    with torch.no_grad():
+        next(second.parameters()).fill_(float("inf"))
+    with pytest.raises(ConfigError, match="not finite"):
+        blend(first, second, 0.5)
+
+    a, b = save_model(first, tmp_path / "a.safetensors"), tmp_path / "b.safetensors"
+    torch.manual_seed(1)
+    save_model(KwsCnn(ModelConfig(width=0.25)), b)
+    out = tmp_path / "mix.safetensors"
+    args = ["model", "blend", "--first", str(a), "--second", str(b), "--out", str(out)]
+    assert main([*args, "--alpha", "0.5"]) == 0
+    mixed = get_flat_params(load_model(out))
+    expected = (get_flat_params(load_model(a)) + get_flat_params(load_model(b))) / 2
+    torch.testing.assert_close(mixed, expected)
+    assert main([*args, "--alpha", "2"]) == 2
+    assert "in [0, 1]" in capsys.readouterr().err

@@ -1,5 +1,6 @@
 """Detection benchmark of a wake-word model on the pretraining corpus, per device type, for
-the held-out speakers (the corpus's test split) and the unseen-voices corpus:
+the held-out speakers (the corpus's test split) and the unseen-voices corpus (or, with
+`--split val`, the validation split alone, for choosing between candidate models):
 
 - FRR at 0.5 and at 0.1 false accepts per hour, the FA/h counted as events of the streaming
   detector (shipped hop, smoothing and refractory period) on the negative streams;
@@ -156,15 +157,22 @@ def voice_families(manifest: Path) -> dict[str, str]:
 
 
 def score_split(
-    scorer: Any, manifest: Path, device: str, max_stream_s: float | None, batch: int = 128
+    scorer: Any,
+    manifest: Path,
+    device: str,
+    max_stream_s: float | None,
+    batch: int = 128,
+    split: str = "test",
 ) -> SplitScores:
     from wakefl.edge_runtime import load_audio
     from wakefl.sdk.dataset import load_clip
     from wakefl.sdk.manifest import read_manifest
 
-    rows = [r for r in read_manifest(manifest) if r.split == "test" and r.device_type == device]
+    rows = [r for r in read_manifest(manifest) if r.split == split and r.device_type == device]
     win = scorer.window_samples
     clips = [r for r in rows if r.kind == "clip"]
+    if not clips:
+        raise ConfigError(f"{manifest}: device type {device} has no {split} clips")
     waves = np.stack([load_clip(r.resolve(manifest), win) for r in clips])
     scores = np.concatenate(
         [scorer.score(waves[i : i + batch]) for i in range(0, len(waves), batch)]
@@ -186,7 +194,7 @@ def score_split(
         )
         seconds += w.size / scorer.sample_rate
     if not raw:
-        raise ConfigError(f"{manifest}: device type {device} has no test streams")
+        raise ConfigError(f"{manifest}: device type {device} has no {split} streams")
     families = voice_families(manifest)
     voices = None
     if families:
@@ -291,20 +299,28 @@ def _export(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, Path], float
     return paths, (float(thr) if isinstance(thr, int | float) else None), model
 
 
+def _splits(corpus: Path, split: str) -> dict[str, Path]:
+    """The manifests to score, by the name the report gives them."""
+    if not (corpus / "manifest.csv").exists():
+        raise ConfigError(
+            f"{corpus} holds no manifest.csv (build it with `wakefl corpus build "
+            "--profile pretrain`)"
+        )
+    if split == "val":
+        # Choosing between models on the test split biases the figures reported on it.
+        return {"validation": corpus / "manifest.csv"}
+    splits = {
+        "held-out speakers": corpus / "manifest.csv",
+        "unseen voices": corpus / "unseen" / "manifest.csv",
+    }
+    return {k: v for k, v in splits.items() if v.exists()}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from wakefl.edge_runtime import OnnxScorer
     from wakefl.sdk.manifest import read_manifest
 
-    splits = {
-        "held-out speakers": args.corpus / "manifest.csv",
-        "unseen voices": args.corpus / "unseen" / "manifest.csv",
-    }
-    splits = {k: v for k, v in splits.items() if v.exists()}
-    if "held-out speakers" not in splits:
-        raise ConfigError(
-            f"{args.corpus} holds no manifest.csv (build it with `wakefl corpus build "
-            "--profile pretrain`)"
-        )
+    splits = _splits(args.corpus, args.split)
     detectors = args.detectors or [(HOP_S, SMOOTHING)]
     (hop_s, smoothing), others = detectors[0], detectors[1:]
     result: dict[str, Any] = {
@@ -319,12 +335,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["shipped_threshold"] = shipped
         scorers = {k: OnnxScorer(p, threads=args.threads) for k, p in paths.items()}
         for split, manifest in splits.items():
-            devices = sorted({r.device_type for r in read_manifest(manifest) if r.split == "test"})
+            devices = sorted(
+                {r.device_type for r in read_manifest(manifest) if r.split == args.split}
+            )
             curves: dict[str, list[tuple[float, float]]] = {}
             for precision, scorer in scorers.items():
                 t0 = time.perf_counter()
                 scored = {
-                    d: score_split(scorer, manifest, d, args.max_stream_seconds) for d in devices
+                    d: score_split(scorer, manifest, d, args.max_stream_seconds, split=args.split)
+                    for d in devices
                 }
                 per = {d: sc.detector(hop_s, smoothing) for d, sc in scored.items()}
                 rows = {d: summarize(sc, shipped) for d, sc in per.items()}
@@ -443,6 +462,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--corpus", type=Path, required=True, help="a pretrain corpus folder")
     p.add_argument("--int8", action="store_true", help="also the int8 ONNX export")
+    p.add_argument(
+        "--split",
+        choices=("test", "val"),
+        default="test",
+        help="test: held-out speakers and unseen voices (the reported figures); val: the "
+        "validation split only, for choosing between models without touching the test split",
+    )
     p.add_argument(
         "--max-stream-seconds",
         type=float,

@@ -1,4 +1,5 @@
-"""`wakefl model info|export`: inspect the wake-word CNN and export it to ONNX."""
+"""`wakefl model info|export|pretrain|publish|blend`: inspect, export, train, ship and blend
+the wake-word CNN."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _register_export(sub)
     _register_pretrain(sub)
     _register_publish(sub)
+    _register_blend(sub)
 
 
 def _register_info(sub: argparse._SubParsersAction) -> None:
@@ -188,6 +190,20 @@ def _register_publish(sub: argparse._SubParsersAction) -> None:
         help="best (by the run's validation criterion, the default) or the last checkpoint",
     )
     pub.set_defaults(func=_publish)
+
+
+def _register_blend(sub: argparse._SubParsersAction) -> None:
+    """`wakefl model blend`."""
+    bl = sub.add_parser(
+        "blend", help="write the weight blend (1-A)*FIRST + A*SECOND of two models of one config"
+    )
+    bl.add_argument("--first", type=Path, required=True, metavar="WEIGHTS")
+    bl.add_argument("--second", type=Path, required=True, metavar="WEIGHTS")
+    bl.add_argument(
+        "--alpha", type=float, required=True, metavar="A", help="the second model's share, 0-1"
+    )
+    bl.add_argument("--out", type=Path, required=True, help="output FILE.safetensors")
+    bl.set_defaults(func=_blend)
 
 
 def _build(args: argparse.Namespace):
@@ -401,4 +417,15 @@ def _publish(args: argparse.Namespace) -> int:
         checkpoint=args.checkpoint,
     )
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB) with its config and card")
+    return 0
+
+
+def _blend(args: argparse.Namespace) -> int:
+    from wakefl.models.kws_cnn import load_model, save_model
+    from wakefl.models.kws_cnn.blend import blend
+
+    if args.out.suffix != ".safetensors":
+        raise ConfigError(f"--out must name a .safetensors file, got {args.out}")
+    out = save_model(blend(load_model(args.first), load_model(args.second), args.alpha), args.out)
+    print(f"wrote {out} (alpha {args.alpha}) with its config")
     return 0
