@@ -159,3 +159,40 @@ def test_the_validation_split_is_scored_apart_from_the_test_split(tmp_path) -> N
         _splits(tmp_path / "unseen" / "none", "val")
     with pytest.raises(ConfigError, match="no train clips"):
         score_split(scorer, tmp_path / "manifest.csv", "A", None, split="train")
+
+
+def test_the_highest_stream_moments_are_distinct_events_with_what_was_said(tmp_path) -> None:
+    from wakefl.tools.bench_detection import format_table, summarize, top_stream_events
+
+    wav = tmp_path / "A_stream_000.wav"
+    wav.write_bytes(b"")  # only its name and the transcript beside it are read
+    (tmp_path / "A_stream_000.csv").write_text(
+        "start_s,end_s,speaker,content,text\n"
+        "2.0,2.8,spk1,conf,hey noelle\n"
+        "10.1,10.9,spk2,other,turn it up\n"
+    )
+    stream = np.full(200, 0.1)  # 20 s at 0.1 s hops; window k ends at 0.1 k + 1.5 s
+    stream[14:17] = [0.8, 0.9, 0.85]  # one event: windows ending 2.9-3.1 s
+    stream[95] = 0.6  # ends at 11.0 s
+    stream[150] = 0.7  # ends at 16.5 s, nothing said there
+    sc = SplitScores(
+        np.array([0.9]), np.array([0.1]), [stream], 20 / 3600, smoothing=1, stream_files=[wav]
+    )
+    top = top_stream_events(sc, k=3)
+    # The three windows above 0.8 are one event (within the 1 s refractory period).
+    assert [e["score"] for e in top] == pytest.approx([0.9, 0.7, 0.6])
+    assert [e["end_s"] for e in top] == [3.0, 16.5, 11.0]
+    assert [e["said"] for e in top] == [
+        ["hey noelle (conf, spk1)"],
+        [],
+        ["turn it up (other, spk2)"],
+    ]
+    out = summarize(sc, shipped=None)
+    assert len(out["top_stream_events"]) == 5
+    table = format_table(
+        {"hop_s": 0.1, "smoothing": 1, "fp32": {"held-out speakers": {"A": out, "_seconds": 1.0}}}
+    )
+    assert "A | 0.9000 | A_stream_000.wav @ 3.0 s | hey noelle (conf, spk1)" in table
+    (tmp_path / "A_stream_000.csv").write_text("start,text\n1,x\n")
+    with pytest.raises(ConfigError, match="not a stream transcript"):
+        top_stream_events(sc)

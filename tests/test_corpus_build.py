@@ -128,3 +128,32 @@ def test_device_types_differ_measurably(tiny_corpus: Path) -> None:
     }
     # The narrowband device (D) has far less energy above 4 kHz than the phone (B).
     assert centroids["D"][4] < centroids["B"][4] - 1.0
+
+
+def test_each_stream_has_a_transcript_of_what_is_said_when(tiny_corpus: Path) -> None:
+    from wakefl.tools.corpus_build import read_transcript
+    from wakefl.tools.corpus_plan import PROFILES, make_speakers
+
+    speakers = {s.speaker_id: s for s in make_speakers(0, PROFILES["tiny"], "hey nova")}
+    streams = [r for r in read_manifest(tiny_corpus) if r.kind == "stream"]
+    assert streams
+    louder = []
+    for r in streams:
+        path = r.resolve(tiny_corpus)
+        said = read_transcript(path)
+        assert said, r.path
+        assert all(a.end_s <= b.start_s for a, b in zip(said, said[1:], strict=False))
+        assert said[0].start_s > 0 and said[-1].end_s <= r.duration_s + 1e-3
+        for u in said:
+            spk = speakers[u.speaker]
+            assert spk.split == r.split
+            assert u.text in (spk.confusables if u.content == "conf" else spk.others)
+        if r.state == "normal":
+            # The transcript is where the speech is: those spans carry more energy than
+            # the pauses between them.
+            x, sr = sf.read(str(path))
+            spoken = np.zeros(x.size, dtype=bool)
+            for u in said:
+                spoken[int(u.start_s * sr) : int(u.end_s * sr)] = True
+            louder.append(np.mean(x[spoken] ** 2) > 2 * np.mean(x[~spoken] ** 2))
+    assert louder and all(louder)

@@ -6,6 +6,8 @@ the held-out speakers (the corpus's test split) and the unseen-voices corpus (or
   detector (shipped hop, smoothing and refractory period) on the negative streams;
 - FA/h at 5% FRR;
 - FRR and FA/h at the model's shipped threshold (its card), when it has one;
+- the highest-scoring moments of the negative streams, with what was said there (the
+  transcript the corpus build writes beside each stream);
 - a DET curve (FRR against FA/h) per split, as PNG;
 - with `--int8`, the same for the int8 ONNX export, and how often its decisions agree with
   fp32 at the shipped threshold, on every stream window and clip;
@@ -39,6 +41,7 @@ from wakefl.tools.pretrain import (
 )
 
 FA_TARGETS = (0.5, 0.1)
+TOP_EVENTS = 5  # the highest-scoring stream moments listed per device type
 FRR_TARGET = 0.05
 
 
@@ -53,6 +56,8 @@ class SplitScores:
     hop_s: float = HOP_S
     smoothing: int = SMOOTHING
     pos_voices: np.ndarray | None = None  # each positive's voice family ("engine:voice")
+    stream_files: list[Path] | None = None  # each stream's WAV, where its transcript lies
+    window_s: float = 1.5
 
     @property
     def streams(self) -> list[np.ndarray]:
@@ -178,9 +183,10 @@ def score_split(
         [scorer.score(waves[i : i + batch]) for i in range(0, len(waves), batch)]
     )
     labels = np.array([r.label for r in clips])
-    raw, seconds = [], 0.0
+    raw, seconds, files = [], 0.0, []
     for r in (r for r in rows if r.kind == "stream"):
-        w = load_audio(r.resolve(manifest), scorer.sample_rate)
+        files.append(r.resolve(manifest))
+        w = load_audio(files[-1], scorer.sample_rate)
         if max_stream_s is not None:
             w = w[: int(max_stream_s * scorer.sample_rate)]
         wins = stream_windows(w, win, int(round(HOP_S * scorer.sample_rate)))
@@ -200,7 +206,13 @@ def score_split(
     if families:
         voices = np.array([families.get(r.speaker, "?") for r in clips if r.label == 1])
     return SplitScores(
-        scores[labels == 1], scores[labels == 0], raw, seconds / 3600, pos_voices=voices
+        scores[labels == 1],
+        scores[labels == 0],
+        raw,
+        seconds / 3600,
+        pos_voices=voices,
+        stream_files=files,
+        window_s=win / scorer.sample_rate,
     )
 
 
@@ -216,6 +228,44 @@ def summarize(sc: SplitScores, shipped: float | None) -> dict[str, Any]:
         out["at_shipped_threshold"] = at_threshold(sc, shipped)
     if sc.pos_voices is not None:
         out["by_voice"] = by_voice(sc, out["frr_at_0.5_fa_h"]["threshold"], shipped)
+    if sc.stream_files is not None:
+        out["top_stream_events"] = top_stream_events(sc)
+    return out
+
+
+def top_stream_events(sc: SplitScores, k: int = TOP_EVENTS) -> list[dict[str, Any]]:
+    """The `k` highest-scoring moments of the negative streams, as distinct detector events
+    (at least a refractory period apart), with what the stream's transcript says was spoken
+    in the window: the false accepts that set the threshold, and what they heard."""
+    from wakefl.tools.corpus_build import read_transcript
+
+    assert sc.stream_files is not None
+    refractory = int(round(REFRACTORY_S / sc.hop_s))
+    found: list[tuple[float, int, int]] = []
+    for i, stream in enumerate(sc.streams):
+        taken: list[int] = []
+        for j in np.argsort(stream, kind="stable")[::-1]:
+            if len(taken) == k:
+                break
+            if all(abs(int(j) - t) >= refractory for t in taken):
+                taken.append(int(j))
+                found.append((float(stream[j]), i, int(j)))
+    out = []
+    for score, i, j in sorted(found, reverse=True)[:k]:
+        end = j * sc.hop_s + sc.window_s
+        said = [
+            f"{u.text} ({u.content}, {u.speaker})"
+            for u in read_transcript(sc.stream_files[i])
+            if u.end_s > end - sc.window_s and u.start_s < end
+        ]
+        out.append(
+            {
+                "score": score,
+                "stream": sc.stream_files[i].name,
+                "end_s": round(end, 2),
+                "said": said,
+            }
+        )
     return out
 
 
@@ -393,6 +443,7 @@ def format_table(result: dict[str, Any]) -> str:
     for label, figures in result.get("detectors", {}).items():
         lines += _table_lines(figures, label)
     lines += _voice_lines(result.get("fp32", {}))
+    lines += _event_lines(result.get("fp32", {}))
     for split, ag in result.get("int8_agreement", {}).items():
         lines.append(
             f"\nint8 vs fp32 decisions at the shipped threshold ({primary}), {split}: "
@@ -417,6 +468,22 @@ def _voice_lines(splits: dict[str, Any]) -> list[str]:
         for v in sorted({v for d in types for v in rows[d]["by_voice"]}):
             cells = [_voice_cell(rows[d]["by_voice"].get(v)) for d in types]
             lines.append(f"{v} | " + " | ".join(cells))
+    return lines
+
+
+def _event_lines(splits: dict[str, Any]) -> list[str]:
+    """fp32's highest-scoring moments of each device type's negative streams."""
+    lines = []
+    for split, rows in splits.items():
+        types = [d for d in rows if not d.startswith("_") and rows[d].get("top_stream_events")]
+        if not types:
+            continue
+        lines.append(f"\nfp32, {split}, highest-scoring moments of the negative streams")
+        lines.append("type | score | stream @ window end | said in the window")
+        for d in types:
+            for e in rows[d]["top_stream_events"]:
+                said = "; ".join(e["said"]) or "-"
+                lines.append(f"{d} | {e['score']:.4f} | {e['stream']} @ {e['end_s']} s | {said}")
     return lines
 
 

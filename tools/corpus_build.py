@@ -84,16 +84,23 @@ def change_speed(x: np.ndarray, factor: float) -> np.ndarray:
     return np.interp(np.arange(n_out) * factor, np.arange(x.size), x)
 
 
-def _utterance(
+def _said(
     ctx: _Context, rng: np.random.Generator, speaker: Speaker, content: str
-) -> np.ndarray:
+) -> tuple[str, np.ndarray]:
+    """What `speaker` says for `content`, and its speech."""
     if content == "pos":
         text = ctx.phrases[int(rng.integers(len(ctx.phrases)))]
     elif content == "conf":
         text = speaker.confusables[int(rng.integers(len(speaker.confusables)))]
     else:
         text = speaker.others[int(rng.integers(len(speaker.others)))]
-    return change_speed(ctx.speech[(speaker.voice, text)], rng.uniform(0.92, 1.08))
+    return text, change_speed(ctx.speech[(speaker.voice, text)], rng.uniform(0.92, 1.08))
+
+
+def _utterance(
+    ctx: _Context, rng: np.random.Generator, speaker: Speaker, content: str
+) -> np.ndarray:
+    return _said(ctx, rng, speaker, content)[1]
 
 
 def _place(rng: np.random.Generator, speech: np.ndarray, content: str) -> np.ndarray:
@@ -158,11 +165,22 @@ def _gate(
     return np.convolve(gate, np.ones(ramp) / ramp, mode="same")
 
 
+@dataclass(frozen=True)
+class StreamUtterance:
+    """One utterance of a negative stream, for telling what a false accept heard."""
+
+    start_s: float
+    end_s: float
+    speaker: str
+    content: str  # "conf" (a confusable phrase) or "other" (other speech)
+    text: str
+
+
 def render_stream(
     ctx: _Context, device: str, index: int, split: str = "test"
-) -> tuple[np.ndarray, str]:
+) -> tuple[np.ndarray, str, list[StreamUtterance]]:
     """A long negative recording: the split's speakers saying confusable phrases and other
-    speech with pauses, over the state's background. Returns (wave, state)."""
+    speech with pauses, over the state's background. Returns (wave, state, transcript)."""
     dev = DEVICE_PROFILES[device]
     d_idx = _DEVICE_INDEX[device]
     key = [ctx.seed, d_idx, _KIND_STREAM + ctx.kind_offset, index]
@@ -175,12 +193,19 @@ def render_stream(
     dry = np.zeros(n)
     pool = ctx.speakers[split]
     t = int(rng.uniform(0.2, 2.0) * SAMPLE_RATE)
+    transcript: list[StreamUtterance] = []
     while t < n:
         speaker = pool[int(rng.integers(len(pool)))]
         content = "conf" if rng.random() < 0.4 else "other"
-        utt = scale_to(_utterance(ctx, rng, speaker, content), rng.uniform(*_SPEECH_LEVEL_DB))
+        text, speech = _said(ctx, rng, speaker, content)
+        utt = scale_to(speech, rng.uniform(*_SPEECH_LEVEL_DB))
         seg = utt[: n - t]
         dry[t : t + seg.size] += seg
+        transcript.append(
+            StreamUtterance(
+                t / SAMPLE_RATE, (t + seg.size) / SAMPLE_RATE, speaker.speaker_id, content, text
+            )
+        )
         # Conversational pauses, and now and then a long quiet stretch.
         t += seg.size + int(
             (rng.uniform(0.3, 2.5) if rng.random() < 0.8 else rng.uniform(4.0, 12.0)) * SAMPLE_RATE
@@ -193,7 +218,38 @@ def render_stream(
             background = background * _gate(rng, n, (3.0, 8.0), (5.0, 15.0))
         snr = rng.uniform(*dev.snr_db.get(state, _STATE_SNR_FALLBACK))
         field_ += scale_to(reverberate(background, room), ref_db - snr)
-    return capture(rng, dev, field_), state
+    return capture(rng, dev, field_), state, transcript
+
+
+def transcript_path(stream: Path) -> Path:
+    """Where the transcript of stream WAV `stream` is written: beside it, as CSV."""
+    return stream.with_suffix(".csv")
+
+
+def _write_transcript(path: Path, transcript: list[StreamUtterance]) -> None:
+    with path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(["start_s", "end_s", "speaker", "content", "text"])
+        for u in transcript:
+            w.writerow([f"{u.start_s:.3f}", f"{u.end_s:.3f}", u.speaker, u.content, u.text])
+
+
+def read_transcript(stream: Path) -> list[StreamUtterance]:
+    """The transcript written beside stream WAV `stream`; empty when there is none (a corpus
+    built before transcripts, or recordings brought in with `wakefl corpus import`)."""
+    path = transcript_path(stream)
+    if not path.is_file():
+        return []
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            return [
+                StreamUtterance(
+                    float(r["start_s"]), float(r["end_s"]), r["speaker"], r["content"], r["text"]
+                )
+                for r in csv.DictReader(f)
+            ]
+    except (KeyError, ValueError) as exc:
+        raise ConfigError(f"{path}: not a stream transcript ({exc})") from None
 
 
 def _write_wav(path: Path, wave: np.ndarray) -> None:
@@ -246,10 +302,11 @@ def _render_streams(
     jobs = [(sp, d, i) for sp in SPLITS for d in DEVICE_PROFILES for i in range(counts.get(sp, 0))]
     rows: list[ManifestRow] = []
     for sp, d, i in tqdm(jobs, desc="streams", unit="stream", disable=not progress):
-        wave, state = render_stream(ctx, d, i, sp)
+        wave, state, transcript = render_stream(ctx, d, i, sp)
         name = f"{d}_stream_{i:03d}.wav" if sp == "test" else f"{d}_{sp}_stream_{i:03d}.wav"
         rel = f"streams/{d}/{name}"
         _write_wav(out / rel, wave)
+        _write_transcript(transcript_path(out / rel), transcript)
         rows.append(
             ManifestRow(rel, 0, d, state, f"mixed-{sp}", sp, wave.size / SAMPLE_RATE, "stream")
         )
