@@ -166,7 +166,7 @@ def test_the_highest_stream_moments_are_distinct_events_with_what_was_said(tmp_p
 
     wav = tmp_path / "A_stream_000.wav"
     wav.write_bytes(b"")  # only its name and the transcript beside it are read
-    (tmp_path / "A_stream_000.csv").write_text(
+    (tmp_path / "A_stream_000.transcript.csv").write_text(
         "start_s,end_s,speaker,content,text\n"
         "2.0,2.8,spk1,conf,hey noelle\n"
         "10.1,10.9,spk2,other,turn it up\n"
@@ -193,6 +193,6 @@ def test_the_highest_stream_moments_are_distinct_events_with_what_was_said(tmp_p
         {"hop_s": 0.1, "smoothing": 1, "fp32": {"held-out speakers": {"A": out, "_seconds": 1.0}}}
     )
     assert "A | 0.9000 | A_stream_000.wav @ 3.0 s | hey noelle (conf, spk1)" in table
-    (tmp_path / "A_stream_000.csv").write_text("start,text\n1,x\n")
+    (tmp_path / "A_stream_000.transcript.csv").write_text("start,text\n1,x\n")
     with pytest.raises(ConfigError, match="not a stream transcript"):
         top_stream_events(sc)

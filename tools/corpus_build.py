@@ -222,8 +222,9 @@ def render_stream(
 
 
 def transcript_path(stream: Path) -> Path:
-    """Where the transcript of stream WAV `stream` is written: beside it, as CSV."""
-    return stream.with_suffix(".csv")
+    """Where the transcript of stream WAV `stream` is written: beside it, as CSV (a name of
+    its own, so that a recording's other files beside it are never taken for one)."""
+    return stream.with_suffix(".transcript.csv")
 
 
 def _write_transcript(path: Path, transcript: list[StreamUtterance]) -> None:
