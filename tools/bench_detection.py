@@ -250,12 +250,14 @@ def top_stream_events(sc: SplitScores, k: int = TOP_EVENTS) -> list[dict[str, An
             if all(abs(int(j) - t) >= refractory for t in taken):
                 taken.append(int(j))
                 found.append((float(stream[j]), i, int(j)))
+    top = sorted(found, reverse=True)[:k]
+    transcripts = {i: read_transcript(sc.stream_files[i]) for i in {i for _, i, _ in top}}
     out = []
-    for score, i, j in sorted(found, reverse=True)[:k]:
+    for score, i, j in top:
         end = j * sc.hop_s + sc.window_s
         said = [
             f"{u.text} ({u.content}, {u.speaker})"
-            for u in read_transcript(sc.stream_files[i])
+            for u in transcripts[i]
             if u.end_s > end - sc.window_s and u.start_s < end
         ]
         out.append(

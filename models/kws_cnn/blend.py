@@ -13,23 +13,24 @@ import math
 import torch
 
 from wakefl.errors import ConfigError
+from wakefl.finite import all_finite
 
+from .flat_params import get_flat_params, set_flat_params
 from .model import KwsCnn
 
 
 @torch.no_grad()
 def blend(first: KwsCnn, second: KwsCnn, alpha: float) -> KwsCnn:
     """A new model with parameters (1 - alpha) * first + alpha * second. ConfigError when
-    alpha is outside [0, 1], the two configs differ, or a blended parameter is not finite."""
+    alpha is outside [0, 1], the two configs differ, or the blend is not finite."""
     if not (isinstance(alpha, int | float) and math.isfinite(alpha) and 0.0 <= alpha <= 1.0):
         raise ConfigError(f"the blend weight must be in [0, 1], got {alpha!r}")
     if first.cfg != second.cfg:
         raise ConfigError(f"cannot blend models of different configs: {first.cfg} and {second.cfg}")
+    mixed = torch.lerp(get_flat_params(first), get_flat_params(second), float(alpha))
+    if not all_finite(mixed):
+        bad = int((~torch.isfinite(mixed)).sum())
+        raise ConfigError(f"the blend is not finite: {bad} NaN/Inf parameter value(s)")
     out = KwsCnn(first.cfg)
-    theirs = dict(second.named_parameters())
-    for name, p in dict(first.named_parameters()).items():
-        mixed = torch.lerp(p.detach().float(), theirs[name].detach().float(), float(alpha))
-        if not torch.isfinite(mixed).all():
-            raise ConfigError(f"blended parameter {name} is not finite")
-        dict(out.named_parameters())[name].copy_(mixed)
+    set_flat_params(out, mixed)
     return out.eval()
