@@ -235,6 +235,18 @@ def test_train_checkpoint_resume_equals_uninterrupted_run(corpus: Path, tmp_path
         )
 
 
+def test_more_batch_workers_train_the_same_run(corpus: Path, tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    s = dataclasses.replace(SETTINGS, samples=16 * 3)
+    pretrain(corpus, tmp_path / "one", s, progress=False)
+    pretrain(corpus, tmp_path / "three", dataclasses.replace(s, workers=3), progress=False)
+    wa = load_file(str(tmp_path / "one" / "state.safetensors"))
+    wb = load_file(str(tmp_path / "three" / "state.safetensors"))
+    for k in wa:
+        torch.testing.assert_close(wb[k], wa[k], rtol=0, atol=0)
+
+
 def test_publish_writes_fp16_weights_config_and_card(corpus: Path, tmp_path: Path) -> None:
     pretrain(corpus, tmp_path / "run", SETTINGS, progress=False, max_steps=3)
     out = publish(tmp_path / "run", "small", dest=tmp_path / "ship")
@@ -392,10 +404,11 @@ def test_mining_and_warp_resume_equals_uninterrupted_run(corpus: Path, tmp_path:
         ["--mel-warp", "nan"],
         ["--hard-negatives", "1.5"],
         ["--mine-every", "0"],
+        ["--workers", "-1"],
         ["--extra-corpus", "no-such-corpus/manifest.csv"],
     ],
 )
-def test_pretrain_cli_refuses_absurd_augmentation_flags(flags, tmp_path: Path, capsys) -> None:
+def test_pretrain_cli_refuses_absurd_flags(flags, tmp_path: Path, capsys) -> None:
     from wakefl.tools.cli import main
 
     rc = main(["model", "pretrain", "--out", str(tmp_path / "run"), "--quiet", *flags])

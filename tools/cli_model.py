@@ -96,6 +96,13 @@ def _register_pretrain(sub: argparse._SubParsersAction) -> None:
         "profile, or imported recordings); repeatable. Validation stays on --corpus",
     )
     pre.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    pre.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="processes preparing augmented batches (the same run for any count; a GPU "
+        "needs several to be kept busy)",
+    )
     _add_pretrain_run_options(pre)
     pre.set_defaults(func=_pretrain)
 
@@ -338,6 +345,8 @@ def _pretrain_settings(args: argparse.Namespace) -> Any:
     for extra in args.extra_corpus:
         if not extra.is_file():
             raise ConfigError(f"--extra-corpus {extra}: no such manifest")
+    if not 0 <= args.workers <= 64:
+        raise ConfigError(f"--workers must be in [0, 64], got {args.workers}")
     if args.device == "cuda":
         import torch
 
@@ -352,6 +361,7 @@ def _pretrain_settings(args: argparse.Namespace) -> Any:
         lr=args.lr,
         threads=args.threads,
         device=args.device,
+        workers=args.workers,
         eval_every_steps=args.eval_every,
         val_stream_seconds=args.val_stream_seconds,
         checkpoint_minutes=args.checkpoint_minutes,
@@ -363,12 +373,15 @@ def _pretrain_settings(args: argparse.Namespace) -> Any:
 
 def _pretrain(args: argparse.Namespace) -> int:
     from wakefl.cache_location import cache_root
-    from wakefl.tools.corpus_build import build_corpus
     from wakefl.tools.pretrain import pretrain
 
     settings = _pretrain_settings(args)
     manifest = args.corpus
     if manifest is None:
+        # Imported only here: training on a given corpus needs no speech synthesis stack
+        # (a training host may lack libsndfile and the engines).
+        from wakefl.tools.corpus_build import build_corpus
+
         phrase = "-".join(args.phrase.lower().split())
         folder = cache_root() / "corpus" / f"pretrain-{phrase}-seed{args.seed}"
         manifest = folder / "manifest.csv"

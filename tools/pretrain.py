@@ -78,6 +78,9 @@ class PretrainSettings:
     val_stream_seconds: float = 300.0  # per validation stream (caps validation cost)
     threads: int = 2
     device: str = "cpu"
+    # Processes preparing batches (decoding nothing: augmentation only). Each batch depends
+    # on its step alone, so any count gives the same run; a GPU needs several to be fed.
+    workers: int = 1
 
     @property
     def total_steps(self) -> int:
@@ -431,9 +434,11 @@ def load_state(out: Path, model: Any, opt: Any) -> dict[str, Any]:
     _copy_weights(model, tensors, f"cannot resume from {out}: its weights do not fit this model")
     for i, p in enumerate(opt.param_groups[0]["params"]):
         if f"opt.{i}.exp_avg" in tensors:
+            # The moments live beside their parameter; AdamW keeps its step count on the
+            # CPU unless it is fused or capturable.
             opt.state[p] = {
-                "exp_avg": tensors[f"opt.{i}.exp_avg"].clone(),
-                "exp_avg_sq": tensors[f"opt.{i}.exp_avg_sq"].clone(),
+                "exp_avg": tensors[f"opt.{i}.exp_avg"].to(p.device),
+                "exp_avg_sq": tensors[f"opt.{i}.exp_avg_sq"].to(p.device),
                 "step": tensors[f"opt.{i}.step"].reshape(()).clone(),
             }
     return info
@@ -484,7 +489,9 @@ def spec_mask(feats: Any, generator: Any) -> Any:
             start = (torch.rand(b, generator=generator) * (limit - width)).long()
             idx = torch.arange(limit)
             m = (idx[None, :] >= start[:, None]) & (idx[None, :] < (start + width)[:, None])
-            m = m[:, :, None] if dim == 1 else m[:, None, :]
+            # Drawn on the CPU generator wherever the model runs, so a step's masks are
+            # the same on either device.
+            m = (m[:, :, None] if dim == 1 else m[:, None, :]).to(feats.device)
             out = torch.where(m, mean, out)
     return out
 
@@ -740,7 +747,9 @@ def _train_segment(run: _Run, first: int, end: int) -> tuple[int, bool]:
     or out of time in this call)."""
     s, info = run.s, run.info
     step = first
-    for step, (x, y) in enumerate(batch_stream(run.data, first, s, end_step=end), start=first):
+    for step, (x, y) in enumerate(
+        batch_stream(run.data, first, s, workers=s.workers, end_step=end), start=first
+    ):
         loss = _train_step(run.model, run.opt, x, y, step, run.gen, s)
         run.running = loss if run.running is None else 0.98 * run.running + 0.02 * loss
         info["step"] = step + 1
