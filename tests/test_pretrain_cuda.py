@@ -18,6 +18,7 @@ from wakefl.tools.pretrain import (
     forward_train,
     load_state,
     save_state,
+    seeded_model,
 )
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -57,10 +58,7 @@ def test_a_checkpoint_resumes_on_the_other_device(first: str, second: str, tmp_p
     runs = {}
     for device in (first, second):
         s = PretrainSettings(width=0.25, batch_size=8, samples=64, warmup_steps=1, device=device)
-        torch.manual_seed(0)
-        model = KwsCnn(ModelConfig(width=0.25)).to(device).train()
-        opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
-        runs[device] = (model, opt, s)
+        runs[device] = (*seeded_model(s), s)
     model, opt, s = runs[first]
     _train_step(model, opt, x, y, 0, torch.Generator(), s)
     save_state(tmp_path, model, opt, {"step": 1})

@@ -30,16 +30,6 @@ import numpy as np
 from wakefl.errors import ConfigError
 
 
-def _new_model(s: Any, seed: int) -> tuple[Any, Any]:
-    import torch
-
-    from wakefl.models.kws_cnn import KwsCnn, ModelConfig
-
-    torch.manual_seed(seed)
-    model = KwsCnn(ModelConfig(width=s.width)).to(s.device).train()
-    return model, torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
-
-
 def _sync(device: str) -> None:
     if device == "cuda":
         import torch
@@ -62,9 +52,9 @@ def step_rate(data: Any, s: Any, steps: int) -> float:
     """Samples per second of optimizer steps on batches prepared beforehand."""
     import torch
 
-    from wakefl.tools.pretrain import _train_step, make_batch
+    from wakefl.tools.pretrain import _train_step, make_batch, seeded_model
 
-    model, opt = _new_model(s, s.seed)
+    model, opt = seeded_model(s)
     batches = [make_batch(data, k, s) for k in range(min(steps, 8))]
     gen = torch.Generator()
     for k in range(3):  # warm-up: allocator, cuDNN algorithm choice
@@ -78,15 +68,15 @@ def step_rate(data: Any, s: Any, steps: int) -> float:
     return steps * s.batch_size / (time.perf_counter() - t0)
 
 
-def run_steps(data: Any, s: Any, steps: int, seed: int) -> tuple[float, list[float], Any]:
+def run_steps(data: Any, s: Any, steps: int) -> tuple[float, list[float], Any]:
     """The training loop for `steps` steps from seeded weights: samples per second after
     the first step (the workers' start and the first kernels are not throughput), the
     losses, and the final weights (on the CPU)."""
     import torch
 
-    from wakefl.tools.pretrain import _train_step, batch_stream
+    from wakefl.tools.pretrain import _train_step, batch_stream, seeded_model
 
-    model, opt = _new_model(s, seed)
+    model, opt = seeded_model(s)
     gen = torch.Generator()
     losses: list[float] = []
     t0 = 0.0
@@ -102,7 +92,7 @@ def run_steps(data: Any, s: Any, steps: int, seed: int) -> tuple[float, list[flo
 
 def measure(data: Any, s: Any, steps: int) -> dict[str, Any]:
     """The three rates of one device, and the loop's losses and weights."""
-    loop, losses, weights = run_steps(data, s, steps, s.seed)
+    loop, losses, weights = run_steps(data, s, steps)
     return {
         "device": s.device,
         "prepare_1_worker": preparation_rate(data, s, steps, 0),

@@ -625,12 +625,22 @@ def _validate_and_record(
     return metrics
 
 
+def seeded_model(s: PretrainSettings) -> tuple[Any, Any]:
+    """The model of `s.width` seeded by `s.seed` on `s.device`, and its AdamW optimizer."""
+    import torch
+
+    from wakefl.models.kws_cnn import KwsCnn, ModelConfig
+
+    torch.manual_seed(s.seed)
+    model = KwsCnn(ModelConfig(width=s.width)).to(s.device)
+    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
+    return model, opt
+
+
 def _new_run(out: Path, s: PretrainSettings, resume: bool) -> tuple[Any, Any]:
     """The seeded model and its AdamW optimizer, for a new run in `out` (refused when `out`
     holds one and `resume` is off) or one to resume."""
     import torch
-
-    from wakefl.models.kws_cnn import KwsCnn, ModelConfig
 
     torch.set_num_threads(max(1, s.threads))
     out.mkdir(parents=True, exist_ok=True)
@@ -639,10 +649,7 @@ def _new_run(out: Path, s: PretrainSettings, resume: bool) -> tuple[Any, Any]:
             f"{out} already holds a pretraining run; pass --resume to continue it "
             "or choose a new --out"
         )
-    torch.manual_seed(s.seed)
-    model = KwsCnn(ModelConfig(width=s.width)).to(s.device)
-    opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
-    return model, opt
+    return seeded_model(s)
 
 
 def _out_of_time(
