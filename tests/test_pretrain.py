@@ -333,6 +333,41 @@ def test_mel_warp_moves_a_formant_by_its_factor() -> None:
     torch.testing.assert_close(warp_log_mel(feats, np.ones(2), 20.0, 8000.0), feats)
 
 
+def test_time_warp_stretches_one_side_and_compresses_the_other() -> None:
+    from wakefl.tools.time_warp import MAX_WARP, draw_warp, source_frames, warp_time
+
+    frames, last = 151, 150.0
+    assert np.allclose(source_frames(frames, np.array([60.0]), np.array([60.0]))[0], np.arange(151))
+    src = source_frames(frames, np.array([60.0, 90.0]), np.array([75.0, 70.0]))
+    # Ends fixed, the anchor lands where it was moved, each side linear.
+    assert np.allclose(src[:, 0], 0.0) and np.allclose(src[:, -1], last)
+    assert np.isclose(src[0, 75], 60.0) and np.isclose(src[1, 70], 90.0)
+    assert np.allclose(np.diff(src[0, :76]), 60 / 75) and np.allclose(np.diff(src[0, 75:]), 90 / 75)
+    with pytest.raises(ValueError, match="inside"):
+        source_frames(frames, np.array([0.0]), np.array([10.0]))
+    # A ramp is interpolated exactly, so the output is the source positions themselves.
+    ramp = torch.arange(frames, dtype=torch.float64).expand(2, 3, frames).clone()
+    out = warp_time(ramp, np.array([60.0, 90.0]), np.array([75.0, 70.0]))
+    assert np.allclose(out[:, 0].numpy(), src)
+    # A "syllable" of 20 frames before the anchor at 60, moved to 75: 20 * 75 / 60 = 25 frames.
+    feats = torch.zeros(1, 2, frames)
+    feats[0, :, 30:50] = 1.0
+    long = warp_time(feats, np.array([60.0]), np.array([75.0]))
+    assert int((long[0, 0] > 0.5).sum()) == 25
+    torch.testing.assert_close(warp_time(feats, np.array([60.0]), np.array([60.0])), feats)
+    # Draws: the side nearer the edge changes by at most the factor asked; the same
+    # generator state gives the same draws.
+    anchor, moved = draw_warp(4000, frames, 0.3, torch.Generator().manual_seed(1))
+    near = np.minimum(anchor, last - anchor)
+    assert ((anchor >= 0.25 * last) & (anchor <= 0.75 * last)).all()
+    assert (np.abs(moved - anchor) <= 0.3 * near + 1e-9).all()
+    assert np.abs(moved - anchor).max() > 0.29 * near[np.argmax(np.abs(moved - anchor))]
+    again = draw_warp(4000, frames, 0.3, torch.Generator().manual_seed(1))
+    assert np.array_equal(anchor, again[0]) and np.array_equal(moved, again[1])
+    with pytest.raises(ValueError, match="time warp"):
+        draw_warp(4, frames, MAX_WARP, torch.Generator())
+
+
 def test_mining_keeps_the_highest_scoring_negatives() -> None:
     from wakefl.tools.hard_negatives import CLIP, STREAM, candidates, fits, mine, windows_of
 
@@ -368,6 +403,7 @@ def test_mining_and_warp_resume_equals_uninterrupted_run(corpus: Path, tmp_path:
         mine_candidates=24,
         hard_pool=6,
         mel_warp=0.1,
+        time_warp=0.2,
     )
     whole = pretrain(corpus, tmp_path / "a", s, progress=False)
     assert whole["hard_pool_step"] == 4 and len(whole["hard_pool"]) == 6
@@ -402,6 +438,8 @@ def test_mining_and_warp_resume_equals_uninterrupted_run(corpus: Path, tmp_path:
     [
         ["--mel-warp", "0.7"],
         ["--mel-warp", "nan"],
+        ["--time-warp", "0.5"],
+        ["--time-warp", "nan"],
         ["--hard-negatives", "1.5"],
         ["--mine-every", "0"],
         ["--workers", "-1"],

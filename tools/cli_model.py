@@ -104,6 +104,7 @@ def _register_pretrain(sub: argparse._SubParsersAction) -> None:
         "needs several to be kept busy)",
     )
     _add_pretrain_run_options(pre)
+    _add_pretrain_augment_options(pre)
     pre.set_defaults(func=_pretrain)
 
 
@@ -140,6 +141,19 @@ def _add_pretrain_run_options(pre: argparse.ArgumentParser) -> None:
         metavar="S",
         help="validate on the first S s of each validation stream (validation cost)",
     )
+    pre.add_argument("--checkpoint-minutes", type=float, default=5.0)
+    pre.add_argument(
+        "--max-minutes",
+        type=float,
+        default=None,
+        help="stop (with a checkpoint) after this long; --resume continues",
+    )
+    pre.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _add_pretrain_augment_options(pre: argparse.ArgumentParser) -> None:
+    """The augmentations and negative mining of `wakefl model pretrain` that target what
+    the detection benchmark still misses."""
     pre.add_argument(
         "--mel-warp",
         type=float,
@@ -147,6 +161,14 @@ def _add_pretrain_run_options(pre: argparse.ArgumentParser) -> None:
         metavar="W",
         help="vocal-tract-length perturbation: scale each example's spectrum by a factor in "
         "[1-W, 1+W] (0 = off)",
+    )
+    pre.add_argument(
+        "--time-warp",
+        type=float,
+        default=0.0,
+        metavar="W",
+        help="split each example's time axis at a random point and move it, stretching one "
+        "side and compressing the other by up to a factor 1±W (0 = off)",
     )
     pre.add_argument(
         "--hard-negatives",
@@ -157,14 +179,6 @@ def _add_pretrain_run_options(pre: argparse.ArgumentParser) -> None:
         "negatives, mined again every --mine-every steps (0 = off)",
     )
     pre.add_argument("--mine-every", type=int, default=1500, metavar="STEPS")
-    pre.add_argument("--checkpoint-minutes", type=float, default=5.0)
-    pre.add_argument(
-        "--max-minutes",
-        type=float,
-        default=None,
-        help="stop (with a checkpoint) after this long; --resume continues",
-    )
-    pre.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
 def _register_publish(sub: argparse._SubParsersAction) -> None:
@@ -335,11 +349,14 @@ def _export(args: argparse.Namespace) -> int:
 def _pretrain_settings(args: argparse.Namespace) -> Any:
     """The run's PretrainSettings from `wakefl model pretrain`'s flags, checked."""
     from wakefl.tools.pretrain import PretrainSettings
+    from wakefl.tools.time_warp import MAX_WARP
 
     if args.samples < args.batch_size:
         raise ConfigError("--samples must be at least one batch")
     if not 0.0 <= args.mel_warp < 0.5:
         raise ConfigError(f"--mel-warp must be in [0, 0.5), got {args.mel_warp}")
+    if not 0.0 <= args.time_warp < MAX_WARP:
+        raise ConfigError(f"--time-warp must be in [0, {MAX_WARP}), got {args.time_warp}")
     if not 0.0 <= args.hard_negatives <= 1.0 or args.mine_every < 1:
         raise ConfigError("--hard-negatives must be in [0, 1] and --mine-every at least 1")
     for extra in args.extra_corpus:
@@ -366,6 +383,7 @@ def _pretrain_settings(args: argparse.Namespace) -> Any:
         val_stream_seconds=args.val_stream_seconds,
         checkpoint_minutes=args.checkpoint_minutes,
         mel_warp=args.mel_warp,
+        time_warp=args.time_warp,
         hard_negative_share=args.hard_negatives,
         mine_every_steps=args.mine_every,
     )

@@ -3,10 +3,11 @@
 Every batch is drawn fresh: a third wake-phrase clips, the rest negatives (clips of confusable
 phrases, other speech and background, and random 1.5 s cuts of the training streams), each
 augmented on the fly (tools/wave_augment.py) and with SpecAugment-style masks on the log-mel
-input. The learning rate warms up linearly, then follows a cosine to 5%. Two options target
+input. The learning rate warms up linearly, then follows a cosine to 5%. Three options target
 what the benchmark still misses: `mel_warp` scales each example's spectrum like another
-vocal tract (tools/mel_warp.py: voices of engines training never heard), and
-`hard_negative_share` draws part of the negatives from a pool of the training negatives the
+vocal tract (tools/mel_warp.py: voices of engines training never heard), `time_warp`
+stretches one part of each example and compresses the other (tools/time_warp.py: another
+speaker's timing), and `hard_negative_share` draws part of the negatives from a pool of the training negatives the
 model currently scores highest (tools/hard_negatives.py: the false accepts that set the
 threshold).
 
@@ -66,6 +67,10 @@ class PretrainSettings:
     # Vocal-tract-length perturbation: each example's spectrum scaled by a factor drawn
     # from [1 - mel_warp, 1 + mel_warp] (tools/mel_warp.py); 0 = off.
     mel_warp: float = 0.0
+    # Each example's time axis split at a random anchor that moves, so one side is stretched
+    # and the other compressed; the side nearer the edge by a factor in [1 - time_warp,
+    # 1 + time_warp] (tools/time_warp.py); 0 = off.
+    time_warp: float = 0.0
     # Share of the negatives drawn from the mined pool of high-scoring negatives
     # (tools/hard_negatives.py); 0 = off. The pool is renewed every `mine_every_steps`.
     hard_negative_share: float = 0.0
@@ -496,9 +501,17 @@ def spec_mask(feats: Any, generator: Any) -> Any:
     return out
 
 
-def forward_train(model: Any, wave: Any, generator: Any, masks: bool, mel_warp: float = 0.0) -> Any:
-    """The model's forward with a spectrum warp and masks on the log-mel input (as
-    KwsCnn.forward otherwise)."""
+def forward_train(
+    model: Any,
+    wave: Any,
+    generator: Any,
+    masks: bool,
+    mel_warp: float = 0.0,
+    time_warp: float = 0.0,
+) -> Any:
+    """The model's forward with a spectrum warp, a time warp and masks on the log-mel
+    input (as KwsCnn.forward otherwise). Each draws from `generator` only when it is on, so
+    a run without the time warp is the run it was before that option existed."""
     x = model.frontend(wave)
     if mel_warp > 0:
         import torch
@@ -509,6 +522,10 @@ def forward_train(model: Any, wave: Any, generator: Any, masks: bool, mel_warp: 
         u = torch.rand(x.shape[0], generator=generator).numpy()
         f_max = cfg.f_max if cfg.f_max is not None else cfg.sample_rate / 2.0
         x = warp_log_mel(x, 1.0 + mel_warp * (2.0 * u - 1.0), cfg.f_min, f_max)
+    if time_warp > 0:
+        from wakefl.tools.time_warp import draw_warp, warp_time
+
+        x = warp_time(x, *draw_warp(x.shape[0], x.shape[2], time_warp, generator))
     if masks:
         x = spec_mask(x, generator)
     x = model.features(x.unsqueeze(1)).mean(dim=(2, 3))
@@ -583,7 +600,7 @@ def _train_step(
     for g in opt.param_groups:
         g["lr"] = lr_at(step, s)
     gen.manual_seed(s.seed * 1_000_003 + step)  # the masks of step k depend on k alone
-    logits = forward_train(model, x.to(s.device), gen, s.spec_masks, s.mel_warp)
+    logits = forward_train(model, x.to(s.device), gen, s.spec_masks, s.mel_warp, s.time_warp)
     loss = F.cross_entropy(logits, y.to(s.device))
     if not torch.isfinite(loss):
         raise ConfigError(f"the training loss became {loss.item()} at step {step}; lower --lr")
