@@ -44,11 +44,11 @@ def test_training_forward_on_cuda_is_the_cpu_forward() -> None:
     wave, _ = _batch()
     logits = []
     for device in ("cpu", "cuda"):
-        gen = torch.Generator().manual_seed(7)  # masks and warp factors: drawn on the CPU
+        gen = torch.Generator().manual_seed(7)  # masks and warps: drawn on the CPU
         m = copy.deepcopy(model).to(device)
-        logits.append(forward_train(m, wave.to(device), gen, True, 0.1).cpu())
+        logits.append(forward_train(m, wave.to(device), gen, True, 0.1, 0.3).cpu())
     torch.testing.assert_close(logits[1], logits[0], rtol=1e-4, atol=1e-4)
-    no_masks = forward_train(model, wave, torch.Generator().manual_seed(7), False, 0.1)
+    no_masks = forward_train(model, wave, torch.Generator().manual_seed(7), False, 0.1, 0.3)
     assert not torch.allclose(no_masks, logits[0], atol=1e-4)  # the masks took effect
 
 
