@@ -7,9 +7,9 @@ input. The learning rate warms up linearly, then follows a cosine to 5%. Three o
 what the benchmark still misses: `mel_warp` scales each example's spectrum like another
 vocal tract (tools/mel_warp.py: voices of engines training never heard), `time_warp`
 stretches one part of each example and compresses the other (tools/time_warp.py: another
-speaker's timing), and `hard_negative_share` draws part of the negatives from a pool of the training negatives the
-model currently scores highest (tools/hard_negatives.py: the false accepts that set the
-threshold).
+speaker's timing), and `hard_negative_share` draws part of the negatives from a pool of the
+training negatives the model currently scores highest (tools/hard_negatives.py: the false
+accepts that set the threshold).
 
 Validation measures what a device maker ships for: the false-reject rate of the validation
 clips at the threshold where the streaming detector (its smoothing and refractory period)

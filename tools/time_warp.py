@@ -3,7 +3,7 @@
 Speech engines render "hey nova" with their own timing, and people do too: one stretches
 "hey", another clips it and draws out "nova". A model trained on a few engines learns their
 ratios: the step-13 full model scores espeak-ng's, flite's and festival HTS's dry "hey nova"
-0.96-1.00, and 0.00-0.06 with "hey" compressed to 0.6 of its length (tools/probe_timing.py).
+0.999-1.000, and 0.000-0.061 with "hey" compressed to 0.6 of its length (tools/probe_timing.py).
 Tape-speed augmentation (tools/wave_augment.py) changes the whole utterance's tempo at once
 and leaves those ratios alone.
 
