@@ -55,16 +55,11 @@ def warp_log_mel(feats, alpha, f_min: float, f_max: float):
     alpha [B] (linear interpolation between bands)."""
     import torch
 
-    b, n_mels, _ = feats.shape
+    from wakefl.tools.spectrogram_interp import interpolate_at
+
     pos = torch.as_tensor(
-        source_positions(n_mels, f_min, f_max, np.asarray(alpha)),
+        source_positions(feats.shape[1], f_min, f_max, np.asarray(alpha)),
         dtype=feats.dtype,
         device=feats.device,
     )
-    lo = pos.floor().long().clamp(max=n_mels - 1)
-    hi = (lo + 1).clamp(max=n_mels - 1)
-    frac = (pos - lo.to(pos.dtype)).unsqueeze(-1)
-    frames = feats.shape[2]
-    below = torch.gather(feats, 1, lo.unsqueeze(-1).expand(b, n_mels, frames))
-    above = torch.gather(feats, 1, hi.unsqueeze(-1).expand(b, n_mels, frames))
-    return below + frac * (above - below)
+    return interpolate_at(feats, pos, dim=1)

@@ -72,11 +72,12 @@ def in_window(speech: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarra
 
 
 def probe(scorer: Any, voices: list[Any], phrase: str) -> list[dict[str, Any]]:
+    from wakefl.tools.corpus_plan import phrase_variants
     from wakefl.tools.speech_synthesis import synthesize
 
     rng = np.random.default_rng(0)
-    words = phrase.split()
-    spellings = [phrase] + ([words[0] + ", " + " ".join(words[1:])] if len(words) > 1 else [])
+    # The corpus's own spellings, run together and with a comma; "!" changes no timing.
+    spellings = [p for p in phrase_variants(phrase) if not p.endswith("!")]
     rows = []
     for v in voices:
         for text in spellings:

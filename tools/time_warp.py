@@ -64,13 +64,9 @@ def warp_time(feats: Any, anchor: np.ndarray, moved: np.ndarray) -> Any:
     input frame anchor[i] lands on output frame moved[i] (linear interpolation)."""
     import torch
 
-    b, n_mels, frames = feats.shape
+    from wakefl.tools.spectrogram_interp import interpolate_at
+
     pos = torch.as_tensor(
-        source_frames(frames, anchor, moved), dtype=feats.dtype, device=feats.device
+        source_frames(feats.shape[2], anchor, moved), dtype=feats.dtype, device=feats.device
     )
-    lo = pos.floor().long().clamp(0, frames - 1)
-    hi = (lo + 1).clamp(max=frames - 1)
-    frac = (pos - lo.to(pos.dtype)).unsqueeze(1)
-    below = torch.gather(feats, 2, lo.unsqueeze(1).expand(b, n_mels, frames))
-    above = torch.gather(feats, 2, hi.unsqueeze(1).expand(b, n_mels, frames))
-    return below + frac * (above - below)
+    return interpolate_at(feats, pos, dim=2)
