@@ -155,6 +155,20 @@ def test_resume_needs_the_same_extra_corpora(
         load_pretrain_data(corpus, 24000, 6.0, progress=False, extra=[other / "manifest.csv"])
 
 
+def test_a_timing_add_on_adds_wake_phrase_clips_only(corpus: Path, tmp_path: Path) -> None:
+    timing = build_corpus(tmp_path / "timing", 0, "pretrain-timing-micro", progress=False)
+    base = load_pretrain_data(corpus, 24000, 6.0, progress=False)
+    both = load_pretrain_data(corpus, 24000, 6.0, progress=False, extra=[timing])
+    n_pos = sum(r.split == "train" for r in read_manifest(timing))
+    assert n_pos and len(both.pos) == len(base.pos) + n_pos
+    assert len(both.neg) == len(base.neg)
+    assert len(both.train_streams) == len(base.train_streams)
+    # Built with the corpus's seed, its speakers are the corpus's: its training clips are
+    # spoken by the corpus's training speakers only.
+    held_out = {r.speaker for r in read_manifest(corpus) if r.split != "train"}
+    assert not held_out & {r.speaker for r in read_manifest(timing) if r.split == "train"}
+
+
 def test_augmentation_keeps_length_and_is_deterministic() -> None:
     bank = AugmentBank.make(0, n_each=2, seconds=2.0)
     x = (np.random.default_rng(1).standard_normal(24000) * 0.05).astype(np.float32)

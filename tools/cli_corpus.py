@@ -21,7 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         choices=tuple(PROFILES),
         default="tiny",
         help="corpus size and recipe; 'pretrain' is the pretraining corpus, 'pretrain-voices' "
-        "its add-on of more voices (see tools/CORPUS.md)",
+        "its add-on of more voices, 'pretrain-timing' its add-on of re-timed wake phrases "
+        "(see tools/CORPUS.md)",
     )
     b.add_argument("--phrase", default="hey nova", help="the wake phrase (default: hey nova)")
     b.add_argument(

@@ -34,6 +34,7 @@ from wakefl.tools.corpus_plan import (
 from wakefl.tools.device_acoustics import DEVICE_PROFILES, capture, reverberate, scale_to
 from wakefl.tools.room_impulse import exponential_rir
 from wakefl.tools.speech_synthesis import Voice, synthesize_many
+from wakefl.tools.word_timing import run_together
 
 _KIND_CLIP, _KIND_STREAM, _KIND_ROOM = 0, 1, 2
 # Added to the kinds above for the unseen-voices corpus, so its draws never repeat the main one's.
@@ -94,7 +95,11 @@ def _said(
         text = speaker.confusables[int(rng.integers(len(speaker.confusables)))]
     else:
         text = speaker.others[int(rng.integers(len(speaker.others)))]
-    return text, change_speed(ctx.speech[(speaker.voice, text)], rng.uniform(0.92, 1.08))
+    speech = ctx.speech[(speaker.voice, text)]
+    pace = ctx.profile.first_word_pace
+    if content == "pos" and pace is not None:
+        speech = run_together(speech, text, float(rng.uniform(*pace)))
+    return text, change_speed(speech, rng.uniform(0.92, 1.08))
 
 
 def _utterance(
@@ -365,6 +370,14 @@ def _build_unseen(
     return write_manifest(rows, udir / "manifest.csv")
 
 
+def _texts_said(prof: CorpusProfile, speaker: Speaker, phrases: tuple[str, ...]) -> list[str]:
+    """What `speaker` may say in a corpus of `prof`: only what its clips' contents use."""
+    texts = {"pos": phrases, "conf": speaker.confusables, "other": speaker.others}
+    streams = prof.streams_per_device + prof.train_streams_per_device + prof.val_streams_per_device
+    kinds = ("pos", "conf", "other") if streams else prof.contents
+    return [t for k in ("pos", "conf", "other") if k in kinds for t in texts[k]]
+
+
 def read_corpus_info(folder: Path) -> object | None:
     """The parsed corpus.json of a finished build in `folder`, or None when it is missing
     or unreadable (a folder that is not a finished synthetic build)."""
@@ -394,13 +407,13 @@ def build_corpus(
 
     speakers = make_speakers(seed, prof, phrase)
     phrases = phrase_variants(phrase)
-    jobs = [(s.voice, t) for s in speakers for t in (*phrases, *s.confusables, *s.others)]
+    jobs = [(s.voice, t) for s in speakers for t in _texts_said(prof, s, phrases)]
     speech = synthesize_many(jobs, cache, progress=progress)
-    ctx = _Context(
-        seed, prof, {sp: [s for s in speakers if s.split == sp] for sp in SPLITS}, speech, phrases
-    )
+    by_split = {sp: [s for s in speakers if s.split == sp] for sp in SPLITS}
+    ctx = _Context(seed, prof, by_split, speech, phrases, kind_offset=prof.draw_offset)
 
-    rows = _render_clips(ctx, clip_recipes(seed, prof), out, progress, f"clips ({prof.name})")
+    recipes = clip_recipes(seed + prof.draw_offset, prof)
+    rows = _render_clips(ctx, recipes, out, progress, f"clips ({prof.name})")
     counts = {
         "train": prof.train_streams_per_device,
         "val": prof.val_streams_per_device,

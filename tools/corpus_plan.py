@@ -4,10 +4,11 @@ the seed, so the plan (and with it the audio) never depends on generation order.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from wakefl.errors import ConfigError
 from wakefl.tools.device_acoustics import DEVICE_PROFILES
 from wakefl.tools.speech_synthesis import (
     ESPEAK_VARIANTS,
@@ -92,6 +93,25 @@ class CorpusProfile:
     unseen_speakers: int = 0
     unseen_test_clips: int = 0  # per device type
     unseen_streams_per_device: int = 0
+    # What the clips hold, from CONTENT_SHARE's kinds (shares renormalized over these).
+    contents: tuple[str, ...] = ("pos", "conf", "other", "bg")
+    # When set, every wake-phrase clip is spoken without a pause between the phrase's words
+    # and with the first word lasting a factor drawn from this range times as long
+    # (tools/word_timing.py run_together).
+    first_word_pace: tuple[float, float] | None = None
+    # Added to the draws' kinds: an add-on built with the main corpus's seed (so with its
+    # speakers and splits) never repeats the main corpus's rooms, noise and placements.
+    draw_offset: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.contents or not set(self.contents) <= set(CONTENT_SHARE):
+            raise ConfigError(
+                f"profile {self.name}: contents {self.contents} must be some of "
+                f"{', '.join(CONTENT_SHARE)}"
+            )
+        pace = self.first_word_pace
+        if pace is not None and not 0.2 <= pace[0] <= pace[1] <= 3.0:
+            raise ConfigError(f"profile {self.name}: first_word_pace {pace} outside [0.2, 3]")
 
 
 PROFILES: dict[str, CorpusProfile] = {
@@ -125,6 +145,35 @@ PROFILES: dict[str, CorpusProfile] = {
         "pretrain-voices-micro", 12, 4, 6, 6, 0, 12.0, 3, 3, 4, "pico-other", 1, 0
     ),
 }
+
+
+def _timing_addon(base: str, name: str, train_unit: int, held_out: int) -> CorpusProfile:
+    """An add-on of wake-phrase clips only, spoken by `base`'s own speakers (build it with
+    the same seed, so its training speakers are the main corpus's) with the words run
+    together and the first word 0.5-1.0 times as long: the training engines otherwise teach
+    one timing of the phrase. `held_out` validation and test clips per device type, no
+    streams."""
+    return replace(
+        PROFILES[base],
+        name=name,
+        train_unit=train_unit,
+        val_clips=held_out,
+        test_clips=held_out,
+        streams_per_device=0,
+        train_streams_per_device=0,
+        val_streams_per_device=0,
+        unseen_speakers=0,
+        unseen_test_clips=0,
+        unseen_streams_per_device=0,
+        contents=("pos",),
+        first_word_pace=(0.5, 1.0),
+        draw_offset=20,
+    )
+
+
+# 3,300 training clips (as many as a third of the main corpus's wake-phrase clips).
+PROFILES["pretrain-timing"] = _timing_addon("pretrain", "pretrain-timing", 300, 40)
+PROFILES["pretrain-timing-micro"] = _timing_addon("pretrain-micro", "pretrain-timing-micro", 4, 6)
 
 
 @dataclass(frozen=True)
@@ -427,7 +476,8 @@ def clip_recipes(seed: int, profile: CorpusProfile) -> list[ClipRecipe]:
         for s_idx, split in enumerate(SPLITS):
             n = clip_counts(profile)[name][split]
             slots: list[tuple[str, str]] = []
-            for content, k in _allocate(n, CONTENT_SHARE).items():
+            shares = {c: CONTENT_SHARE[c] for c in CONTENT_SHARE if c in profile.contents}
+            for content, k in _allocate(n, shares).items():
                 minimum = 1 if split != "train" else 0
                 states = _allocate(k, dict(zip(STATES, dev.state_probs, strict=True)), minimum)
                 slots += [(content, st) for st, m in states.items() for _ in range(m)]

@@ -4,10 +4,11 @@
 
 For each voice, the phrase is synthesized dry (no room, no device), spoken with and without
 a comma between its words, and then re-timed: the first word stretched or compressed by a
-factor, the rest left as it was, or the reverse (librosa's phase vocoder, which keeps the
-pitch). Each version is centred in the model's window over faint noise and scored. The
-table shows which timings the model accepts. It is a probe, not a benchmark: one utterance
-per voice, no device acoustics.
+factor, the rest left as it was, or the reverse (tools/word_timing.py: librosa's phase
+vocoder, which keeps the pitch); the last column cuts out the pause after the first word.
+Each version is centred in the model's window over faint noise and scored. The table shows
+which timings the model accepts. It is a probe, not a benchmark: one utterance per voice,
+no device acoustics.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import argparse
 from typing import Any
 
 import numpy as np
+
+from wakefl.tools.word_timing import phrase_split, retime, run_together
 
 DEFAULT_VOICES = (
     "espeak-ng:en-us:160:50",
@@ -42,26 +45,6 @@ def parse_voice(text: str) -> Any:
     return Voice(parts[0], parts[1], "", rate, pitch)
 
 
-def first_word_end(wave: np.ndarray, sr: int = 16000) -> int:
-    """The sample where the first word ends: the quietest 20 ms frame in the middle half of
-    the utterance (the closure before the second word's consonant)."""
-    frame = sr // 50
-    n = wave.size // frame
-    energy = (wave[: n * frame].reshape(n, frame) ** 2).mean(axis=1)
-    lo, hi = n // 4, max(n // 4 + 1, 3 * n // 4)
-    return (lo + int(np.argmin(energy[lo:hi]))) * frame + frame // 2
-
-
-def retime(wave: np.ndarray, split: int, first: float, rest: float) -> np.ndarray:
-    """The first `split` samples lasting `first` times as long, the rest `rest` times."""
-    import librosa
-
-    parts = []
-    for part, f in ((wave[:split], first), (wave[split:], rest)):
-        parts.append(part if f == 1.0 else librosa.effects.time_stretch(part, rate=1.0 / f))
-    return np.concatenate(parts)
-
-
 def in_window(speech: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
     out = np.zeros(n)
     speech = speech[:n]
@@ -82,13 +65,10 @@ def probe(scorer: Any, voices: list[Any], phrase: str) -> list[dict[str, Any]]:
     for v in voices:
         for text in spellings:
             wave = synthesize(v, text)
-            split = first_word_end(wave)
-            windows = np.stack(
-                [
-                    in_window(retime(wave, split, a, b), scorer.window_samples, rng)
-                    for a, b in TIMINGS
-                ]
-            )
+            split = phrase_split(wave, text)
+            versions = [retime(wave, split, a, b) for a, b in TIMINGS]
+            versions.append(run_together(wave, text, 1.0))
+            windows = np.stack([in_window(x, scorer.window_samples, rng) for x in versions])
             rows.append(
                 {"voice": v.describe(), "text": text, "scores": scorer.score(windows).tolist()}
             )
@@ -107,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     rows = probe(load_scorer(a.weights), [parse_voice(t) for t in a.voices.split(",")], a.phrase)
     head = " ".join(f"{f'{x:g}/{y:g}':>8}" for x, y in TIMINGS)
-    print(f"{'voice':<44} {'text':<10} {head}   (first word / rest)")
+    print(f"{'voice':<44} {'text':<10} {head} {'no pause':>8}   (first word / rest)")
     for r in rows:
         print(f"{r['voice']:<44} {r['text']:<10} " + " ".join(f"{s:8.3f}" for s in r["scores"]))
     return 0
