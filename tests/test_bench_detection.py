@@ -196,3 +196,43 @@ def test_the_highest_stream_moments_are_distinct_events_with_what_was_said(tmp_p
     (tmp_path / "A_stream_000.transcript.csv").write_text("start,text\n1,x\n")
     with pytest.raises(ConfigError, match="not a stream transcript"):
         top_stream_events(sc)
+
+
+def test_retimed_phrases_report_each_types_misses_at_the_shipped_threshold(tmp_path) -> None:
+    import soundfile as sf
+
+    from wakefl.tools.bench_detection import format_table, score_retimed
+
+    rng = np.random.default_rng(2)
+    rows = ["path,label,device_type,state,speaker,split,duration_s,kind"]
+    # A: two loud clips and one quiet, B: one quiet; a val clip that the test split ignores.
+    for i, (device, gain, split) in enumerate(
+        (("A", 0.3, "test"), ("A", 0.3, "test"), ("A", 0.01, "test"), ("B", 0.01, "test"),
+         ("B", 0.3, "val"))
+    ):  # fmt: skip
+        sf.write(tmp_path / f"c{i}.wav", gain * rng.standard_normal(WINDOW), SR)
+        rows.append(f"c{i}.wav,1,{device},normal,s{i},{split},1.5,clip")
+    (tmp_path / "manifest.csv").write_text("\n".join(rows) + "\n")
+    scorer = EnergyScorer()
+    out = score_retimed(scorer, tmp_path / "manifest.csv", "test", shipped=0.5)
+    assert out == {
+        "A": {"positives": 3, "frr_at_shipped_threshold": pytest.approx(1 / 3)},
+        "B": {"positives": 1, "frr_at_shipped_threshold": 1.0},
+    }
+    val = score_retimed(scorer, tmp_path / "manifest.csv", "val", shipped=0.5)
+    assert val == {"B": {"positives": 1, "frr_at_shipped_threshold": 0.0}}
+    assert (
+        score_retimed(scorer, tmp_path / "manifest.csv", "test", None)["A"][
+            "frr_at_shipped_threshold"
+        ]
+        is None
+    )
+    table = format_table({"hop_s": 0.1, "smoothing": 3, "retimed_phrases": {"fp32": out}})
+    assert (
+        "fp32, re-timed phrases, FRR at the shipped threshold (clips): A 0.333 (3) | B 1.000 (1)"
+        in table
+    )
+    with pytest.raises(ConfigError, match="no train wake-phrase clips"):
+        score_retimed(scorer, tmp_path / "manifest.csv", "train", 0.5)
+    with pytest.raises(ConfigError, match="does not exist"):
+        score_retimed(scorer, tmp_path / "none.csv", "test", 0.5)

@@ -12,7 +12,10 @@ the held-out speakers (the corpus's test split) and the unseen-voices corpus (or
 - with `--int8`, the same for the int8 ONNX export, and how often its decisions agree with
   fp32 at the shipped threshold, on every stream window and clip;
 - with `--detectors 0.1:3 0.2:1`, the same figures for other streaming detector settings
-  (hop and smoothing), from the same scores.
+  (hop and smoothing), from the same scores;
+- with `--retimed DIR`, FRR at the shipped threshold on the wake-phrase clips of a corpus
+  built with `--profile pretrain-timing` (the held-out speakers' phrases with "hey"
+  shortened and the pause after it cut out; tools/CORPUS.md), of the same `--split`.
 
     python -m wakefl.tools.bench_detection --pretrained small --corpus DIR [--int8] [--json]
 """
@@ -216,6 +219,31 @@ def score_split(
     )
 
 
+def score_retimed(
+    scorer: Any, manifest: Path, split: str, shipped: float | None, batch: int = 128
+) -> dict[str, Any]:
+    """Per device type, the wake-phrase clips of `split` in `manifest` and the share the
+    model misses at the shipped threshold (None without one)."""
+    from wakefl.sdk.dataset import load_clip
+    from wakefl.sdk.manifest import read_manifest
+
+    if not manifest.exists():
+        raise ConfigError(f"--retimed: {manifest} does not exist")
+    rows = [r for r in read_manifest(manifest) if r.split == split and r.label == 1]
+    if not rows:
+        raise ConfigError(f"--retimed: {manifest} has no {split} wake-phrase clips")
+    out: dict[str, Any] = {}
+    for d in sorted({r.device_type for r in rows}):
+        mine = [r for r in rows if r.device_type == d]
+        waves = np.stack([load_clip(r.resolve(manifest), scorer.window_samples) for r in mine])
+        scores = np.concatenate(
+            [scorer.score(waves[i : i + batch]) for i in range(0, len(waves), batch)]
+        )
+        frr = None if shipped is None else float(np.mean(scores < shipped))
+        out[d] = {"positives": len(mine), "frr_at_shipped_threshold": frr}
+    return out
+
+
 def summarize(sc: SplitScores, shipped: float | None) -> dict[str, Any]:
     out: dict[str, Any] = {
         "positives": int(sc.pos.size),
@@ -386,6 +414,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         paths, shipped, _ = _export(args, Path(tmp))
         result["shipped_threshold"] = shipped
         scorers = {k: OnnxScorer(p, threads=args.threads) for k, p in paths.items()}
+        if args.retimed is not None:
+            result["retimed_phrases"] = {
+                k: score_retimed(sc, args.retimed / "manifest.csv", args.split, shipped)
+                for k, sc in scorers.items()
+            }
         for split, manifest in splits.items():
             devices = sorted(
                 {r.device_type for r in read_manifest(manifest) if r.split == args.split}
@@ -445,6 +478,7 @@ def format_table(result: dict[str, Any]) -> str:
     for label, figures in result.get("detectors", {}).items():
         lines += _table_lines(figures, label)
     lines += _voice_lines(result.get("fp32", {}))
+    lines += _retimed_lines(result.get("retimed_phrases", {}))
     lines += _event_lines(result.get("fp32", {}))
     for split, ag in result.get("int8_agreement", {}).items():
         lines.append(
@@ -470,6 +504,20 @@ def _voice_lines(splits: dict[str, Any]) -> list[str]:
         for v in sorted({v for d in types for v in rows[d]["by_voice"]}):
             cells = [_voice_cell(rows[d]["by_voice"].get(v)) for d in types]
             lines.append(f"{v} | " + " | ".join(cells))
+    return lines
+
+
+def _retimed_lines(by_precision: dict[str, Any]) -> list[str]:
+    lines = []
+    for precision, rows in by_precision.items():
+        cells = []
+        for d, r in rows.items():
+            frr = r["frr_at_shipped_threshold"]
+            cells.append(f"{d} {'-' if frr is None else format(frr, '.3f')} ({r['positives']})")
+        lines.append(
+            f"\n{precision}, re-timed phrases, FRR at the shipped threshold (clips): "
+            + " | ".join(cells)
+        )
     return lines
 
 
@@ -552,6 +600,12 @@ def main(argv: list[str] | None = None) -> int:
         metavar="HOP:SMOOTHING",
         help=f"streaming detector settings, the first one primary (default {HOP_S}:{SMOOTHING}); "
         f"hops are multiples of {HOP_S} s, scored once",
+    )
+    p.add_argument(
+        "--retimed",
+        type=Path,
+        default=None,
+        help="also a `--profile pretrain-timing` corpus folder: FRR on its re-timed phrases",
     )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--plots", type=Path, default=None, help="folder for DET curve PNGs")
