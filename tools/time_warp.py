@@ -2,8 +2,10 @@
 
 Speech engines render "hey nova" with their own timing, and people do too: one stretches
 "hey", another clips it and draws out "nova". A model trained on a few engines learns their
-ratios: the step-13 full model scores espeak-ng's, flite's and festival HTS's dry "hey nova"
-0.999-1.000, and 0.000-0.061 with "hey" compressed to 0.6 of its length (tools/probe_timing.py).
+ratios: the step-13 full model scores espeak-ng's and festival HTS's dry "hey nova" 0.998-1.000,
+and 0.087-0.098 with "hey" compressed to 0.6 of its length (tools/probe_timing.py). A warp
+around a random point seldom compresses "hey" alone; the `pretrain-timing` corpus profile
+re-times it directly (tools/CORPUS.md).
 Tape-speed augmentation (tools/wave_augment.py) changes the whole utterance's tempo at once
 and leaves those ratios alone.
 

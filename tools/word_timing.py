@@ -2,10 +2,10 @@
 re-timing either side.
 
 The training engines speak the wake phrase with their own, narrow timing: a model trained
-on them alone rejects "hey nova" when "hey" is short or runs straight into "nova", as
-Pico's English voices say it (tools/probe_timing.py measures this). The probe uses these
-functions to re-time a phrase; the `pretrain-timing` corpus profile uses them to train on
-such timings (tools/CORPUS.md).
+on them alone rejects "hey nova" when "hey" is short, or when the pause of "hey, nova" is
+cut out (tools/probe_timing.py measures this). The probe uses these functions to re-time a
+phrase; the `pretrain-timing` corpus profile uses them to train on such timings
+(tools/CORPUS.md).
 """
 
 from __future__ import annotations
