@@ -164,6 +164,14 @@ def voice_families(manifest: Path) -> dict[str, str]:
         return {r["speaker"]: f"{r['engine']}:{r['voice']}" for r in reader}
 
 
+def _clip_scores(scorer: Any, clips: list[Any], manifest: Path, batch: int) -> np.ndarray:
+    """The model's score of each clip row, decoded to its window, in `batch`es."""
+    from wakefl.sdk.dataset import load_clip
+
+    waves = np.stack([load_clip(r.resolve(manifest), scorer.window_samples) for r in clips])
+    return np.concatenate([scorer.score(waves[i : i + batch]) for i in range(0, len(waves), batch)])
+
+
 def score_split(
     scorer: Any,
     manifest: Path,
@@ -173,7 +181,6 @@ def score_split(
     split: str = "test",
 ) -> SplitScores:
     from wakefl.edge_runtime import load_audio
-    from wakefl.sdk.dataset import load_clip
     from wakefl.sdk.manifest import read_manifest
 
     rows = [r for r in read_manifest(manifest) if r.split == split and r.device_type == device]
@@ -181,10 +188,7 @@ def score_split(
     clips = [r for r in rows if r.kind == "clip"]
     if not clips:
         raise ConfigError(f"{manifest}: device type {device} has no {split} clips")
-    waves = np.stack([load_clip(r.resolve(manifest), win) for r in clips])
-    scores = np.concatenate(
-        [scorer.score(waves[i : i + batch]) for i in range(0, len(waves), batch)]
-    )
+    scores = _clip_scores(scorer, clips, manifest, batch)
     labels = np.array([r.label for r in clips])
     raw, seconds, files = [], 0.0, []
     for r in (r for r in rows if r.kind == "stream"):
@@ -224,7 +228,6 @@ def score_retimed(
 ) -> dict[str, Any]:
     """Per device type, the wake-phrase clips of `split` in `manifest` and the share the
     model misses at the shipped threshold (None without one)."""
-    from wakefl.sdk.dataset import load_clip
     from wakefl.sdk.manifest import read_manifest
 
     if not manifest.exists():
@@ -235,10 +238,7 @@ def score_retimed(
     out: dict[str, Any] = {}
     for d in sorted({r.device_type for r in rows}):
         mine = [r for r in rows if r.device_type == d]
-        waves = np.stack([load_clip(r.resolve(manifest), scorer.window_samples) for r in mine])
-        scores = np.concatenate(
-            [scorer.score(waves[i : i + batch]) for i in range(0, len(waves), batch)]
-        )
+        scores = _clip_scores(scorer, mine, manifest, batch)
         frr = None if shipped is None else float(np.mean(scores < shipped))
         out[d] = {"positives": len(mine), "frr_at_shipped_threshold": frr}
     return out

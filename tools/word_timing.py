@@ -21,6 +21,13 @@ _GAP_DB = -30.0  # a frame this far below the utterance's loudest frame is part 
 _FADE_S = 0.01  # the crossfade where a pause is cut out, so the cut does not click
 
 
+def _frame_energy(wave: np.ndarray, sr: int) -> np.ndarray:
+    """Mean power of each whole 10 ms frame of `wave`."""
+    frame = max(1, int(_FRAME_S * sr))
+    n = wave.size // frame
+    return (wave[: n * frame].reshape(n, frame) ** 2).mean(axis=1)
+
+
 def syllables(text: str) -> int:
     """A spelling's syllable count, estimated as its groups of vowel letters ("y" counts as
     one): "hey" 1, "nova" 2. Good enough to count the dips between a phrase's syllables."""
@@ -38,9 +45,8 @@ def first_word_end(
     show, the boundary is placed in proportion to the syllable counts instead."""
     from scipy.signal import find_peaks
 
-    frame = max(1, int(_FRAME_S * sr))
-    n = wave.size // frame
-    energy = (wave[: n * frame].reshape(n, frame) ** 2).mean(axis=1)
+    energy = _frame_energy(wave, sr)
+    frame, n = max(1, int(_FRAME_S * sr)), energy.size
     if n < 3 or not energy.max() > 0:
         return wave.size // 2
     db = 10 * np.log10(energy / energy.max() + 1e-12)
@@ -72,11 +78,10 @@ def pause_around(wave: np.ndarray, split: int, sr: int = 16000) -> tuple[int, in
     """The pause that contains sample `split`, as [start, end) in samples: the run of 10 ms
     frames around it at least 30 dB below the utterance's loudest frame. Empty (start ==
     end) when the frame at `split` is not that quiet: the words already run together."""
-    frame = max(1, int(_FRAME_S * sr))
-    n = wave.size // frame
+    energy = _frame_energy(wave, sr)
+    frame, n = max(1, int(_FRAME_S * sr)), energy.size
     if n == 0:
         return split, split
-    energy = (wave[: n * frame].reshape(n, frame) ** 2).mean(axis=1)
     quiet = energy <= energy.max() * 10 ** (_GAP_DB / 10)
     k = min(split // frame, n - 1)
     if not quiet[k]:
@@ -96,7 +101,7 @@ def close_pause(wave: np.ndarray, split: int, sr: int = 16000) -> tuple[np.ndarr
     if end <= start or start == 0 or end >= wave.size:
         return wave, split
     fade = min(int(_FADE_S * sr), start, wave.size - end)
-    ramp = np.linspace(1.0, 0.0, fade, endpoint=False) if fade else np.zeros(0)
+    ramp = np.linspace(1.0, 0.0, fade, endpoint=False)
     left, right = wave[:start], wave[end:]
     joint = left[start - fade :] * ramp + right[:fade] * (1.0 - ramp)
     out = np.concatenate([left[: start - fade], joint, right[fade:]])
