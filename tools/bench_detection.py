@@ -16,6 +16,9 @@ the held-out speakers (the corpus's test split) and the unseen-voices corpus (or
 - with `--retimed DIR`, FRR at the shipped threshold on the wake-phrase clips of a corpus
   built with `--profile pretrain-timing` (the held-out speakers' phrases with "hey"
   shortened and the pause after it cut out; tools/CORPUS.md), of the same `--split`.
+- with `--extra-streams DIR`, the held-out negative streams of a corpus built with
+  `--profile pretrain-streams` and the same seed join the main corpus's: FRR at 0.5 FA/h
+  needs at least 2 hours of stream per device type to allow a single false accept.
 
     python -m wakefl.tools.bench_detection --pretrained small --corpus DIR [--int8] [--json]
 """
@@ -179,35 +182,27 @@ def score_split(
     max_stream_s: float | None,
     batch: int = 128,
     split: str = "test",
+    extra_streams: tuple[Path, ...] = (),
 ) -> SplitScores:
-    from wakefl.edge_runtime import load_audio
+    """Clip and stream scores of `device` in `split` of `manifest`; the streams of the same
+    device and split in each of `extra_streams` (add-on manifests) are scored beside its own."""
     from wakefl.sdk.manifest import read_manifest
 
     rows = [r for r in read_manifest(manifest) if r.split == split and r.device_type == device]
-    win = scorer.window_samples
     clips = [r for r in rows if r.kind == "clip"]
     if not clips:
         raise ConfigError(f"{manifest}: device type {device} has no {split} clips")
     scores = _clip_scores(scorer, clips, manifest, batch)
     labels = np.array([r.label for r in clips])
-    raw, seconds, files = [], 0.0, []
-    for r in (r for r in rows if r.kind == "stream"):
-        files.append(r.resolve(manifest))
-        w = load_audio(files[-1], scorer.sample_rate)
-        if max_stream_s is not None:
-            w = w[: int(max_stream_s * scorer.sample_rate)]
-        wins = stream_windows(w, win, int(round(HOP_S * scorer.sample_rate)))
-        raw.append(
-            np.concatenate(
-                [
-                    scorer.score(np.ascontiguousarray(wins[i : i + batch]))
-                    for i in range(0, len(wins), batch)
-                ]
-            ).astype(np.float64)
-        )
-        seconds += w.size / scorer.sample_rate
-    if not raw:
+    files = [
+        r.resolve(m)
+        for m in (manifest, *extra_streams)
+        for r in read_manifest(m)
+        if r.kind == "stream" and r.split == split and r.device_type == device
+    ]
+    if not files:
         raise ConfigError(f"{manifest}: device type {device} has no {split} streams")
+    raw, seconds = _stream_scores(scorer, files, max_stream_s, batch)
     families = voice_families(manifest)
     voices = None
     if families:
@@ -219,8 +214,64 @@ def score_split(
         seconds / 3600,
         pos_voices=voices,
         stream_files=files,
-        window_s=win / scorer.sample_rate,
+        window_s=scorer.window_samples / scorer.sample_rate,
     )
+
+
+def _stream_scores(
+    scorer: Any, files: list[Path], max_stream_s: float | None, batch: int
+) -> tuple[list[np.ndarray], float]:
+    """Each stream's raw window posteriors at the shipped hop, and the seconds scored."""
+    from wakefl.edge_runtime import load_audio
+
+    raw, seconds = [], 0.0
+    for f in files:
+        w = load_audio(f, scorer.sample_rate)
+        if max_stream_s is not None:
+            w = w[: int(max_stream_s * scorer.sample_rate)]
+        wins = stream_windows(w, scorer.window_samples, int(round(HOP_S * scorer.sample_rate)))
+        raw.append(
+            np.concatenate(
+                [
+                    scorer.score(np.ascontiguousarray(wins[i : i + batch]))
+                    for i in range(0, len(wins), batch)
+                ]
+            ).astype(np.float64)
+        )
+        seconds += w.size / scorer.sample_rate
+    return raw, seconds
+
+
+def extra_stream_manifests(corpus: Path, folders: list[Path]) -> tuple[Path, ...]:
+    """The manifests of `--extra-streams` add-ons, each checked to be a build of the same
+    speakers as `corpus` (same seed, phrase and speaker recipe): another seed's test
+    speakers would include the main corpus's training speakers."""
+    from wakefl.tools.corpus_build import read_corpus_info
+
+    def same_speakers(info: Any) -> tuple[Any, ...]:
+        prof = info.get("profile", {}) if isinstance(info, dict) else {}
+        return (
+            info.get("seed") if isinstance(info, dict) else None,
+            info.get("phrase") if isinstance(info, dict) else None,
+            prof.get("n_speakers"),
+            prof.get("voice_set"),
+        )
+
+    main = read_corpus_info(corpus)
+    if main is None:
+        raise ConfigError(f"{corpus}: no corpus.json, so --extra-streams cannot be checked")
+    out = []
+    for folder in folders:
+        info = read_corpus_info(folder)
+        if info is None or not (folder / "manifest.csv").exists():
+            raise ConfigError(f"--extra-streams: {folder} is not a finished corpus build")
+        if same_speakers(info) != same_speakers(main):
+            raise ConfigError(
+                f"--extra-streams: {folder} was not built with {corpus}'s speakers (seed, "
+                f"phrase, speakers): {same_speakers(info)} against {same_speakers(main)}"
+            )
+        out.append(folder / "manifest.csv")
+    return tuple(out)
 
 
 def score_retimed(
@@ -401,6 +452,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from wakefl.sdk.manifest import read_manifest
 
     splits = _splits(args.corpus, args.split)
+    if args.extra_streams and args.split != "test":
+        raise ConfigError("--extra-streams adds held-out test streams: use it with --split test")
+    extra = extra_stream_manifests(args.corpus, args.extra_streams or [])
     detectors = args.detectors or [(HOP_S, SMOOTHING)]
     (hop_s, smoothing), others = detectors[0], detectors[1:]
     result: dict[str, Any] = {
@@ -409,6 +463,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "hop_s": hop_s,
         "smoothing": smoothing,
         "refractory_s": REFRACTORY_S,
+        "extra_streams": [str(m.parent) for m in extra],
     }
     with tempfile.TemporaryDirectory(prefix="wakefl-bench-det-") as tmp:
         paths, shipped, _ = _export(args, Path(tmp))
@@ -426,10 +481,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             curves: dict[str, list[tuple[float, float]]] = {}
             for precision, scorer in scorers.items():
                 t0 = time.perf_counter()
-                scored = {
-                    d: score_split(scorer, manifest, d, args.max_stream_seconds, split=args.split)
-                    for d in devices
-                }
+                # Add-on streams are the held-out speakers': unseen voices keep their own.
+                more = extra if split == "held-out speakers" else ()
+                scored = _score_devices(scorer, manifest, devices, args, more)
                 per = {d: sc.detector(hop_s, smoothing) for d, sc in scored.items()}
                 rows = {d: summarize(sc, shipped) for d, sc in per.items()}
                 rows["_seconds"] = round(time.perf_counter() - t0, 1)
@@ -450,6 +504,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 args.plots.mkdir(parents=True, exist_ok=True)
                 plot(curves, f"DET, {split}", args.plots / f"det-{split.replace(' ', '-')}.png")
     return result
+
+
+def _score_devices(
+    scorer: Any,
+    manifest: Path,
+    devices: list[str],
+    args: argparse.Namespace,
+    extra: tuple[Path, ...],
+) -> dict[str, SplitScores]:
+    return {
+        d: score_split(
+            scorer, manifest, d, args.max_stream_seconds, split=args.split, extra_streams=extra
+        )
+        for d in devices
+    }
 
 
 def _other_detectors(
@@ -606,6 +675,15 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         default=None,
         help="also a `--profile pretrain-timing` corpus folder: FRR on its re-timed phrases",
+    )
+    p.add_argument(
+        "--extra-streams",
+        type=Path,
+        action="append",
+        default=None,
+        metavar="DIR",
+        help="also a `--profile pretrain-streams` corpus folder built with --corpus's seed: its "
+        "held-out negative streams join the main corpus's (repeatable)",
     )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--plots", type=Path, default=None, help="folder for DET curve PNGs")

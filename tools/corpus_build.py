@@ -26,6 +26,7 @@ from wakefl.tools.corpus_plan import (
     ClipRecipe,
     CorpusProfile,
     Speaker,
+    clip_counts,
     clip_recipes,
     make_speakers,
     make_unseen_speakers,
@@ -371,10 +372,17 @@ def _build_unseen(
 
 
 def _texts_said(prof: CorpusProfile, speaker: Speaker, phrases: tuple[str, ...]) -> list[str]:
-    """What `speaker` may say in a corpus of `prof`: only what its clips' contents use."""
+    """What `speaker` may say in a corpus of `prof`: only what its split's clips and
+    streams use (streams hold confusables and other speech)."""
+    counts = clip_counts(prof)
+    clips = sum(c[speaker.split] for c in counts.values())
+    streams = {
+        "train": prof.train_streams_per_device,
+        "val": prof.val_streams_per_device,
+        "test": prof.streams_per_device,
+    }[speaker.split]
+    kinds = (set(prof.contents) if clips else set()) | ({"conf", "other"} if streams else set())
     texts = {"pos": phrases, "conf": speaker.confusables, "other": speaker.others}
-    streams = prof.streams_per_device + prof.train_streams_per_device + prof.val_streams_per_device
-    kinds = ("pos", "conf", "other") if streams else prof.contents
     return [t for k in ("pos", "conf", "other") if k in kinds for t in texts[k]]
 
 

@@ -5,6 +5,7 @@ the seed, so the plan (and with it the audio) never depends on generation order.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -147,24 +148,37 @@ PROFILES: dict[str, CorpusProfile] = {
 }
 
 
+# An add-on profile starts from nothing (no clips, streams or unseen voices) and keeps only
+# what it sets; everything else (speakers, texts, rooms) is its base's.
+_EMPTY = {
+    "train_unit": 0,
+    "val_clips": 0,
+    "test_clips": 0,
+    "streams_per_device": 0,
+    "train_streams_per_device": 0,
+    "val_streams_per_device": 0,
+    "unseen_speakers": 0,
+    "unseen_test_clips": 0,
+    "unseen_streams_per_device": 0,
+}
+
+
+def _addon(base: str, name: str, **fields: Any) -> CorpusProfile:
+    return replace(PROFILES[base], name=name, **{**_EMPTY, **fields})
+
+
 def _timing_addon(base: str, name: str, train_unit: int, held_out: int) -> CorpusProfile:
     """An add-on of wake-phrase clips only, spoken by `base`'s own speakers (build it with
     the same seed, so its training speakers are the main corpus's) with the words run
     together and the first word 0.5-1.0 times as long: the training engines otherwise teach
     one timing of the phrase. `held_out` validation and test clips per device type, no
     streams."""
-    return replace(
-        PROFILES[base],
-        name=name,
+    return _addon(
+        base,
+        name,
         train_unit=train_unit,
         val_clips=held_out,
         test_clips=held_out,
-        streams_per_device=0,
-        train_streams_per_device=0,
-        val_streams_per_device=0,
-        unseen_speakers=0,
-        unseen_test_clips=0,
-        unseen_streams_per_device=0,
         contents=("pos",),
         first_word_pace=(0.5, 1.0),
         draw_offset=20,
@@ -174,6 +188,21 @@ def _timing_addon(base: str, name: str, train_unit: int, held_out: int) -> Corpu
 # 3,300 training clips (as many as a third of the main corpus's wake-phrase clips).
 PROFILES["pretrain-timing"] = _timing_addon("pretrain", "pretrain-timing", 300, 40)
 PROFILES["pretrain-timing-micro"] = _timing_addon("pretrain-micro", "pretrain-timing-micro", 4, 6)
+
+
+def _streams_addon(base: str, name: str, streams: int) -> CorpusProfile:
+    """An add-on of held-out negative streams only, spoken by `base`'s test speakers (build
+    it with the same seed) with draws of their own: `bench_detection --extra-streams` adds
+    them to the main corpus's streams, so that FRR at 0.5 FA/h, which needs at least 2 hours
+    of stream per device type, can be resolved."""
+    return _addon(
+        base, name, streams_per_device=streams, contents=("conf", "other"), draw_offset=30
+    )
+
+
+# Two more hours per device type: three with the main corpus's hour.
+PROFILES["pretrain-streams"] = _streams_addon("pretrain", "pretrain-streams", 12)
+PROFILES["pretrain-streams-micro"] = _streams_addon("pretrain-micro", "pretrain-streams-micro", 2)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,113 @@
+"""The `pretrain-streams` add-on: more held-out negative streams of the main corpus's test
+speakers, which the detection benchmark scores beside the main corpus's own streams."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from wakefl.errors import ConfigError
+from wakefl.tools.bench_detection import extra_stream_manifests, run, score_split
+
+SR, WINDOW = 16000, 24000
+HEADER = "path,label,device_type,state,speaker,split,duration_s,kind"
+
+
+class EnergyScorer:
+    """A posterior from the window's loudness, standing in for a model."""
+
+    sample_rate = SR
+    window_samples = WINDOW
+
+    def score(self, windows: np.ndarray) -> np.ndarray:
+        rms = np.sqrt(np.mean(np.asarray(windows, dtype=np.float64) ** 2, axis=1))
+        return 1.0 - np.exp(-8.0 * rms)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _test_speakers(folder: Path) -> set[str]:
+    with (folder / "speakers.csv").open(encoding="utf-8") as f:
+        return {r["speaker"] for r in csv.DictReader(f) if r["split"] == "test"}
+
+
+@pytest.mark.slow
+def test_the_streams_add_on_holds_new_streams_of_the_held_out_speakers_only(tmp_path) -> None:
+    from wakefl.sdk.manifest import read_manifest
+    from wakefl.tools.corpus_build import build_corpus, read_transcript
+
+    main = build_corpus(tmp_path / "main", 0, "pretrain-micro", progress=False)
+    extra = build_corpus(tmp_path / "extra", 0, "pretrain-streams-micro", progress=False)
+    rows = read_manifest(extra)
+    assert {(r.kind, r.split, r.label) for r in rows} == {("stream", "test", 0)}
+    devices = sorted({r.device_type for r in read_manifest(main)})
+    assert sorted(r.device_type for r in rows) == sorted(devices * 2)
+    held_out = _test_speakers(main.parent)
+    assert held_out == _test_speakers(extra.parent)
+    said = {u.speaker for r in rows for u in read_transcript(extra.parent / r.path)}
+    assert said and said <= held_out
+    # Draws of their own: no add-on stream repeats one of the main corpus's.
+    main_streams = {
+        _digest(main.parent / r.path) for r in read_manifest(main) if r.kind == "stream"
+    }
+    assert not main_streams & {_digest(extra.parent / r.path) for r in rows}
+    assert extra_stream_manifests(main.parent, [extra.parent]) == (extra,)
+
+
+def _corpus(folder: Path, seed: int, with_clips: bool, stream_s: float, gain: float) -> None:
+    """A corpus folder of device type A: a positive and a negative clip (when `with_clips`)
+    and one test stream of `stream_s` seconds, with the corpus.json a build writes."""
+    rng = np.random.default_rng(seed + int(stream_s))
+    folder.mkdir(parents=True)
+    rows = [HEADER]
+    if with_clips:
+        for i, label in enumerate((1, 0)):
+            sf.write(folder / f"c{i}.wav", 0.2 * rng.standard_normal(WINDOW), SR)
+            rows.append(f"c{i}.wav,{label},A,normal,s{i},test,1.5,clip")
+    sf.write(folder / "s.wav", gain * rng.standard_normal(int(stream_s * SR)), SR)
+    rows.append(f"s.wav,0,A,normal,mix,test,{stream_s},stream")
+    (folder / "manifest.csv").write_text("\n".join(rows) + "\n")
+    info = {"seed": seed, "phrase": "hey nova", "profile": {"n_speakers": 24, "voice_set": "p"}}
+    (folder / "corpus.json").write_text(json.dumps(info))
+
+
+def test_extra_streams_join_the_held_out_streams_of_the_same_speakers(tmp_path) -> None:
+    _corpus(tmp_path / "main", 0, True, 20.0, 0.01)
+    _corpus(tmp_path / "extra", 0, False, 30.0, 0.5)
+    _corpus(tmp_path / "other", 1, False, 30.0, 0.5)
+    extra = extra_stream_manifests(tmp_path / "main", [tmp_path / "extra"])
+    assert extra == (tmp_path / "extra" / "manifest.csv",)
+    scorer = EnergyScorer()
+    alone = score_split(scorer, tmp_path / "main" / "manifest.csv", "A", None)
+    both = score_split(scorer, tmp_path / "main" / "manifest.csv", "A", None, extra_streams=extra)
+    assert alone.stream_hours == pytest.approx(20.0 / 3600)
+    assert both.stream_hours == pytest.approx(50.0 / 3600)
+    assert both.stream_files == [tmp_path / "main" / "s.wav", tmp_path / "extra" / "s.wav"]
+    # The clips stay the main corpus's; the loud add-on stream is what raises the scores.
+    np.testing.assert_array_equal(both.pos, alone.pos)
+    assert both.raw_streams[1].min() > alone.raw_streams[0].max()
+    with pytest.raises(ConfigError, match="not built with"):
+        extra_stream_manifests(tmp_path / "main", [tmp_path / "other"])
+    with pytest.raises(ConfigError, match="not a finished corpus build"):
+        extra_stream_manifests(tmp_path / "main", [tmp_path / "none"])
+    (tmp_path / "main" / "corpus.json").unlink()
+    with pytest.raises(ConfigError, match="no corpus.json"):
+        extra_stream_manifests(tmp_path / "main", [tmp_path / "extra"])
+
+
+def test_extra_streams_are_refused_on_the_validation_split(tmp_path) -> None:
+    _corpus(tmp_path / "main", 0, True, 20.0, 0.01)
+    args = argparse.Namespace(
+        corpus=tmp_path / "main", split="val", extra_streams=[tmp_path / "main"]
+    )
+    with pytest.raises(ConfigError, match="use it with --split test"):
+        run(args)
