@@ -14,7 +14,12 @@ import pytest
 import soundfile as sf
 
 from wakefl.errors import ConfigError
-from wakefl.tools.bench_detection import extra_stream_manifests, run, score_split
+from wakefl.tools.bench_detection import (
+    extra_stream_manifests,
+    run,
+    score_split,
+    top_stream_events,
+)
 
 SR, WINDOW = 16000, 24000
 HEADER = "path,label,device_type,state,speaker,split,duration_s,kind"
@@ -92,6 +97,9 @@ def test_extra_streams_join_the_held_out_streams_of_the_same_speakers(tmp_path) 
     assert alone.stream_hours == pytest.approx(20.0 / 3600)
     assert both.stream_hours == pytest.approx(50.0 / 3600)
     assert both.stream_files == [tmp_path / "main" / "s.wav", tmp_path / "extra" / "s.wav"]
+    # The same file name in two corpora: the report tells them apart.
+    assert both.stream_labels == ["s.wav", "extra/s.wav"]
+    assert top_stream_events(both, k=1)[0]["stream"] == "extra/s.wav"
     # The clips stay the main corpus's; the loud add-on stream is what raises the scores.
     np.testing.assert_array_equal(both.pos, alone.pos)
     assert both.raw_streams[1].min() > alone.raw_streams[0].max()

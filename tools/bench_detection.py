@@ -63,6 +63,9 @@ class SplitScores:
     smoothing: int = SMOOTHING
     pos_voices: np.ndarray | None = None  # each positive's voice family ("engine:voice")
     stream_files: list[Path] | None = None  # each stream's WAV, where its transcript lies
+    # How the report names each stream (its file name when None): add-on streams carry
+    # their corpus folder, since their file names repeat the main corpus's.
+    stream_labels: list[str] | None = None
     window_s: float = 1.5
 
     @property
@@ -194,12 +197,13 @@ def score_split(
         raise ConfigError(f"{manifest}: device type {device} has no {split} clips")
     scores = _clip_scores(scorer, clips, manifest, batch)
     labels = np.array([r.label for r in clips])
-    files = [
-        r.resolve(m)
+    found = [
+        (r.resolve(m), Path(r.path).name if m == manifest else f"{m.parent.name}/{r.path}")
         for m in (manifest, *extra_streams)
         for r in read_manifest(m)
         if r.kind == "stream" and r.split == split and r.device_type == device
     ]
+    files = [f for f, _ in found]
     if not files:
         raise ConfigError(f"{manifest}: device type {device} has no {split} streams")
     raw, seconds = _stream_scores(scorer, files, max_stream_s, batch)
@@ -214,6 +218,7 @@ def score_split(
         seconds / 3600,
         pos_voices=voices,
         stream_files=files,
+        stream_labels=[label for _, label in found],
         window_s=scorer.window_samples / scorer.sample_rate,
     )
 
@@ -342,7 +347,7 @@ def top_stream_events(sc: SplitScores, k: int = TOP_EVENTS) -> list[dict[str, An
         out.append(
             {
                 "score": score,
-                "stream": sc.stream_files[i].name,
+                "stream": sc.stream_labels[i] if sc.stream_labels else sc.stream_files[i].name,
                 "end_s": round(end, 2),
                 "said": said,
             }
