@@ -110,6 +110,8 @@ def test_extra_streams_join_the_held_out_streams_of_the_same_speakers(tmp_path) 
     (tmp_path / "main" / "corpus.json").unlink()
     with pytest.raises(ConfigError, match="no corpus.json"):
         extra_stream_manifests(tmp_path / "main", [tmp_path / "extra"])
+    # Without add-ons, a corpus needs no corpus.json.
+    assert extra_stream_manifests(tmp_path / "main", []) == ()
 
 
 def test_extra_streams_are_refused_on_the_validation_split(tmp_path) -> None:

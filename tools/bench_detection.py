@@ -254,14 +254,12 @@ def extra_stream_manifests(corpus: Path, folders: list[Path]) -> tuple[Path, ...
     from wakefl.tools.corpus_build import read_corpus_info
 
     def same_speakers(info: Any) -> tuple[Any, ...]:
-        prof = info.get("profile", {}) if isinstance(info, dict) else {}
-        return (
-            info.get("seed") if isinstance(info, dict) else None,
-            info.get("phrase") if isinstance(info, dict) else None,
-            prof.get("n_speakers"),
-            prof.get("voice_set"),
-        )
+        info = info if isinstance(info, dict) else {}
+        prof = info.get("profile") if isinstance(info.get("profile"), dict) else {}
+        return (info.get("seed"), info.get("phrase"), prof.get("n_speakers"), prof.get("voice_set"))
 
+    if not folders:
+        return ()
     main = read_corpus_info(corpus)
     if main is None:
         raise ConfigError(f"{corpus}: no corpus.json, so --extra-streams cannot be checked")
