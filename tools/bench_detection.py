@@ -197,12 +197,13 @@ def score_split(
         raise ConfigError(f"{manifest}: device type {device} has no {split} clips")
     scores = _clip_scores(scorer, clips, manifest, batch)
     labels = np.array([r.label for r in clips])
-    found = [
-        (r.resolve(m), Path(r.path).name if m == manifest else f"{m.parent.name}/{r.path}")
-        for m in (manifest, *extra_streams)
-        for r in read_manifest(m)
-        if r.kind == "stream" and r.split == split and r.device_type == device
-    ]
+    found = [(r.resolve(manifest), Path(r.path).name) for r in rows if r.kind == "stream"]
+    for m in extra_streams:
+        found += [
+            (r.resolve(m), f"{m.parent.name}/{r.path}")
+            for r in read_manifest(m)
+            if r.kind == "stream" and r.split == split and r.device_type == device
+        ]
     files = [f for f, _ in found]
     if not files:
         raise ConfigError(f"{manifest}: device type {device} has no {split} streams")

@@ -31,6 +31,7 @@ from wakefl.tools.corpus_plan import (
     make_speakers,
     make_unseen_speakers,
     phrase_variants,
+    stream_counts,
 )
 from wakefl.tools.device_acoustics import DEVICE_PROFILES, capture, reverberate, scale_to
 from wakefl.tools.room_impulse import exponential_rir
@@ -374,13 +375,8 @@ def _build_unseen(
 def _texts_said(prof: CorpusProfile, speaker: Speaker, phrases: tuple[str, ...]) -> list[str]:
     """What `speaker` may say in a corpus of `prof`: only what its split's clips and
     streams use (streams hold confusables and other speech)."""
-    counts = clip_counts(prof)
-    clips = sum(c[speaker.split] for c in counts.values())
-    streams = {
-        "train": prof.train_streams_per_device,
-        "val": prof.val_streams_per_device,
-        "test": prof.streams_per_device,
-    }[speaker.split]
+    clips = sum(c[speaker.split] for c in clip_counts(prof).values())
+    streams = stream_counts(prof)[speaker.split]
     kinds = (set(prof.contents) if clips else set()) | ({"conf", "other"} if streams else set())
     texts = {"pos": phrases, "conf": speaker.confusables, "other": speaker.others}
     return [t for k in ("pos", "conf", "other") if k in kinds for t in texts[k]]
@@ -422,12 +418,7 @@ def build_corpus(
 
     recipes = clip_recipes(seed + prof.draw_offset, prof)
     rows = _render_clips(ctx, recipes, out, progress, f"clips ({prof.name})")
-    counts = {
-        "train": prof.train_streams_per_device,
-        "val": prof.val_streams_per_device,
-        "test": prof.streams_per_device,
-    }
-    rows += _render_streams(ctx, counts, out, progress)
+    rows += _render_streams(ctx, stream_counts(prof), out, progress)
     _write_speakers(out / "speakers.csv", speakers)
     if prof.unseen_speakers > 0:
         _build_unseen(out, seed, prof, phrase, phrases, progress, cache)

@@ -497,6 +497,15 @@ def clip_counts(profile: CorpusProfile) -> dict[str, dict[str, int]]:
     }
 
 
+def stream_counts(profile: CorpusProfile) -> dict[str, int]:
+    """Negative streams per device type and split of the main corpus (not the unseen one)."""
+    return {
+        "train": profile.train_streams_per_device,
+        "val": profile.val_streams_per_device,
+        "test": profile.streams_per_device,
+    }
+
+
 def clip_recipes(seed: int, profile: CorpusProfile) -> list[ClipRecipe]:
     """Each clip's content and device state. Validation and test sets hold every state for
     every content kind when large enough, so both labels meet all three states."""

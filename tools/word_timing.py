@@ -21,11 +21,11 @@ _GAP_DB = -30.0  # a frame this far below the utterance's loudest frame is part 
 _FADE_S = 0.01  # the crossfade where a pause is cut out, so the cut does not click
 
 
-def _frame_energy(wave: np.ndarray, sr: int) -> np.ndarray:
-    """Mean power of each whole 10 ms frame of `wave`."""
+def _frame_energy(wave: np.ndarray, sr: int) -> tuple[np.ndarray, int]:
+    """Mean power of each whole 10 ms frame of `wave`, and the frame length in samples."""
     frame = max(1, int(_FRAME_S * sr))
     n = wave.size // frame
-    return (wave[: n * frame].reshape(n, frame) ** 2).mean(axis=1)
+    return (wave[: n * frame].reshape(n, frame) ** 2).mean(axis=1), frame
 
 
 def syllables(text: str) -> int:
@@ -45,8 +45,8 @@ def first_word_end(
     show, the boundary is placed in proportion to the syllable counts instead."""
     from scipy.signal import find_peaks
 
-    energy = _frame_energy(wave, sr)
-    frame, n = max(1, int(_FRAME_S * sr)), energy.size
+    energy, frame = _frame_energy(wave, sr)
+    n = energy.size
     if n < 3 or not energy.max() > 0:
         return wave.size // 2
     db = 10 * np.log10(energy / energy.max() + 1e-12)
@@ -78,8 +78,8 @@ def pause_around(wave: np.ndarray, split: int, sr: int = 16000) -> tuple[int, in
     """The pause that contains sample `split`, as [start, end) in samples: the run of 10 ms
     frames around it at least 30 dB below the utterance's loudest frame. Empty (start ==
     end) when the frame at `split` is not that quiet: the words already run together."""
-    energy = _frame_energy(wave, sr)
-    frame, n = max(1, int(_FRAME_S * sr)), energy.size
+    energy, frame = _frame_energy(wave, sr)
+    n = energy.size
     if n == 0:
         return split, split
     quiet = energy <= energy.max() * 10 ** (_GAP_DB / 10)
