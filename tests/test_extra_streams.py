@@ -1,5 +1,6 @@
-"""The `pretrain-streams` add-on: more held-out negative streams of the main corpus's test
-speakers, which the detection benchmark scores beside the main corpus's own streams."""
+"""The `pretrain-streams` and `pretrain-valstreams` add-ons: more negative streams of the
+main corpus's test (or validation) speakers, which the detection benchmark scores beside the
+main corpus's own streams of the same split."""
 
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ import soundfile as sf
 
 from wakefl.errors import ConfigError
 from wakefl.tools.bench_detection import (
+    SplitScores,
     extra_stream_manifests,
+    frr_at_fa,
+    pooled_operating_point,
     run,
     score_split,
     top_stream_events,
@@ -40,9 +44,9 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _test_speakers(folder: Path) -> set[str]:
+def _test_speakers(folder: Path, split: str = "test") -> set[str]:
     with (folder / "speakers.csv").open(encoding="utf-8") as f:
-        return {r["speaker"] for r in csv.DictReader(f) if r["split"] == "test"}
+        return {r["speaker"] for r in csv.DictReader(f) if r["split"] == split}
 
 
 @pytest.mark.slow
@@ -66,6 +70,17 @@ def test_the_streams_add_on_holds_new_streams_of_the_held_out_speakers_only(tmp_
     }
     assert not main_streams & {_digest(extra.parent / r.path) for r in rows}
     assert extra_stream_manifests(main.parent, [extra.parent]) == (extra,)
+    # The validation twin: the same for the validation speakers, refused on the test split.
+    val = build_corpus(tmp_path / "val", 0, "pretrain-valstreams-micro", progress=False)
+    val_rows = read_manifest(val)
+    assert {(r.kind, r.split, r.label) for r in val_rows} == {("stream", "val", 0)}
+    val_said = {u.speaker for r in val_rows for u in read_transcript(val.parent / r.path)}
+    assert val_said and val_said <= _test_speakers(main.parent, "val")
+    main_val = {_digest(main.parent / r.path) for r in read_manifest(main) if r.split == "val"}
+    assert not main_val & {_digest(val.parent / r.path) for r in val_rows}
+    assert extra_stream_manifests(main.parent, [val.parent], "val") == (val,)
+    with pytest.raises(ConfigError, match="holds no test streams"):
+        extra_stream_manifests(main.parent, [val.parent], "test")
 
 
 def _corpus(folder: Path, seed: int, with_clips: bool, stream_s: float, gain: float) -> None:
@@ -114,10 +129,34 @@ def test_extra_streams_join_the_held_out_streams_of_the_same_speakers(tmp_path) 
     assert extra_stream_manifests(tmp_path / "main", []) == ()
 
 
-def test_extra_streams_are_refused_on_the_validation_split(tmp_path) -> None:
+def test_a_test_streams_add_on_is_refused_on_the_validation_split(tmp_path) -> None:
     _corpus(tmp_path / "main", 0, True, 20.0, 0.01)
+    _corpus(tmp_path / "extra", 0, False, 30.0, 0.5)
     args = argparse.Namespace(
-        corpus=tmp_path / "main", split="val", extra_streams=[tmp_path / "main"]
+        corpus=tmp_path / "main", split="val", extra_streams=[tmp_path / "extra"]
     )
-    with pytest.raises(ConfigError, match="use it with --split test"):
+    with pytest.raises(ConfigError, match="holds no val streams"):
         run(args)
+
+
+def _one_hour(peaks: list[float], pos: list[float]) -> SplitScores:
+    """Scores of one device type: an hour of silence-like stream windows at the shipped hop
+    with isolated peaks, and wake-phrase clip scores `pos`."""
+    stream = np.zeros(36000)
+    stream[np.arange(len(peaks)) * 1000 + 500] = peaks
+    return SplitScores(np.array(pos), np.zeros(4), [stream], 1.0, smoothing=1)
+
+
+def test_one_threshold_for_all_types_is_set_on_their_streams_together() -> None:
+    pos = [0.5, 0.92, 0.97, 0.99]
+    per = {"A": _one_hour([0.9, 0.8], pos), "B": _one_hour([0.95], pos)}
+    # Alone, an hour allows no false accept at 0.5 FA/h: each type needs its own peak beat.
+    assert frr_at_fa(per["A"], 0.5)["threshold"] == 0.92
+    assert frr_at_fa(per["B"], 0.5)["threshold"] == 0.97
+    # Together, two hours allow one: B's 0.95 may fire once, A's 0.9 may not.
+    p = pooled_operating_point(per, 0.5)
+    assert p["threshold"] == 0.92 and p["resolved"] and p["stream_hours"] == 2.0
+    assert p["fa_per_hour"] == 0.5
+    assert p["by_type"]["A"]["fa_per_hour"] == 0.0 and p["by_type"]["B"]["fa_per_hour"] == 1.0
+    assert p["by_type"]["A"]["frr"] == 0.25
+    assert not pooled_operating_point({"A": per["A"]}, 0.5)["resolved"]

@@ -27,6 +27,7 @@ from wakefl.tools.pretrain import (
     make_batch,
     pretrain,
     publish,
+    set_stream_threshold,
     smoothed,
     threshold_for_fa,
 )
@@ -467,3 +468,59 @@ def test_pretrain_cli_refuses_absurd_flags(flags, tmp_path: Path, capsys) -> Non
     err = capsys.readouterr().err
     assert rc == 2 and flags[0] in err and "Traceback" not in err
     assert not (tmp_path / "run").exists()  # refused before any corpus build or run folder
+
+
+def test_set_threshold_ships_the_one_the_validation_streams_set(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from wakefl.tools.bench_detection import main as bench
+    from wakefl.tools.cli import main as cli
+
+    run = tmp_path / "run"
+    pretrain(corpus, run, SETTINGS, progress=False, max_steps=3)
+    out = publish(run, "small", dest=tmp_path / "ship")
+    val = build_corpus(tmp_path / "val", 0, "pretrain-valstreams-micro", progress=False).parent
+    report = tmp_path / "val.json"
+    argv = ["--weights", str(out), "--corpus", str(corpus.parent), "--split", "val"]
+    assert bench([*argv, "--extra-streams", str(val), "--json", str(report), "--threads", "1"]) == 0
+    bench_json = json.loads(report.read_text())
+    pooled = bench_json["fp32"]["validation"]["_pooled"]
+    set_threshold = ["model", "set-threshold", "--weights", str(out), "--from", str(report)]
+    # A micro corpus's few minutes of validation stream cannot resolve 0.5 FA/h: refused,
+    # and the card and config stay as they were.
+    files = [out.with_suffix(".card.json"), out.with_suffix(".json")]
+    before = [f.read_text() for f in files]
+    assert not pooled["resolved"]
+    capsys.readouterr()
+    assert cli(set_threshold) == 2
+    assert "cannot resolve 0.5 FA/h" in capsys.readouterr().err
+    assert [f.read_text() for f in files] == before
+    # With hours enough (as 2 h per device type give), an untrained model still has no
+    # threshold within 0.5 FA/h; a trained one's ships.
+    pooled["resolved"] = True
+    report.write_text(json.dumps(bench_json))
+    assert pooled["threshold"] > 1.0
+    with pytest.raises(ConfigError, match="no threshold keeps"):
+        set_stream_threshold(out, report)
+    pooled["threshold"] = 0.875
+    report.write_text(json.dumps(bench_json))
+    assert cli(set_threshold) == 0
+    assert "shipped threshold 0.875000" in capsys.readouterr().out
+    card = json.loads(files[0].read_text())
+    assert (
+        card["threshold"] == 0.875 and card["clip_threshold"] == json.loads(before[0])["threshold"]
+    )
+    assert card["stream_operating_point"]["stream_hours"] == pooled["stream_hours"]
+    assert json.loads(files[1].read_text())["shipped_threshold"] == 0.875
+    assert load_model(out) is not None  # the weights are untouched and still load
+    # A benchmark of other weights: refused. Publishing again (same weights, new file bytes)
+    # keeps the digest, so the same report still fits.
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**bench_json, "weights_digest": "0" * 64}))
+    with pytest.raises(ConfigError, match="scored other weights"):
+        set_stream_threshold(out, other)
+    publish(run, "small", dest=tmp_path / "ship")
+    assert set_stream_threshold(out, report)["threshold"] == 0.875
+    other.write_text("{}")
+    with pytest.raises(ConfigError, match="not the JSON"):
+        set_stream_threshold(out, other)

@@ -16,9 +16,13 @@ the held-out speakers (the corpus's test split) and the unseen-voices corpus (or
 - with `--retimed DIR`, FRR at the shipped threshold on the wake-phrase clips of a corpus
   built with `--profile pretrain-timing` (the held-out speakers' phrases with "hey"
   shortened and the pause after it cut out; tools/CORPUS.md), of the same `--split`.
-- with `--extra-streams DIR`, the held-out negative streams of a corpus built with
-  `--profile pretrain-streams` and the same seed join the main corpus's: FRR at 0.5 FA/h
-  needs at least 2 hours of stream per device type to allow a single false accept.
+- with `--extra-streams DIR`, the negative streams of a corpus built with the same seed and
+  `--profile pretrain-streams` (test) or `pretrain-valstreams` (`--split val`) join the main
+  corpus's: FRR at 0.5 FA/h needs at least 2 hours of stream per device type to allow a
+  single false accept.
+- one threshold for all device types, the lowest at which their streams together give at
+  most 0.5 FA/h: on the validation split, a shipped threshold set at a resolvable FA rate
+  (`wakefl model set-threshold`).
 
     python -m wakefl.tools.bench_detection --pretrained small --corpus DIR [--int8] [--json]
 """
@@ -105,22 +109,45 @@ def _events(sc: SplitScores, thr: float) -> int:
     return sum(count_events(s, thr, hops) for s in sc.streams)
 
 
-def frr_at_fa(sc: SplitScores, fa_per_hour: float) -> dict[str, Any]:
-    """FRR at the lowest threshold whose stream false accepts stay within the target. With
-    fewer stream hours than 1/target, that means no false accept at all (flagged)."""
-    streams = sc.streams
-    allowed = math.floor(fa_per_hour * sc.stream_hours + 1e-9)
-    cands = np.unique(
-        np.concatenate([sc.pos, *[s[s >= np.quantile(s, 0.99)] for s in streams], [1.0 + 1e-9]])
-    )
+def lowest_threshold(scs: list[SplitScores], fa_per_hour: float) -> float:
+    """The lowest threshold at which the streams of `scs` together give at most
+    `fa_per_hour` false accepts per hour (none at all with fewer hours than 1/target)."""
+    hours = sum(sc.stream_hours for sc in scs)
+    allowed = math.floor(fa_per_hour * hours + 1e-9)
+    parts = [sc.pos for sc in scs] + [
+        s[s >= np.quantile(s, 0.99)] for sc in scs for s in sc.streams
+    ]
+    cands = np.unique(np.concatenate([*parts, [1.0 + 1e-9]]))
     lo, hi = 0, len(cands) - 1
     while lo < hi:  # the first candidate whose events are within the allowance
         mid = (lo + hi) // 2
-        if _events(sc, float(cands[mid])) <= allowed:
+        if sum(_events(sc, float(cands[mid])) for sc in scs) <= allowed:
             hi = mid
         else:
             lo = mid + 1
-    thr = float(cands[lo])
+    return float(cands[lo])
+
+
+def pooled_operating_point(per: dict[str, SplitScores], fa_per_hour: float) -> dict[str, Any]:
+    """One threshold for every device type: the lowest at which all their streams together
+    give at most `fa_per_hour` false accepts per hour, with each type's FRR and FA/h there.
+    Set on validation streams, it is a shipped threshold chosen at a resolvable FA rate."""
+    thr = lowest_threshold(list(per.values()), fa_per_hour)
+    hours = sum(sc.stream_hours for sc in per.values())
+    return {
+        "fa_per_hour_target": fa_per_hour,
+        "threshold": thr,
+        "stream_hours": round(hours, 3),
+        "fa_per_hour": sum(_events(sc, thr) for sc in per.values()) / hours,
+        "resolved": hours * fa_per_hour >= 1.0,
+        "by_type": {d: at_threshold(sc, thr) for d, sc in per.items()},
+    }
+
+
+def frr_at_fa(sc: SplitScores, fa_per_hour: float) -> dict[str, Any]:
+    """FRR at the lowest threshold whose stream false accepts stay within the target. With
+    fewer stream hours than 1/target, that means no false accept at all (flagged)."""
+    thr = lowest_threshold([sc], fa_per_hour)
     return {
         "fa_per_hour_target": fa_per_hour,
         "threshold": thr,
@@ -248,10 +275,14 @@ def _stream_scores(
     return raw, seconds
 
 
-def extra_stream_manifests(corpus: Path, folders: list[Path]) -> tuple[Path, ...]:
+def extra_stream_manifests(
+    corpus: Path, folders: list[Path], split: str = "test"
+) -> tuple[Path, ...]:
     """The manifests of `--extra-streams` add-ons, each checked to be a build of the same
-    speakers as `corpus` (same seed, phrase and speaker recipe): another seed's test
-    speakers would include the main corpus's training speakers."""
+    speakers as `corpus` (same seed, phrase and speaker recipe), since another seed's
+    held-out speakers would include the main corpus's training speakers, and to hold
+    negative streams of `split`."""
+    from wakefl.sdk.manifest import read_manifest
     from wakefl.tools.corpus_build import read_corpus_info
 
     def same_speakers(info: Any) -> tuple[Any, ...]:
@@ -273,6 +304,14 @@ def extra_stream_manifests(corpus: Path, folders: list[Path]) -> tuple[Path, ...
             raise ConfigError(
                 f"--extra-streams: {folder} was not built with {corpus}'s speakers (seed, "
                 f"phrase, speakers): {same_speakers(info)} against {same_speakers(main)}"
+            )
+        rows = read_manifest(folder / "manifest.csv")
+        if not any(r.kind == "stream" and r.split == split for r in rows):
+            profile = info.get("profile", {}).get("name") if isinstance(info, dict) else None
+            raise ConfigError(
+                f"--extra-streams: {folder} (profile {profile}) holds no {split} streams; "
+                "--split test takes a `pretrain-streams` build, --split val a "
+                "`pretrain-valstreams` one"
             )
         out.append(folder / "manifest.csv")
     return tuple(out)
@@ -434,6 +473,15 @@ def _export(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, Path], float
     return paths, (float(thr) if isinstance(thr, int | float) else None), model
 
 
+def _weights_digest(args: argparse.Namespace) -> str:
+    """The scored weights' digest: `wakefl model set-threshold` checks that a benchmark's
+    threshold was set on the very weights it ships."""
+    from wakefl.models.kws_cnn import weights_digest
+    from wakefl.models.kws_cnn.pretrained import pretrained_path
+
+    return weights_digest(pretrained_path(args.pretrained) if args.pretrained else args.weights)
+
+
 def _splits(corpus: Path, split: str) -> dict[str, Path]:
     """The manifests to score, by the name the report gives them."""
     if not (corpus / "manifest.csv").exists():
@@ -456,13 +504,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from wakefl.sdk.manifest import read_manifest
 
     splits = _splits(args.corpus, args.split)
-    if args.extra_streams and args.split != "test":
-        raise ConfigError("--extra-streams adds held-out test streams: use it with --split test")
-    extra = extra_stream_manifests(args.corpus, args.extra_streams or [])
+    extra = extra_stream_manifests(args.corpus, args.extra_streams or [], args.split)
     detectors = args.detectors or [(HOP_S, SMOOTHING)]
     (hop_s, smoothing), others = detectors[0], detectors[1:]
     result: dict[str, Any] = {
         "model": args.pretrained or str(args.weights),
+        "weights_digest": _weights_digest(args),
         "corpus": str(args.corpus),
         "hop_s": hop_s,
         "smoothing": smoothing,
@@ -485,11 +532,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             curves: dict[str, list[tuple[float, float]]] = {}
             for precision, scorer in scorers.items():
                 t0 = time.perf_counter()
-                # Add-on streams are the held-out speakers': unseen voices keep their own.
-                more = extra if split == "held-out speakers" else ()
+                # Add-on streams are the corpus's own speakers': unseen voices keep theirs.
+                more = extra if split != "unseen voices" else ()
                 scored = _score_devices(scorer, manifest, devices, args, more)
                 per = {d: sc.detector(hop_s, smoothing) for d, sc in scored.items()}
-                rows = {d: summarize(sc, shipped) for d, sc in per.items()}
+                rows: dict[str, Any] = {d: summarize(sc, shipped) for d, sc in per.items()}
+                rows["_pooled"] = pooled_operating_point(per, FA_TARGETS[0])
                 rows["_seconds"] = round(time.perf_counter() - t0, 1)
                 result.setdefault(precision, {})[split] = rows
                 _other_detectors(result, others, scored, shipped, (precision, split))
@@ -638,7 +686,19 @@ def _table_lines(result: dict[str, Any], detector: str) -> list[str]:
                     f"{d} | {a['frr']:.3f}{flag(a)} | {b['frr']:.3f}{flag(b)} | "
                     f"{c['fa_per_hour']:.2f} | {ship} | {r['stream_hours']}"
                 )
+            if "_pooled" in rows:
+                lines += _pooled_lines(rows["_pooled"])
     return lines
+
+
+def _pooled_lines(p: dict[str, Any]) -> list[str]:
+    """One threshold for every type, set on all their streams together."""
+    cells = [f"{d} {r['frr']:.3f}, {r['fa_per_hour']:.2f}" for d, r in p["by_type"].items()]
+    return [
+        f"one threshold for all types, <= {p['fa_per_hour_target']} FA/h over their "
+        f"{p['stream_hours']} h of streams{'' if p['resolved'] else '*'}: {p['threshold']:.6f} "
+        f"({p['fa_per_hour']:.2f} FA/h); FRR, FA/h by type: " + " | ".join(cells)
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -686,8 +746,9 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=None,
         metavar="DIR",
-        help="also a `--profile pretrain-streams` corpus folder built with --corpus's seed: its "
-        "held-out negative streams join the main corpus's (repeatable)",
+        help="also a corpus folder built with --corpus's seed and `--profile pretrain-streams` "
+        "(with --split test) or `pretrain-valstreams` (with --split val): its negative streams "
+        "join the main corpus's of that split (repeatable)",
     )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--plots", type=Path, default=None, help="folder for DET curve PNGs")

@@ -1,5 +1,5 @@
-"""`wakefl model info|export|pretrain|publish|blend`: inspect, export, train, ship and blend
-the wake-word CNN."""
+"""`wakefl model info|export|pretrain|publish|set-threshold|blend`: inspect, export, train,
+ship and blend the wake-word CNN."""
 
 from __future__ import annotations
 
@@ -211,6 +211,27 @@ def _register_publish(sub: argparse._SubParsersAction) -> None:
         help="best (by the run's validation criterion, the default) or the last checkpoint",
     )
     pub.set_defaults(func=_publish)
+    thr = sub.add_parser(
+        "set-threshold",
+        help="ship a published model at the threshold its validation streams set",
+    )
+    thr.add_argument(
+        "--weights",
+        type=Path,
+        required=True,
+        help="a published model, e.g. models/kws_cnn/pretrained/full.safetensors",
+    )
+    thr.add_argument(
+        "--from",
+        dest="bench_json",
+        type=Path,
+        required=True,
+        metavar="JSON",
+        help="the --json of `python -m wakefl.tools.bench_detection --split val "
+        "--extra-streams <pretrain-valstreams build>` on these very weights: its one "
+        "threshold for all device types at 0.5 FA/h becomes the shipped one",
+    )
+    thr.set_defaults(func=_set_threshold)
 
 
 def _register_blend(sub: argparse._SubParsersAction) -> None:
@@ -448,6 +469,18 @@ def _publish(args: argparse.Namespace) -> int:
         checkpoint=args.checkpoint,
     )
     print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB) with its config and card")
+    return 0
+
+
+def _set_threshold(args: argparse.Namespace) -> int:
+    from wakefl.tools.pretrain import set_stream_threshold
+
+    card = set_stream_threshold(args.weights, args.bench_json)
+    point = card["stream_operating_point"]
+    print(
+        f"{args.weights}: shipped threshold {card['threshold']:.6f} (was {card['clip_threshold']:.6f}), "
+        f"{point['fa_per_hour']:.2f} FA/h over {point['stream_hours']} h of validation stream"
+    )
     return 0
 
 

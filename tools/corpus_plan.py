@@ -103,6 +103,10 @@ class CorpusProfile:
     # Added to the draws' kinds: an add-on built with the main corpus's seed (so with its
     # speakers and splits) never repeats the main corpus's rooms, noise and placements.
     draw_offset: int = 0
+    # When set, each speaker says this many confusables in place of its own draw: phrases
+    # the base draw did not give it, drawn apart from the base's draws, so an add-on keeps
+    # the main corpus's speakers and splits while pairing them with near-rhymes anew.
+    new_confusables: int = 0
 
     def __post_init__(self) -> None:
         if not self.contents or not set(self.contents) <= set(CONTENT_SHARE):
@@ -190,19 +194,51 @@ PROFILES["pretrain-timing"] = _timing_addon("pretrain", "pretrain-timing", 300, 
 PROFILES["pretrain-timing-micro"] = _timing_addon("pretrain-micro", "pretrain-timing-micro", 4, 6)
 
 
-def _streams_addon(base: str, name: str, streams: int) -> CorpusProfile:
-    """An add-on of held-out negative streams only, spoken by `base`'s test speakers (build
-    it with the same seed) with draws of their own: `bench_detection --extra-streams` adds
-    them to the main corpus's streams, so that FRR at 0.5 FA/h, which needs at least 2 hours
-    of stream per device type, can be resolved."""
-    return _addon(
-        base, name, streams_per_device=streams, contents=("conf", "other"), draw_offset=30
-    )
+def _streams_addon(base: str, name: str, streams: int, split: str = "test") -> CorpusProfile:
+    """An add-on of held-out negative streams only, spoken by `base`'s speakers of `split`
+    (test or val; build it with the same seed) with draws of their own: `bench_detection
+    --extra-streams` adds them to the main corpus's streams of that split, so that FRR at
+    0.5 FA/h, which needs at least 2 hours of stream per device type, can be resolved, on the
+    test split for reporting and on the validation split for choosing."""
+    counts = {"test": ("streams_per_device", 30), "val": ("val_streams_per_device", 40)}
+    if split not in counts:
+        raise ConfigError(f"a streams add-on holds test or val streams, not {split}")
+    field, offset = counts[split]
+    return _addon(base, name, **{field: streams}, contents=("conf", "other"), draw_offset=offset)
 
 
 # Two more hours per device type: three with the main corpus's hour.
 PROFILES["pretrain-streams"] = _streams_addon("pretrain", "pretrain-streams", 12)
 PROFILES["pretrain-streams-micro"] = _streams_addon("pretrain-micro", "pretrain-streams-micro", 2)
+# Two more hours of validation stream per device type (the main corpus has 20 minutes): a
+# choice between models or thresholds at 0.5 FA/h that the test streams never see.
+PROFILES["pretrain-valstreams"] = _streams_addon("pretrain", "pretrain-valstreams", 12, split="val")
+PROFILES["pretrain-valstreams-micro"] = _streams_addon(
+    "pretrain-micro", "pretrain-valstreams-micro", 2, split="val"
+)
+
+
+def _confusables_addon(base: str, name: str, train_unit: int, per_speaker: int) -> CorpusProfile:
+    """An add-on of confusable training clips only: `base`'s training speakers (build it
+    with the same seed) each saying `per_speaker` near-rhymes that the main corpus did not
+    give them. The false accepts that remain are held-out speakers' renditions of phrases
+    training heard from other speakers; more speaker-phrase pairs teach the phrase, not
+    the speaker. No held-out clips: the main corpus's validation set stays the yardstick."""
+    return _addon(
+        base,
+        name,
+        train_unit=train_unit,
+        contents=("conf",),
+        new_confusables=per_speaker,
+        draw_offset=50,
+    )
+
+
+# 3,300 training clips, as many as three fifths of the main corpus's confusable clips.
+PROFILES["pretrain-confusables"] = _confusables_addon("pretrain", "pretrain-confusables", 300, 8)
+PROFILES["pretrain-confusables-micro"] = _confusables_addon(
+    "pretrain-micro", "pretrain-confusables-micro", 4, 3
+)
 
 
 @dataclass(frozen=True)
@@ -470,10 +506,28 @@ def make_pretrain_speakers(seed: int, profile: CorpusProfile, phrase: str) -> li
             speakers += speakers_with_texts(rng, profile, phrase, chosen, split, "tmp")
             pos += counts[split]
     speakers.sort(key=lambda s: (SPLITS.index(s.split), s.voice.describe()))
-    return [
+    speakers = [
         Speaker(f"spk{i:03d}", s.voice, s.split, s.confusables, s.others)
         for i, s in enumerate(speakers)
     ]
+    if profile.new_confusables:
+        speakers = _with_new_confusables(seed, profile, phrase, speakers)
+    return speakers
+
+
+def _with_new_confusables(
+    seed: int, profile: CorpusProfile, phrase: str, speakers: list[Speaker]
+) -> list[Speaker]:
+    """Each speaker with `profile.new_confusables` confusables it was not given, drawn from
+    a generator of their own, so the speakers' voices and splits are the base draw's."""
+    confusables, _ = texts_for(profile, phrase)
+    rng = np.random.default_rng([seed, 9005])
+    out = []
+    for s in speakers:
+        fresh = [c for c in confusables if c not in s.confusables]
+        pick = rng.choice(len(fresh), size=min(profile.new_confusables, len(fresh)), replace=False)
+        out.append(replace(s, confusables=tuple(fresh[j] for j in sorted(pick))))
+    return out
 
 
 def make_unseen_speakers(seed: int, profile: CorpusProfile, phrase: str) -> list[Speaker]:

@@ -913,6 +913,74 @@ def _last_checkpoint(run: Path, model: Any, best_card: dict[str, Any]) -> dict[s
     }
 
 
+def stream_operating_point(bench_json: Path, digest: str) -> dict[str, Any]:
+    """The one-threshold-for-all-types operating point that `bench_detection --split val`
+    set on the validation streams, refused unless that benchmark scored these very weights
+    (their `weights_digest`) and its streams resolve the FA rate."""
+    src = f"set-threshold --from {bench_json}"
+    try:
+        bench = json.loads(Path(bench_json).read_text(encoding="utf-8"))
+        pooled = bench["fp32"]["validation"]["_pooled"]
+        thr = float(pooled["threshold"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigError(
+            f"{src}: not the JSON of a `bench_detection --split val` run ({exc!r})"
+        ) from None
+    if bench.get("weights_digest") != digest:
+        raise ConfigError(
+            f"{src}: it scored other weights ({bench.get('model')}); score these with "
+            "`bench_detection --weights W --split val --json JSON` and give that JSON"
+        )
+    target = pooled.get("fa_per_hour_target")
+    if not pooled.get("resolved"):
+        raise ConfigError(
+            f"{src}: {pooled.get('stream_hours')} h of validation stream cannot resolve "
+            f"{target} FA/h (build and add `--profile pretrain-valstreams`)"
+        )
+    if not 0.0 < thr <= 1.0:
+        raise ConfigError(
+            f"{src}: no threshold keeps the validation streams within {target} FA/h "
+            f"(it reports {thr})"
+        )
+    return {"set_on": "validation streams, all device types", **pooled}
+
+
+def set_stream_threshold(weights: Path, bench_json: Path) -> dict[str, Any]:
+    """Ship `weights` (a published model: its card and config JSON beside it) at the
+    threshold that `bench_detection --split val` set on the validation streams of all
+    device types (`stream_operating_point`); the clip-set threshold it replaces stays in
+    the card. Returns the new card."""
+    from wakefl.models.kws_cnn import read_config, weights_digest
+    from wakefl.models.kws_cnn.checkpoint import config_path
+    from wakefl.models.kws_cnn.pretrained import card_beside
+    from wakefl.sdk.atomic_files import write_atomic
+
+    read_config(weights)  # a model this code can load, or a clear error
+    card = card_beside(weights)
+    if card is None:
+        raise ConfigError(f"{weights}: no card beside it; publish the model first")
+    point = stream_operating_point(bench_json, weights_digest(weights))
+    card.setdefault("clip_threshold", card["threshold"])
+    card["stream_operating_point"] = point
+    card["threshold"] = point["threshold"]
+    meta = json.loads(config_path(weights).read_text(encoding="utf-8"))
+    meta["shipped_threshold"] = card["threshold"]
+    # The card first: a crash between the two leaves the config's old threshold, which
+    # a second run mends; never a config that claims a threshold its card lacks.
+    card_path = Path(weights).with_suffix(".card.json")
+    write_atomic(card_path, (json.dumps(card, indent=1) + "\n").encode())
+    write_atomic(config_path(weights), (json.dumps(meta, indent=2) + "\n").encode())
+    return card
+
+
+def _run_manifest(run: Path) -> Path | None:
+    """The corpus manifest a run was trained on, when it is still there."""
+    if not (run / STATE_INFO).exists():
+        return None
+    saved = json.loads((run / STATE_INFO).read_text(encoding="utf-8")).get("manifest")
+    return Path(saved) if saved and Path(saved).exists() else None
+
+
 def publish(
     run: Path,
     name: str,
@@ -925,28 +993,24 @@ def publish(
     shipped-models folder as fp16 safetensors, with its JSON config and operating-point
     card. With a corpus `manifest` (default: the run's own) the shipped threshold is set on
     its validation clips at `target_frr`, scored with the fp16 weights that ship; otherwise
-    the run's validation threshold is kept."""
+    the run's validation threshold is kept (`set_stream_threshold` may replace it later)."""
     import torch
-    from safetensors.torch import save_file
 
     from wakefl.models.kws_cnn import load_model
     from wakefl.models.kws_cnn.pretrained import NAMES, PRETRAINED_DIR
-    from wakefl.sdk.atomic_files import write_atomic
 
     if name not in NAMES:
         raise ConfigError(f"a shipped model is one of {', '.join(NAMES)}, got {name!r}")
+    if checkpoint not in ("best", "last"):
+        raise ConfigError(f"checkpoint must be best or last, got {checkpoint!r}")
     dest = PRETRAINED_DIR if dest is None else dest
     dest.mkdir(parents=True, exist_ok=True)
     model = load_model(run / BEST)
     card = json.loads((run / BEST_CARD).read_text(encoding="utf-8"))
     if checkpoint == "last":
         card = _last_checkpoint(run, model, card)
-    elif checkpoint != "best":
-        raise ConfigError(f"checkpoint must be best or last, got {checkpoint!r}")
     tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in model.named_parameters()}
-    if manifest is None and (run / STATE_INFO).exists():
-        saved = json.loads((run / STATE_INFO).read_text(encoding="utf-8")).get("manifest")
-        manifest = Path(saved) if saved and Path(saved).exists() else None
+    manifest = manifest if manifest is not None else _run_manifest(run)
     if manifest is not None:
         with torch.no_grad():
             for k, p in model.named_parameters():
@@ -954,12 +1018,21 @@ def publish(
         card["threshold_at_val_fa_per_hour"] = card["threshold"]
         card["operating_point"] = shipped_operating_point(model, manifest, target_frr)
         card["threshold"] = card["operating_point"]["threshold"]
-    out = dest / f"{name}.safetensors"
-    tmp = dest / f".{name}.tmp.safetensors"
+    return _write_shipped(run, dest / f"{name}.safetensors", tensors, model.cfg, card)
+
+
+def _write_shipped(
+    run: Path, out: Path, tensors: dict[str, Any], cfg: Any, card: dict[str, Any]
+) -> Path:
+    """Write a shipped model's fp16 weights, config JSON and card; the weights last, by an
+    atomic rename, so a crash never leaves a half-written model under its name."""
+    from safetensors.torch import save_file
+
+    from wakefl.sdk.atomic_files import write_atomic
+
+    tmp = out.with_name(f".{out.stem}.tmp.safetensors")
     save_file(
-        tensors,
-        str(tmp),
-        metadata={"architecture": "kws_cnn", "config": json.dumps(model.cfg.to_dict())},
+        tensors, str(tmp), metadata={"architecture": "kws_cnn", "config": json.dumps(cfg.to_dict())}
     )
     # The config JSON also carries the shipped threshold, where `wakefl eval
     # --at-shipped-threshold` looks for a model's operating point.

@@ -1,12 +1,13 @@
 """The wake-word model: log-mel frontend + CNN, safetensors checkpoints, ONNX export."""
 
-from .checkpoint import load_model, read_config, save_model
+from .checkpoint import load_model, read_config, save_model, weights_digest
 from .config import ARCH_VERSION, ARCHITECTURE, ModelConfig
 from .flat_params import get_flat_params, head_slice, num_flat_params, set_flat_params
 from .model import KwsCnn
 from .onnx_export import export_onnx
 
 __all__ = [
+    "weights_digest",
     "ARCHITECTURE",
     "ARCH_VERSION",
     "KwsCnn",

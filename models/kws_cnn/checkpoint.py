@@ -106,3 +106,21 @@ def load_model(path: Path | str) -> KwsCnn:
             p.copy_(t.to(p.dtype))
     model.eval()
     return model
+
+
+def weights_digest(path: Path | str) -> str:
+    """SHA-256 of a safetensors file's tensors (names, dtypes, shapes, values), not of its
+    bytes: the file's header serializes its metadata in an order that may differ between
+    two writes of the same weights."""
+    import hashlib
+
+    try:
+        tensors = load_file(str(path))
+    except (OSError, SafetensorError) as exc:
+        raise ConfigError(f"{path}: not a readable safetensors file ({exc})") from None
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()

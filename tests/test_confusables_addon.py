@@ -1,0 +1,64 @@
+"""The `pretrain-confusables` add-on: the main corpus's training speakers saying near-rhymes
+that the main corpus did not give them, as training clips only."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from wakefl.errors import ConfigError
+from wakefl.tools.corpus_plan import PROFILES, clip_recipes, make_speakers, texts_for
+
+
+@pytest.mark.parametrize("base", ["pretrain", "pretrain-micro"])
+def test_the_add_on_keeps_the_speakers_and_pairs_them_with_new_near_rhymes(base: str) -> None:
+    addon = PROFILES["pretrain-confusables" + base.removeprefix("pretrain")]
+    main = make_speakers(0, PROFILES[base], "hey nova")
+    new = make_speakers(0, addon, "hey nova")
+    # Same voices, ids and splits: a held-out speaker of the main corpus stays held out.
+    assert [(s.speaker_id, s.voice, s.split, s.others) for s in main] == [
+        (s.speaker_id, s.voice, s.split, s.others) for s in new
+    ]
+    pool = set(texts_for(addon, "hey nova")[0])
+    for old, s in zip(main, new, strict=True):
+        assert len(s.confusables) == addon.new_confusables
+        assert set(s.confusables) <= pool and not set(s.confusables) & set(old.confusables)
+    # Spread over the pool, not one draw repeated for everyone.
+    assert len({s.confusables for s in new}) > len(new) // 2
+    recipes = clip_recipes(0 + addon.draw_offset, addon)
+    assert recipes and {(r.split, r.content) for r in recipes} == {("train", "conf")}
+    # Another seed draws other pairs.
+    assert [s.confusables for s in make_speakers(1, addon, "hey nova")] != [
+        s.confusables for s in new
+    ]
+
+
+def test_a_speaker_with_nearly_every_near_rhyme_gets_what_is_left() -> None:
+    addon = PROFILES["pretrain-confusables-micro"]
+    pool = texts_for(addon, "hey nova")[0]
+    greedy = replace(addon, confusables_per_speaker=len(pool) - 1, new_confusables=5)
+    assert all(len(s.confusables) == 1 for s in make_speakers(0, greedy, "hey nova"))
+
+
+@pytest.mark.slow
+def test_the_add_on_builds_training_clips_of_the_training_speakers(tmp_path) -> None:
+    import csv
+
+    from wakefl.sdk.manifest import read_manifest
+    from wakefl.tools.corpus_build import build_corpus
+
+    main = build_corpus(tmp_path / "main", 0, "pretrain-micro", progress=False)
+    extra = build_corpus(tmp_path / "conf", 0, "pretrain-confusables-micro", progress=False)
+    rows = read_manifest(extra)
+    assert rows and {(r.kind, r.split, r.label) for r in rows} == {("clip", "train", 0)}
+    with (main.parent / "speakers.csv").open(encoding="utf-8") as f:
+        train = {r["speaker"] for r in csv.DictReader(f) if r["split"] == "train"}
+    assert {r.speaker for r in rows} <= train
+
+
+def test_a_streams_add_on_holds_test_or_val_streams_only() -> None:
+    from wakefl.tools.corpus_plan import _streams_addon
+
+    with pytest.raises(ConfigError, match="test or val"):
+        _streams_addon("pretrain-micro", "x", 2, split="train")
