@@ -134,13 +134,16 @@ def pooled_operating_point(per: dict[str, SplitScores], fa_per_hour: float) -> d
     Set on validation streams, it is a shipped threshold chosen at a resolvable FA rate."""
     thr = lowest_threshold(list(per.values()), fa_per_hour)
     hours = sum(sc.stream_hours for sc in per.values())
+    by_type = {d: at_threshold(sc, thr) for d, sc in per.items()}
+    # Each type's events were just counted for its own FA/h: sum those, not count again.
+    events = sum(by_type[d]["fa_per_hour"] * sc.stream_hours for d, sc in per.items())
     return {
         "fa_per_hour_target": fa_per_hour,
         "threshold": thr,
         "stream_hours": round(hours, 3),
-        "fa_per_hour": sum(_events(sc, thr) for sc in per.values()) / hours,
+        "fa_per_hour": round(events) / hours,
         "resolved": hours * fa_per_hour >= 1.0,
-        "by_type": {d: at_threshold(sc, thr) for d, sc in per.items()},
+        "by_type": by_type,
     }
 
 
