@@ -27,6 +27,7 @@ from wakefl.tools.pretrain import (
     make_batch,
     pretrain,
     publish,
+    publish_blend,
     set_stream_threshold,
     smoothed,
     threshold_for_fa,
@@ -304,6 +305,55 @@ def test_publish_the_last_checkpoint(corpus: Path, tmp_path: Path) -> None:
         publish(run, "small", dest=tmp_path / "ship", checkpoint="last")
     with pytest.raises(ConfigError, match="best or last"):
         publish(run, "small", dest=tmp_path / "ship", checkpoint="middle")
+
+
+def test_a_blend_of_two_published_models_ships_in_fp16_with_its_parents(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from wakefl.models.kws_cnn import save_model, weights_digest
+    from wakefl.tools.cli import main as cli
+
+    run = tmp_path / "run"
+    pretrain(corpus, run, SETTINGS, progress=False, max_steps=3)
+    first = publish(run, "small", dest=tmp_path / "a")
+    pretrain(corpus, run, SETTINGS, resume=True, progress=False, max_steps=2)
+    second = publish(run, "small", dest=tmp_path / "b", checkpoint="last")
+    argv = ["model", "blend", "--first", str(first), "--second", str(second), "--alpha", "0.5"]
+    assert cli([*argv, "--publish", "small"]) == 2  # no corpus to set its threshold on
+    assert "--corpus" in capsys.readouterr().err
+    ship = ["--publish", "small", "--dest", str(tmp_path / "c"), "--corpus", str(corpus)]
+    assert cli([*argv, *ship]) == 0
+    out = tmp_path / "c" / "small.safetensors"
+    from safetensors.torch import load_file
+
+    a, b, mixed = (load_file(str(f)) for f in (first, second, out))
+    for k, t in mixed.items():
+        assert t.dtype == torch.float16
+        assert torch.equal(t, ((a[k].float() + b[k].float()) / 2).half())
+    card = json.loads(out.with_suffix(".card.json").read_text())
+    assert card["blend"]["first"]["weights_digest"] == weights_digest(first)
+    assert card["blend"]["second"]["weights_digest"] == weights_digest(second)
+    assert card["blend"]["alpha"] == 0.5 and card["operating_point"]["val_frr"] <= 0.05
+    assert (
+        json.loads(out.with_suffix(".json").read_text())["shipped_threshold"] == card["threshold"]
+    )
+    # A model blended with itself is itself, and ships at the threshold `publish` gave it.
+    same = publish_blend(first, first, 0.3, "small", corpus, dest=tmp_path / "d")
+    assert weights_digest(same) == weights_digest(first)
+    first_card = json.loads(first.with_suffix(".card.json").read_text())
+    assert (
+        json.loads(same.with_suffix(".card.json").read_text())["threshold"]
+        == first_card["threshold"]
+    )
+    # Parents without a card, or shipping other detector settings, are refused.
+    bare = save_model(load_model(first), tmp_path / "bare" / "small.safetensors")
+    with pytest.raises(ConfigError, match="no card"):
+        publish_blend(first, bare, 0.5, "small", corpus, dest=tmp_path / "e")
+    changed = second.with_suffix(".card.json")
+    changed.write_text(json.dumps({**json.loads(changed.read_text()), "smoothing": 5}))
+    with pytest.raises(ConfigError, match="detector settings"):
+        publish_blend(first, second, 0.5, "small", corpus, dest=tmp_path / "e")
+    assert not (tmp_path / "e").exists()
 
 
 def test_init_from_a_narrower_model_widens_it(corpus: Path, tmp_path: Path) -> None:

@@ -244,7 +244,19 @@ def _register_blend(sub: argparse._SubParsersAction) -> None:
     bl.add_argument(
         "--alpha", type=float, required=True, metavar="A", help="the second model's share, 0-1"
     )
-    bl.add_argument("--out", type=Path, required=True, help="output FILE.safetensors")
+    where = bl.add_mutually_exclusive_group(required=True)
+    where.add_argument("--out", type=Path, help="output FILE.safetensors (fp32)")
+    where.add_argument(
+        "--publish",
+        choices=("full", "small"),
+        metavar="NAME",
+        help="ship the blend of two published models (fp16, with its card) as "
+        "models/kws_cnn/pretrained/NAME, its threshold set on --corpus's validation clips",
+    )
+    bl.add_argument("--corpus", type=Path, metavar="MANIFEST", help="with --publish")
+    bl.add_argument(
+        "--dest", type=Path, default=None, help="with --publish: another folder to ship into"
+    )
     bl.set_defaults(func=_blend)
 
 
@@ -488,6 +500,16 @@ def _blend(args: argparse.Namespace) -> int:
     from wakefl.models.kws_cnn import load_model, save_model
     from wakefl.models.kws_cnn.blend import blend
 
+    if args.publish is not None:
+        if args.corpus is None:
+            raise ConfigError("--publish needs --corpus MANIFEST to set the shipped threshold on")
+        from wakefl.tools.pretrain import publish_blend
+
+        out = publish_blend(
+            args.first, args.second, args.alpha, args.publish, args.corpus, dest=args.dest
+        )
+        print(f"shipped {out} (alpha {args.alpha}) with its config and card")
+        return 0
     if args.out.suffix != ".safetensors":
         raise ConfigError(f"--out must name a .safetensors file, got {args.out}")
     out = save_model(blend(load_model(args.first), load_model(args.second), args.alpha), args.out)

@@ -1018,11 +1018,63 @@ def publish(
         card["threshold_at_val_fa_per_hour"] = card["threshold"]
         card["operating_point"] = shipped_operating_point(model, manifest, target_frr)
         card["threshold"] = card["operating_point"]["threshold"]
-    return _write_shipped(run, dest / f"{name}.safetensors", tensors, model.cfg, card)
+    meta = json.loads((run / "best.json").read_text(encoding="utf-8"))
+    return _write_shipped(dest / f"{name}.safetensors", tensors, model.cfg, card, meta)
+
+
+DETECTOR_SETTINGS = ("hop_s", "smoothing", "refractory_s", "phrase", "width")
+
+
+def publish_blend(
+    first: Path,
+    second: Path,
+    alpha: float,
+    name: str,
+    manifest: Path,
+    dest: Path | None = None,
+    target_frr: float = 0.05,
+) -> Path:
+    """Ship the blend (1 - alpha) * first + alpha * second of two published models as
+    fp16 model `name`, at the threshold its fp16 weights give on the validation clips of
+    `manifest` at `target_frr` (as `publish` does; `set_stream_threshold` may replace it).
+    Its card names both parents by weights digest, so the blend can be made again."""
+    import torch
+
+    from wakefl.models.kws_cnn import load_model, weights_digest
+    from wakefl.models.kws_cnn.blend import blend
+    from wakefl.models.kws_cnn.checkpoint import config_path
+    from wakefl.models.kws_cnn.pretrained import NAMES, PRETRAINED_DIR, card_beside
+
+    if name not in NAMES:
+        raise ConfigError(f"a shipped model is one of {', '.join(NAMES)}, got {name!r}")
+    cards = [card_beside(w) for w in (first, second)]
+    for w, c in zip((first, second), cards, strict=True):
+        if c is None:
+            raise ConfigError(f"{w}: no card beside it; blend two published models")
+    settings = [{k: c.get(k) for k in DETECTOR_SETTINGS} for c in cards if c is not None]
+    if settings[0] != settings[1]:
+        raise ConfigError(f"the two models ship different detector settings: {settings}")
+    model = blend(load_model(first), load_model(second), alpha)
+    tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in model.named_parameters()}
+    with torch.no_grad():  # the threshold is set on the weights that ship
+        for k, p in model.named_parameters():
+            p.copy_(tensors[k].float())
+    point = shipped_operating_point(model, manifest, target_frr)
+    parents = {
+        "alpha": float(alpha),
+        "first": {"file": Path(first).name, "weights_digest": weights_digest(first)},
+        "second": {"file": Path(second).name, "weights_digest": weights_digest(second)},
+    }
+    card = {**settings[0], "threshold": point["threshold"], "operating_point": point}
+    card["blend"] = parents
+    meta = json.loads(config_path(first).read_text(encoding="utf-8"))
+    dest = PRETRAINED_DIR if dest is None else dest
+    dest.mkdir(parents=True, exist_ok=True)
+    return _write_shipped(dest / f"{name}.safetensors", tensors, model.cfg, card, meta)
 
 
 def _write_shipped(
-    run: Path, out: Path, tensors: dict[str, Any], cfg: Any, card: dict[str, Any]
+    out: Path, tensors: dict[str, Any], cfg: Any, card: dict[str, Any], meta: dict[str, Any]
 ) -> Path:
     """Write a shipped model's fp16 weights, config JSON and card; the weights last, by an
     atomic rename, so a crash never leaves a half-written model under its name."""
@@ -1036,8 +1088,7 @@ def _write_shipped(
     )
     # The config JSON also carries the shipped threshold, where `wakefl eval
     # --at-shipped-threshold` looks for a model's operating point.
-    meta = json.loads((run / "best.json").read_text(encoding="utf-8"))
-    meta["shipped_threshold"] = card["threshold"]
+    meta = {**meta, "shipped_threshold": card["threshold"]}
     write_atomic(out.with_suffix(".json"), (json.dumps(meta, indent=2) + "\n").encode())
     write_atomic(out.with_suffix(".card.json"), (json.dumps(card, indent=1) + "\n").encode())
     tmp.chmod(0o644)  # shipped with the package: readable by every user
