@@ -74,7 +74,10 @@ class DeviceLink:
             # Best effort: the broker publishes the will if this does not get through.
             with contextlib.suppress(WakeflError):
                 self._link.publish(
-                    topics.hello(self.fleet, self.device_id), self._hello(False), timeout=2.0
+                    topics.hello(self.fleet, self.device_id),
+                    self._hello(False),
+                    retain=True,
+                    timeout=2.0,
                 )
             self._link.close()
             self._link = None
@@ -88,9 +91,9 @@ class DeviceLink:
             raise ConfigError(f"device {self.device_id} is not connected")
         return self._link
 
-    def publish(self, topic: str, payload: bytes, timeout: float) -> None:
+    def publish(self, topic: str, payload: bytes, timeout: float, retain: bool = False) -> None:
         """QoS 1, waiting for the PUBACK (ProtocolError when it does not come)."""
-        self._require().publish(topic, payload, qos=1, timeout=timeout)
+        self._require().publish(topic, payload, qos=1, retain=retain, timeout=timeout)
 
     def reconnect_wait(self, timeout: float) -> None:
         link = self._require()
@@ -131,9 +134,10 @@ class DeviceLink:
         self._heard_server = True
 
     def maybe_repeat_hello(self) -> None:
-        """Repeat the Hello (backing off) until a downlink shows the server is there: a
-        Hello sent before the server first subscribed is lost, and a server that waits
-        for its devices would wait for this one forever."""
+        """Repeat the Hello (backing off) until a downlink shows the server is there: the
+        retained copy reaches a server that subscribes later, but a broker restarted
+        without persistence has lost it, and a server that waits for its devices would
+        wait for this one forever."""
         if self._heard_server or self._link is None or not self._link.connected:
             return
         if time.monotonic() - self._last_hello >= self._hello_interval:
@@ -143,10 +147,14 @@ class DeviceLink:
     def _send_hello(self) -> None:
         self._last_hello = time.monotonic()
         try:
+            # Retained, like the offline will: the broker re-sends the retained Hello to a
+            # server that subscribes again (after its own reconnect), and a live Hello it
+            # read before would be overwritten by an older will still retained there.
             self.publish(
                 topics.hello(self.fleet, self.device_id),
                 self._hello(True),
                 timeout=self.publish_timeout_s,
+                retain=True,
             )
         except ProtocolError as exc:
             log.warning("hello not delivered: %s", exc)

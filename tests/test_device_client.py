@@ -72,7 +72,8 @@ class FakeServer:
         (self.declines if isinstance(msg, messages.Decline) else self.uplinks).put(msg)
 
     def _hello(self, topic, payload):
-        self.hellos.put(messages.decode_as(payload, messages.Hello))
+        if payload:  # an empty retained message clears the topic
+            self.hellos.put(messages.decode_as(payload, messages.Hello))
 
     def downlink(
         self,
@@ -404,6 +405,46 @@ def test_export_personal_model_and_onnx_for_the_edge_runtime(tmp_path, broker):
         client.stop()
         th.join(10)
         client.close()
+        server.close()
+
+
+def _retained_hello(url: str, fleet: str, device: str) -> messages.Hello | None:
+    """What a server subscribing now reads for the device: the broker's retained Hello."""
+    got: list[messages.Hello] = []
+    link = MqttLink(url, f"late-{fleet}", clean_start=True, session_expiry=0).connect()
+    try:
+        link.subscribe(
+            topics.hello(fleet, device),
+            lambda t, p: got.append(messages.decode_as(p, messages.Hello)),
+        )
+        _wait(lambda: bool(got), 5)
+        return got[-1] if got else None
+    finally:
+        link.close()
+
+
+def test_a_server_subscribing_again_reads_the_device_online_not_its_older_will(tmp_path, broker):
+    """A broker that shuts down sends every device's will (offline, retained). After the
+    restart a device's Hello can arrive before the server has subscribed again, and the
+    new subscription then delivers what the broker retains: it must be that Hello."""
+    fleet = "f11"
+    server = FakeServer(broker.url, fleet)
+    will = messages.Hello(fleet, "dev1", "A", 8, online=False)
+    server.link.publish(topics.hello(fleet, "dev1"), messages.encode(will), retain=True)
+    client = _client(tmp_path, broker, fleet)
+    th, out = _start(client)
+    try:
+        assert _wait(lambda: server.hellos.get(timeout=1).online), "no online Hello"
+        late = _retained_hello(broker.url, fleet, "dev1")
+        assert late is not None and late.online and late.num_samples == 8
+        client.stop()
+        th.join(20)
+        client.close()  # leaving says so, retained too
+        gone = _retained_hello(broker.url, fleet, "dev1")
+        assert gone is not None and not gone.online
+    finally:
+        client.stop()
+        server.link.publish(topics.hello(fleet, "dev1"), b"", retain=True)
         server.close()
 
 
