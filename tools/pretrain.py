@@ -981,6 +981,18 @@ def _run_manifest(run: Path) -> Path | None:
     return Path(saved) if saved and Path(saved).exists() else None
 
 
+def _round_to_fp16(model: Any) -> dict[str, Any]:
+    """The model's parameters in fp16, as they ship. The model takes the rounded values
+    too, so that a threshold set with it holds for the shipped file."""
+    import torch
+
+    tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in model.named_parameters()}
+    with torch.no_grad():
+        for k, p in model.named_parameters():
+            p.copy_(tensors[k].float())
+    return tensors
+
+
 def publish(
     run: Path,
     name: str,
@@ -994,8 +1006,6 @@ def publish(
     card. With a corpus `manifest` (default: the run's own) the shipped threshold is set on
     its validation clips at `target_frr`, scored with the fp16 weights that ship; otherwise
     the run's validation threshold is kept (`set_stream_threshold` may replace it later)."""
-    import torch
-
     from wakefl.models.kws_cnn import load_model
     from wakefl.models.kws_cnn.pretrained import NAMES, PRETRAINED_DIR
 
@@ -1009,12 +1019,9 @@ def publish(
     card = json.loads((run / BEST_CARD).read_text(encoding="utf-8"))
     if checkpoint == "last":
         card = _last_checkpoint(run, model, card)
-    tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in model.named_parameters()}
+    tensors = _round_to_fp16(model)
     manifest = manifest if manifest is not None else _run_manifest(run)
     if manifest is not None:
-        with torch.no_grad():
-            for k, p in model.named_parameters():
-                p.copy_(tensors[k].float())
         card["threshold_at_val_fa_per_hour"] = card["threshold"]
         card["operating_point"] = shipped_operating_point(model, manifest, target_frr)
         card["threshold"] = card["operating_point"]["threshold"]
@@ -1038,8 +1045,6 @@ def publish_blend(
     fp16 model `name`, at the threshold its fp16 weights give on the validation clips of
     `manifest` at `target_frr` (as `publish` does; `set_stream_threshold` may replace it).
     Its card names both parents by weights digest, so the blend can be made again."""
-    import torch
-
     from wakefl.models.kws_cnn import load_model, weights_digest
     from wakefl.models.kws_cnn.blend import blend
     from wakefl.models.kws_cnn.checkpoint import config_path
@@ -1055,10 +1060,7 @@ def publish_blend(
     if settings[0] != settings[1]:
         raise ConfigError(f"the two models ship different detector settings: {settings}")
     model = blend(load_model(first), load_model(second), alpha)
-    tensors = {k: v.detach().to(torch.float16).contiguous() for k, v in model.named_parameters()}
-    with torch.no_grad():  # the threshold is set on the weights that ship
-        for k, p in model.named_parameters():
-            p.copy_(tensors[k].float())
+    tensors = _round_to_fp16(model)
     point = shipped_operating_point(model, manifest, target_frr)
     parents = {
         "alpha": float(alpha),
