@@ -171,6 +171,12 @@ def _add_pretrain_augment_options(pre: argparse.ArgumentParser) -> None:
         "side and compressing the other by up to a factor 1±W (0 = off)",
     )
     pre.add_argument(
+        "--balance-device-types",
+        action="store_true",
+        help="draw each clip from a device type chosen uniformly first, instead of from all "
+        "clips (the corpus has fewer clips of some types)",
+    )
+    pre.add_argument(
         "--hard-negatives",
         type=float,
         default=0.0,
@@ -418,6 +424,7 @@ def _pretrain_settings(args: argparse.Namespace) -> Any:
         mel_warp=args.mel_warp,
         time_warp=args.time_warp,
         hard_negative_share=args.hard_negatives,
+        balance_device_types=args.balance_device_types,
         mine_every_steps=args.mine_every,
     )
 

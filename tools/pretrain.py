@@ -74,6 +74,10 @@ class PretrainSettings:
     # Share of the negatives drawn from the mined pool of high-scoring negatives
     # (tools/hard_negatives.py); 0 = off. The pool is renewed every `mine_every_steps`.
     hard_negative_share: float = 0.0
+    # Draw each wake-phrase and negative clip from a device type chosen uniformly, then a
+    # clip of that type: the corpus has 4x as many clips of A as of E, and E is where the
+    # held-out phrases are missed most. Off: clips drawn uniformly.
+    balance_device_types: bool = False
     mine_every_steps: int = 1500
     mine_candidates: int = 6000
     hard_pool: int = 600
@@ -116,6 +120,10 @@ class PretrainData:
     val_streams: list[np.ndarray] = field(default_factory=list)
     bank: Any = None  # wave_augment.AugmentBank
     hard: np.ndarray | None = None  # [H, T] the mined hard negatives, when mining is on
+    # The indices of `pos` and of `neg` of each device type: what `balance_device_types`
+    # draws by.
+    pos_by_type: list[np.ndarray] = field(default_factory=list)
+    neg_by_type: list[np.ndarray] = field(default_factory=list)
 
     @property
     def window(self) -> int:
@@ -168,12 +176,18 @@ def _extra_rows(main: Path, extra: Path) -> list[Any]:
 
 def _extra_training_audio(
     extra: Path, rows: list[Any], window: int, progress: bool
-) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
-    """An add-on corpus's training clips (waves, labels) and training streams."""
+) -> tuple[np.ndarray, list[Any], list[np.ndarray]]:
+    """An add-on corpus's training clips (waves and their rows) and training streams."""
     clips = [r for r in rows if r.kind == "clip"]
     waves = _decode_clips(clips, extra, window, progress)
     streams = [_decode(r.resolve(extra)) for r in rows if r.kind == "stream"]
-    return waves, np.array([r.label for r in clips]), [s for s in streams if s.size >= window]
+    return waves, clips, [s for s in streams if s.size >= window]
+
+
+def _by_type(rows: Sequence[Any]) -> list[np.ndarray]:
+    """The positions in `rows` of each device type's rows (types in sorted order)."""
+    types = np.array([r.device_type for r in rows])
+    return [np.flatnonzero(types == name) for name in sorted(set(types.tolist()))]
 
 
 def load_pretrain_data(
@@ -214,12 +228,25 @@ def load_pretrain_data(
         val_streams=[s[:cap] for s in streams["val"] if s.size >= window],
         bank=AugmentBank.make(seed),
     )
+    train_rows = [r for r in clips if r.split == "train"]
     for path, more_rows in zip(extra, extra_rows, strict=True):
-        x, y, more = _extra_training_audio(path, more_rows, window, progress)
+        x, more_clips, more = _extra_training_audio(path, more_rows, window, progress)
+        y = np.array([r.label for r in more_clips])
         data.pos = np.concatenate([data.pos, x[y == 1]])
         data.neg = np.concatenate([data.neg, x[y == 0]])
         data.train_streams += more
+        train_rows += more_clips
+    data.pos_by_type = _by_type([r for r in train_rows if r.label == 1])
+    data.neg_by_type = _by_type([r for r in train_rows if r.label == 0])
     return data
+
+
+def _draw(rng: np.random.Generator, n: int, by_type: list[np.ndarray], balance: bool) -> int:
+    """A clip index in [0, n): uniform, or with `balance`, of a device type drawn first."""
+    if not balance or not by_type:
+        return int(rng.integers(n))
+    group = by_type[int(rng.integers(len(by_type)))]
+    return int(group[int(rng.integers(group.size))])
 
 
 def make_batch(data: PretrainData, step: int, s: PretrainSettings) -> tuple[np.ndarray, np.ndarray]:
@@ -235,9 +262,10 @@ def make_batch(data: PretrainData, step: int, s: PretrainSettings) -> tuple[np.n
     out = np.empty((s.batch_size, data.window), np.float32)
     labels = np.zeros(s.batch_size, np.int64)
     labels[:n_pos] = 1
+    balance = s.balance_device_types
     for i in range(s.batch_size):
         if i < n_pos:
-            src = data.pos[int(rng.integers(len(data.pos)))]
+            src = data.pos[_draw(rng, len(data.pos), data.pos_by_type, balance)]
         elif pool is not None and i < n_pos + n_hard:
             src = pool[int(rng.integers(len(pool)))]
         elif i < n_pos + n_hard + n_cut:
@@ -245,7 +273,7 @@ def make_batch(data: PretrainData, step: int, s: PretrainSettings) -> tuple[np.n
             start = int(rng.integers(0, stream.size - data.window + 1))
             src = stream[start : start + data.window]
         else:
-            src = data.neg[int(rng.integers(len(data.neg)))]
+            src = data.neg[_draw(rng, len(data.neg), data.neg_by_type, balance)]
         out[i] = augment_window(src, int(labels[i]), rng, data.bank)
     return out, labels
 
