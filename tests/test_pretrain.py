@@ -193,35 +193,44 @@ def test_batches_depend_only_on_seed_and_step(corpus: Path) -> None:
     assert y1.sum() == round(SETTINGS.batch_size * SETTINGS.positive_share)  # class balance
 
 
-def test_balanced_device_types_draw_a_rare_type_as_often_as_a_common_one(
+def test_balanced_draws_take_a_rare_group_as_often_as_a_common_one(
     corpus: Path, tmp_path: Path
 ) -> None:
     timing = build_corpus(tmp_path / "timing", 0, "pretrain-timing-micro", progress=False)
     data = load_pretrain_data(corpus, 24000, 6.0, progress=False, extra=[timing])
-    # Every training clip, the add-on's included, is in its own device type's group.
-    rows = [r for m in (corpus, timing) for r in read_manifest(m) if r.split == "train"]
-    rows = [r for r in rows if r.kind == "clip"]
-    for label, groups in ((1, data.pos_by_type), (0, data.neg_by_type)):
-        types = sorted({r.device_type for r in rows})
-        sizes = [sum(r.label == label and r.device_type == t for r in rows) for t in types]
-        assert [g.size for g in groups] == sizes
-        assert np.array_equal(np.sort(np.concatenate(groups)), np.arange(sum(sizes)))
-    # One loud wake-phrase clip alone in its type, the others silent (augmentation keeps
-    # silence near silent): balanced, the loud one fills a 1/len(types) share of positives.
+    # Every training clip, the add-on's included, is in the group of its device type and in
+    # that of its speaker's engine.
+    rows = [(r, m) for m in (corpus, timing) for r in read_manifest(m) if r.split == "train"]
+    engine = {
+        m: {s["speaker"]: s["engine"] for s in _speakers(m.parent / "speakers.csv")}
+        for m in (corpus, timing)
+    }
+    keys = {
+        "device_type": lambda rm: rm[0].device_type,
+        "engine": lambda rm: engine[rm[1]].get(rm[0].speaker, ""),  # "": no speech
+    }
+    for label, groups in ((1, data.pos_groups), (0, data.neg_groups)):
+        clips = [(r, m) for r, m in rows if r.kind == "clip" and r.label == label]
+        for key, of in keys.items():
+            names = sorted({of(r) for r in clips})
+            assert len(names) > 1
+            for name, group in zip(names, groups[key], strict=True):
+                assert group.tolist() == [i for i, r in enumerate(clips) if of(r) == name]
+    # One loud wake-phrase clip alone in its group, the others silent (augmentation keeps
+    # silence near silent): balanced, the loud one fills a 1/len(groups) share of positives.
     data.pos[1:] = 0.0
     data.pos[0] = 0.3 * np.sin(np.arange(24000, dtype=np.float32) * 0.05)
     rest = np.arange(1, len(data.pos))
-    data.pos_by_type = [np.array([0]), rest[: rest.size // 2], rest[rest.size // 2 :]]
+    data.pos_groups["engine"] = [np.array([0]), rest[: rest.size // 2], rest[rest.size // 2 :]]
     n_pos = round(SETTINGS.batch_size * SETTINGS.positive_share)
 
-    def loud_share(balance: bool) -> float:
-        s = dataclasses.replace(SETTINGS, balance_device_types=balance)
+    def loud_share(balance_by: str) -> float:
+        s = dataclasses.replace(SETTINGS, balance_by=balance_by)
         peaks = [np.abs(make_batch(data, k, s)[0][:n_pos]).max(axis=1) for k in range(40)]
         return float(np.mean(np.concatenate(peaks) > 2e-3))
 
-    balanced, plain = loud_share(True), loud_share(False)
-    assert 0.2 < balanced < 0.47  # 1/3 expected, over 40 batches
-    assert plain < 0.1  # 1/len(data.pos) expected
+    assert 0.2 < loud_share("engine") < 0.47  # 1/3 expected, over 40 batches
+    assert loud_share("") < 0.1  # 1/len(data.pos) expected
 
 
 def test_schedule_warms_up_then_decays() -> None:

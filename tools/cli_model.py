@@ -171,10 +171,11 @@ def _add_pretrain_augment_options(pre: argparse.ArgumentParser) -> None:
         "side and compressing the other by up to a factor 1±W (0 = off)",
     )
     pre.add_argument(
-        "--balance-device-types",
-        action="store_true",
-        help="draw each clip from a device type chosen uniformly first, instead of from all "
-        "clips (the corpus has fewer clips of some types)",
+        "--balance-by",
+        choices=("device-type", "engine"),
+        default=None,
+        help="draw each clip from a device type (or speech engine) chosen uniformly first, "
+        "instead of from all clips (the corpus has fewer clips of some)",
     )
     pre.add_argument(
         "--hard-negatives",
@@ -424,7 +425,7 @@ def _pretrain_settings(args: argparse.Namespace) -> Any:
         mel_warp=args.mel_warp,
         time_warp=args.time_warp,
         hard_negative_share=args.hard_negatives,
-        balance_device_types=args.balance_device_types,
+        balance_by=(args.balance_by or "").replace("-", "_"),
         mine_every_steps=args.mine_every,
     )
 

@@ -47,6 +47,8 @@ HISTORY = "history.jsonl"
 WIDEN_NOISE = 0.02
 # The shipped detector's settings: the streaming detector's defaults.
 HOP_S, SMOOTHING, REFRACTORY_S = 0.1, 3, 1.0
+# What `balance_by` may group training clips by.
+BALANCE_KEYS = ("device_type", "engine")
 
 
 @dataclass(frozen=True)
@@ -74,10 +76,11 @@ class PretrainSettings:
     # Share of the negatives drawn from the mined pool of high-scoring negatives
     # (tools/hard_negatives.py); 0 = off. The pool is renewed every `mine_every_steps`.
     hard_negative_share: float = 0.0
-    # Draw each wake-phrase and negative clip from a device type chosen uniformly, then a
-    # clip of that type: the corpus has 4x as many clips of A as of E, and E is where the
-    # held-out phrases are missed most. Off: clips drawn uniformly.
-    balance_device_types: bool = False
+    # Draw each wake-phrase and negative clip from a group chosen uniformly, then a clip of
+    # that group: groups by "device_type" (the corpus has 4x as many clips of A as of E, and
+    # E is where held-out phrases are missed most) or by speech "engine" (three quarters of
+    # the phrases are espeak-ng's; flite's are missed most). "": clips drawn uniformly.
+    balance_by: str = ""
     mine_every_steps: int = 1500
     mine_candidates: int = 6000
     hard_pool: int = 600
@@ -120,10 +123,10 @@ class PretrainData:
     val_streams: list[np.ndarray] = field(default_factory=list)
     bank: Any = None  # wave_augment.AugmentBank
     hard: np.ndarray | None = None  # [H, T] the mined hard negatives, when mining is on
-    # The indices of `pos` and of `neg` of each device type: what `balance_device_types`
-    # draws by.
-    pos_by_type: list[np.ndarray] = field(default_factory=list)
-    neg_by_type: list[np.ndarray] = field(default_factory=list)
+    # For each BALANCE_KEYS key, the indices of `pos` and of `neg` in each of its groups:
+    # what `balance_by` draws by.
+    pos_groups: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    neg_groups: dict[str, list[np.ndarray]] = field(default_factory=dict)
 
     @property
     def window(self) -> int:
@@ -184,10 +187,23 @@ def _extra_training_audio(
     return waves, clips, [s for s in streams if s.size >= window]
 
 
-def _by_type(rows: Sequence[Any]) -> list[np.ndarray]:
-    """The positions in `rows` of each device type's rows (types in sorted order)."""
-    types = np.array([r.device_type for r in rows])
-    return [np.flatnonzero(types == name) for name in sorted(set(types.tolist()))]
+def _groups(keys: Sequence[str]) -> list[np.ndarray]:
+    """The positions of each distinct key in `keys` (keys in sorted order)."""
+    arr = np.array(keys, dtype=object)
+    return [np.flatnonzero(arr == name) for name in sorted(set(keys))]
+
+
+def _set_groups(data: PretrainData, rows: Sequence[tuple[Any, Path]]) -> None:
+    """Group the training clips (rows with their manifest, in `pos` then `neg` order) by
+    device type and by speech engine (from the speakers.csv beside each manifest; "" for a
+    speaker it does not name, such as imported recordings)."""
+    from wakefl.tools.bench_detection import voice_families
+
+    families = {m: voice_families(m) for m in {m for _, m in rows}}
+    for label, out in ((1, data.pos_groups), (0, data.neg_groups)):
+        mine = [(r, m) for r, m in rows if r.label == label]
+        out["device_type"] = _groups([r.device_type for r, _ in mine])
+        out["engine"] = _groups([families[m].get(r.speaker, "").split(":")[0] for r, m in mine])
 
 
 def load_pretrain_data(
@@ -228,24 +244,23 @@ def load_pretrain_data(
         val_streams=[s[:cap] for s in streams["val"] if s.size >= window],
         bank=AugmentBank.make(seed),
     )
-    train_rows = [r for r in clips if r.split == "train"]
+    train_rows = [(r, manifest) for r in clips if r.split == "train"]
     for path, more_rows in zip(extra, extra_rows, strict=True):
         x, more_clips, more = _extra_training_audio(path, more_rows, window, progress)
         y = np.array([r.label for r in more_clips])
         data.pos = np.concatenate([data.pos, x[y == 1]])
         data.neg = np.concatenate([data.neg, x[y == 0]])
         data.train_streams += more
-        train_rows += more_clips
-    data.pos_by_type = _by_type([r for r in train_rows if r.label == 1])
-    data.neg_by_type = _by_type([r for r in train_rows if r.label == 0])
+        train_rows += [(r, path) for r in more_clips]
+    _set_groups(data, train_rows)
     return data
 
 
-def _draw(rng: np.random.Generator, n: int, by_type: list[np.ndarray], balance: bool) -> int:
-    """A clip index in [0, n): uniform, or with `balance`, of a device type drawn first."""
-    if not balance or not by_type:
+def _draw(rng: np.random.Generator, n: int, groups: list[np.ndarray] | None) -> int:
+    """A clip index in [0, n): uniform, or of a group drawn uniformly first."""
+    if not groups:
         return int(rng.integers(n))
-    group = by_type[int(rng.integers(len(by_type)))]
+    group = groups[int(rng.integers(len(groups)))]
     return int(group[int(rng.integers(group.size))])
 
 
@@ -262,10 +277,10 @@ def make_batch(data: PretrainData, step: int, s: PretrainSettings) -> tuple[np.n
     out = np.empty((s.batch_size, data.window), np.float32)
     labels = np.zeros(s.batch_size, np.int64)
     labels[:n_pos] = 1
-    balance = s.balance_device_types
+    pos_groups, neg_groups = data.pos_groups.get(s.balance_by), data.neg_groups.get(s.balance_by)
     for i in range(s.batch_size):
         if i < n_pos:
-            src = data.pos[_draw(rng, len(data.pos), data.pos_by_type, balance)]
+            src = data.pos[_draw(rng, len(data.pos), pos_groups)]
         elif pool is not None and i < n_pos + n_hard:
             src = pool[int(rng.integers(len(pool)))]
         elif i < n_pos + n_hard + n_cut:
@@ -273,7 +288,7 @@ def make_batch(data: PretrainData, step: int, s: PretrainSettings) -> tuple[np.n
             start = int(rng.integers(0, stream.size - data.window + 1))
             src = stream[start : start + data.window]
         else:
-            src = data.neg[_draw(rng, len(data.neg), data.neg_by_type, balance)]
+            src = data.neg[_draw(rng, len(data.neg), neg_groups)]
         out[i] = augment_window(src, int(labels[i]), rng, data.bank)
     return out, labels
 
