@@ -231,6 +231,8 @@ def test_balanced_draws_take_a_rare_group_as_often_as_a_common_one(
 
     assert 0.2 < loud_share("engine") < 0.47  # 1/3 expected, over 40 batches
     assert loud_share("") < 0.1  # 1/len(data.pos) expected
+    with pytest.raises(ConfigError, match="balance_by"):
+        pretrain(corpus, tmp_path / "run", dataclasses.replace(SETTINGS, balance_by="voice"))
 
 
 def test_schedule_warms_up_then_decays() -> None:

@@ -699,9 +699,14 @@ def seeded_model(s: PretrainSettings) -> tuple[Any, Any]:
 
 def _new_run(out: Path, s: PretrainSettings, resume: bool) -> tuple[Any, Any]:
     """The seeded model and its AdamW optimizer, for a new run in `out` (refused when `out`
-    holds one and `resume` is off) or one to resume."""
+    holds one and `resume` is off, or the settings name an unknown balance) or one to
+    resume."""
     import torch
 
+    if s.balance_by not in ("", *BALANCE_KEYS):
+        raise ConfigError(
+            f"balance_by must be one of {BALANCE_KEYS} or empty, not {s.balance_by!r}"
+        )
     torch.set_num_threads(max(1, s.threads))
     out.mkdir(parents=True, exist_ok=True)
     if not resume and (out / STATE_INFO).exists():
