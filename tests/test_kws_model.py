@@ -239,3 +239,52 @@ def test_blending_interpolates_every_parameter_and_refuses_a_mismatch(tmp_path, 
     torch.testing.assert_close(mixed, expected)
     assert main([*args, "--alpha", "2"]) == 2
     assert "in [0, 1]" in capsys.readouterr().err
+
+
+def test_a_soup_is_the_share_weighted_average_of_its_models_and_refuses_bad_shares(
+    tmp_path, capsys
+):
+    from wakefl.models.kws_cnn.blend import average, blend
+    from wakefl.tools.cli import main
+
+    torch.manual_seed(2)
+    models = [KwsCnn(ModelConfig(width=0.25)).eval() for _ in range(3)]
+    flats = [get_flat_params(m) for m in models]
+    torch.testing.assert_close(
+        get_flat_params(average(models, [0.5, 0.3, 0.2])),
+        0.5 * flats[0] + 0.3 * flats[1] + 0.2 * flats[2],
+    )
+    # Two models with shares (1 - a, a) make the blend; one model alone is itself.
+    torch.testing.assert_close(
+        get_flat_params(average(models[:2], [0.75, 0.25])),
+        get_flat_params(blend(models[0], models[1], 0.25)),
+    )
+    wave = 0.1 * torch.randn(2, models[0].cfg.window_samples)
+    torch.testing.assert_close(average(models[1:2], [1.0])(wave), models[1](wave))
+    bad_shares = {
+        "one share per model": [0.5, 0.5],
+        "sum to 1": [0.5, 0.3, 0.3],
+        ">= 0": [1.2, -0.1, -0.1],
+        "finite": [float("nan"), 0.5, 0.5],
+    }
+    for message, shares in bad_shares.items():
+        with pytest.raises(ConfigError, match=message):
+            average(models, shares)
+    with pytest.raises(ConfigError, match="one share per model"):
+        average([], [])
+    with pytest.raises(ConfigError, match="different configs"):
+        average([models[0], KwsCnn(ModelConfig(width=0.5))], [0.5, 0.5])
+    with torch.no_grad():
+        next(models[2].parameters()).fill_(float("nan"))
+    with pytest.raises(ConfigError, match="not finite"):
+        average(models, [0.4, 0.4, 0.2])
+
+    files = [save_model(m, tmp_path / f"m{i}.safetensors") for i, m in enumerate(models[:2])]
+    files.append(save_model(KwsCnn(ModelConfig(width=0.25)), tmp_path / "m2.safetensors"))
+    out = tmp_path / "soup.safetensors"
+    args = ["model", "soup", "--models", *map(str, files), "--out", str(out)]
+    assert main(args) == 0  # equal shares by default
+    expected = sum(get_flat_params(load_model(f)) for f in files) / 3
+    torch.testing.assert_close(get_flat_params(load_model(out)), expected)
+    assert main([*args, "--shares", "0.5", "0.5"]) == 2
+    assert "one share per model" in capsys.readouterr().err

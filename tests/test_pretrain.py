@@ -28,6 +28,7 @@ from wakefl.tools.pretrain import (
     pretrain,
     publish,
     publish_blend,
+    publish_soup,
     set_stream_threshold,
     smoothed,
     threshold_for_fa,
@@ -395,6 +396,43 @@ def test_a_blend_of_two_published_models_ships_in_fp16_with_its_parents(
     changed.write_text(json.dumps({**json.loads(changed.read_text()), "smoothing": 5}))
     with pytest.raises(ConfigError, match="detector settings"):
         publish_blend(first, second, 0.5, "small", corpus, dest=tmp_path / "e")
+    assert not (tmp_path / "e").exists()
+
+
+def test_a_soup_of_published_models_ships_in_fp16_with_each_parent_and_share(
+    corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from safetensors.torch import load_file
+
+    from wakefl.models.kws_cnn import save_model, weights_digest
+    from wakefl.tools.cli import main as cli
+
+    run = tmp_path / "run"
+    parents = []
+    for i, steps in enumerate((3, 2, 2)):
+        pretrain(corpus, run, SETTINGS, resume=i > 0, progress=False, max_steps=steps)
+        parents.append(publish(run, "small", dest=tmp_path / f"p{i}", checkpoint="last"))
+    argv = ["model", "soup", "--models", *map(str, parents), "--shares", "0.5", "0.25", "0.25"]
+    assert cli([*argv, "--publish", "small"]) == 2  # no corpus to set its threshold on
+    assert "--corpus" in capsys.readouterr().err
+    ship = ["--publish", "small", "--dest", str(tmp_path / "s"), "--corpus", str(corpus)]
+    assert cli([*argv, *ship]) == 0
+    out = tmp_path / "s" / "small.safetensors"
+    loaded = [load_file(str(f)) for f in (*parents, out)]
+    for k, t in loaded[-1].items():
+        assert t.dtype == torch.float16
+        parts = [p[k].double() for p in loaded[:3]]
+        expected = (0.5 * parts[0] + 0.25 * parts[1] + 0.25 * parts[2]).float().half()
+        assert torch.equal(t, expected)
+    card = json.loads(out.with_suffix(".card.json").read_text())
+    assert [p["weights_digest"] for p in card["soup"]] == [weights_digest(p) for p in parents]
+    assert [p["share"] for p in card["soup"]] == [0.5, 0.25, 0.25]
+    assert card["operating_point"]["val_frr"] <= 0.05
+    # Any parent without a card is refused before anything is written.
+    bare = tmp_path / "bare" / "small.safetensors"
+    save_model(load_model(parents[0]), bare)
+    with pytest.raises(ConfigError, match="no card"):
+        publish_soup([*parents, bare], [0.25] * 4, "small", corpus, dest=tmp_path / "e")
     assert not (tmp_path / "e").exists()
 
 

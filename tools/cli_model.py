@@ -1,5 +1,5 @@
-"""`wakefl model info|export|pretrain|publish|set-threshold|blend`: inspect, export, train,
-ship and blend the wake-word CNN."""
+"""`wakefl model info|export|pretrain|publish|set-threshold|blend|soup`: inspect, export,
+train, ship and blend or average the wake-word CNN."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _register_pretrain(sub)
     _register_publish(sub)
     _register_blend(sub)
+    _register_soup(sub)
 
 
 def _register_info(sub: argparse._SubParsersAction) -> None:
@@ -265,6 +266,34 @@ def _register_blend(sub: argparse._SubParsersAction) -> None:
         "--dest", type=Path, default=None, help="with --publish: another folder to ship into"
     )
     bl.set_defaults(func=_blend)
+
+
+def _register_soup(sub: argparse._SubParsersAction) -> None:
+    """`wakefl model soup`."""
+    sp = sub.add_parser("soup", help="write the weighted average of several models of one config")
+    sp.add_argument("--models", type=Path, nargs="+", required=True, metavar="WEIGHTS")
+    sp.add_argument(
+        "--shares",
+        type=float,
+        nargs="+",
+        default=None,
+        metavar="S",
+        help="each model's share, in --models order, summing to 1 (default: equal shares)",
+    )
+    where = sp.add_mutually_exclusive_group(required=True)
+    where.add_argument("--out", type=Path, help="output FILE.safetensors (fp32)")
+    where.add_argument(
+        "--publish",
+        choices=("full", "small"),
+        metavar="NAME",
+        help="ship the average of published models (fp16, with its card) as "
+        "models/kws_cnn/pretrained/NAME, its threshold set on --corpus's validation clips",
+    )
+    sp.add_argument("--corpus", type=Path, metavar="MANIFEST", help="with --publish")
+    sp.add_argument(
+        "--dest", type=Path, default=None, help="with --publish: another folder to ship into"
+    )
+    sp.set_defaults(func=_soup)
 
 
 def _build(args: argparse.Namespace):
@@ -522,4 +551,24 @@ def _blend(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out must name a .safetensors file, got {args.out}")
     out = save_model(blend(load_model(args.first), load_model(args.second), args.alpha), args.out)
     print(f"wrote {out} (alpha {args.alpha}) with its config")
+    return 0
+
+
+def _soup(args: argparse.Namespace) -> int:
+    from wakefl.models.kws_cnn import load_model, save_model
+    from wakefl.models.kws_cnn.blend import average
+
+    shares = args.shares or [1.0 / len(args.models)] * len(args.models)
+    if args.publish is not None:
+        if args.corpus is None:
+            raise ConfigError("--publish needs --corpus MANIFEST to set the shipped threshold on")
+        from wakefl.tools.pretrain import publish_soup
+
+        out = publish_soup(args.models, shares, args.publish, args.corpus, dest=args.dest)
+        print(f"shipped {out} (shares {shares}) with its config and card")
+        return 0
+    if args.out.suffix != ".safetensors":
+        raise ConfigError(f"--out must name a .safetensors file, got {args.out}")
+    out = save_model(average([load_model(w) for w in args.models], shares), args.out)
+    print(f"wrote {out} (shares {shares}) with its config")
     return 0

@@ -1095,29 +1095,77 @@ def publish_blend(
     Its card names both parents by weights digest, so the blend can be made again."""
     from wakefl.models.kws_cnn import load_model, weights_digest
     from wakefl.models.kws_cnn.blend import blend
-    from wakefl.models.kws_cnn.checkpoint import config_path
-    from wakefl.models.kws_cnn.pretrained import NAMES, PRETRAINED_DIR, card_beside
 
-    if name not in NAMES:
-        raise ConfigError(f"a shipped model is one of {', '.join(NAMES)}, got {name!r}")
-    cards = [card_beside(w) for w in (first, second)]
-    for w, c in zip((first, second), cards, strict=True):
-        if c is None:
-            raise ConfigError(f"{w}: no card beside it; blend two published models")
-    settings = [{k: c.get(k) for k in DETECTOR_SETTINGS} for c in cards if c is not None]
-    if settings[0] != settings[1]:
-        raise ConfigError(f"the two models ship different detector settings: {settings}")
+    _check_parents((first, second), name)
     model = blend(load_model(first), load_model(second), alpha)
-    tensors = _round_to_fp16(model)
-    point = shipped_operating_point(model, manifest, target_frr)
     parents = {
         "alpha": float(alpha),
         "first": {"file": Path(first).name, "weights_digest": weights_digest(first)},
         "second": {"file": Path(second).name, "weights_digest": weights_digest(second)},
     }
-    card = {**settings[0], "threshold": point["threshold"], "operating_point": point}
-    card["blend"] = parents
-    meta = json.loads(config_path(first).read_text(encoding="utf-8"))
+    return _publish_mixed(model, first, "blend", parents, name, manifest, dest, target_frr)
+
+
+def publish_soup(
+    weights: Sequence[Path],
+    shares: Sequence[float],
+    name: str,
+    manifest: Path,
+    dest: Path | None = None,
+    target_frr: float = 0.05,
+) -> Path:
+    """Ship the weighted average of several published models (`average`) as fp16 model
+    `name`, at its threshold on `manifest`'s validation clips, as `publish_blend` does.
+    Its card lists each parent's weights digest and share."""
+    from wakefl.models.kws_cnn import load_model, weights_digest
+    from wakefl.models.kws_cnn.blend import average
+
+    _check_parents(weights, name)
+    model = average([load_model(w) for w in weights], shares)
+    parents = [
+        {"file": Path(w).name, "weights_digest": weights_digest(w), "share": float(s)}
+        for w, s in zip(weights, shares, strict=True)
+    ]
+    return _publish_mixed(model, weights[0], "soup", parents, name, manifest, dest, target_frr)
+
+
+def _check_parents(weights: Sequence[Path], name: str) -> None:
+    """ConfigError unless `name` is a shipped model's name and every parent is a published
+    model (a card beside it), all shipping the same detector settings."""
+    from wakefl.models.kws_cnn.pretrained import NAMES, card_beside
+
+    if name not in NAMES:
+        raise ConfigError(f"a shipped model is one of {', '.join(NAMES)}, got {name!r}")
+    settings = []
+    for w in weights:
+        card = card_beside(w)
+        if card is None:
+            raise ConfigError(f"{w}: no card beside it; mix published models only")
+        settings.append({k: card.get(k) for k in DETECTOR_SETTINGS})
+    if any(s != settings[0] for s in settings[1:]):
+        raise ConfigError(f"the models ship different detector settings: {settings}")
+
+
+def _publish_mixed(
+    model: Any,
+    config_from: Path,
+    key: str,
+    parents: Any,
+    name: str,
+    manifest: Path,
+    dest: Path | None,
+    target_frr: float,
+) -> Path:
+    """Round a mixed model to fp16, set its threshold on the validation clips and ship it
+    with a card whose `key` names its parents."""
+    from wakefl.models.kws_cnn.checkpoint import config_path
+    from wakefl.models.kws_cnn.pretrained import PRETRAINED_DIR, card_beside
+
+    settings = {k: (card_beside(config_from) or {}).get(k) for k in DETECTOR_SETTINGS}
+    tensors = _round_to_fp16(model)
+    point = shipped_operating_point(model, manifest, target_frr)
+    card = {**settings, "threshold": point["threshold"], "operating_point": point, key: parents}
+    meta = json.loads(config_path(config_from).read_text(encoding="utf-8"))
     dest = PRETRAINED_DIR if dest is None else dest
     dest.mkdir(parents=True, exist_ok=True)
     return _write_shipped(dest / f"{name}.safetensors", tensors, model.cfg, card, meta)
