@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from wakefl.errors import ConfigError
-from wakefl.models.kws_cnn import load_model
+from wakefl.models.kws_cnn import load_model, weights_digest
 from wakefl.sdk.manifest import read_manifest
 from wakefl.tools.corpus_build import build_corpus
 from wakefl.tools.pretrain import (
@@ -22,6 +22,7 @@ from wakefl.tools.pretrain import (
     STATE_INFO,
     PretrainSettings,
     count_events,
+    distill_loss,
     load_pretrain_data,
     lr_at,
     make_batch,
@@ -29,6 +30,7 @@ from wakefl.tools.pretrain import (
     publish,
     publish_blend,
     publish_soup,
+    score_batches,
     set_stream_threshold,
     smoothed,
     threshold_for_fa,
@@ -454,6 +456,73 @@ def test_init_from_a_narrower_model_widens_it(corpus: Path, tmp_path: Path) -> N
             SETTINGS,
             init_from=tmp_path / "wide.safetensors",
             progress=False,
+        )
+
+
+def test_the_distillation_loss_is_the_scaled_kl_divergence_between_tempered_scores() -> None:
+    student = torch.tensor([[0.3, -1.2], [2.0, 0.5]])
+    teacher = torch.tensor([[1.0, 1.0], [-3.0, 2.0]])
+    for t in (1.0, 2.0, 4.0):
+        p = torch.softmax(teacher / t, dim=1)
+        q = torch.softmax(student / t, dim=1)
+        expected = t * t * (p * (p / q).log()).sum(dim=1).mean()
+        torch.testing.assert_close(distill_loss(student, teacher, t), expected)
+        assert float(distill_loss(teacher, teacher, t)) == pytest.approx(0.0, abs=1e-7)
+
+
+def test_a_student_learns_its_teachers_scores_and_a_resume_keeps_the_teacher(
+    corpus: Path, tmp_path: Path
+) -> None:
+    from wakefl.models.kws_cnn import KwsCnn, ModelConfig, save_model
+
+    # A teacher that calls everything the phrase: labels alone teach the opposite for the
+    # negatives, so which of the two the student followed shows in its scores.
+    torch.manual_seed(3)
+    yes = KwsCnn(ModelConfig(width=0.25))
+    with torch.no_grad():
+        yes.head[-1].weight.zero_()
+        yes.head[-1].bias.copy_(torch.tensor([-6.0, 6.0]))
+    teacher = save_model(yes, tmp_path / "teacher.safetensors")
+    fast = dataclasses.replace(SETTINGS, lr=0.02)
+    taught = dataclasses.replace(fast, distill_from=str(teacher), distill_weight=1.0)
+    negatives = load_pretrain_data(corpus, yes.cfg.window_samples, 6.0, False, 0).neg[:64]
+    scores = {}
+    for name, settings in (("labels", fast), ("teacher", taught)):
+        info = pretrain(corpus, tmp_path / name, settings, progress=False, max_steps=6)
+        model = load_model(
+            publish(tmp_path / name, "small", dest=tmp_path / f"p-{name}", checkpoint="last")
+        )
+        scores[name] = float(score_batches(model, negatives).mean())
+    assert info["teacher_digest"] == weights_digest(teacher)
+    assert scores["teacher"] > 0.5 > scores["labels"]
+    # A resumed run must be taught by the same weights; a teacher of another frontend and
+    # a weight outside (0, 1] are refused before the corpus is decoded.
+    other = save_model(KwsCnn(ModelConfig(width=0.25)), tmp_path / "other.safetensors")
+    with pytest.raises(ConfigError, match="distilled from other weights"):
+        pretrain(
+            corpus,
+            tmp_path / "teacher",
+            dataclasses.replace(taught, distill_from=str(other)),
+            resume=True,
+            progress=False,
+            max_steps=1,
+        )
+    mels = save_model(KwsCnn(ModelConfig(width=0.25, n_mels=32)), tmp_path / "m.safetensors")
+    with pytest.raises(ConfigError, match="frontend"):
+        pretrain(
+            corpus,
+            tmp_path / "x",
+            dataclasses.replace(taught, distill_from=str(mels)),
+            progress=False,
+            max_steps=1,
+        )
+    with pytest.raises(ConfigError, match="weight in"):
+        pretrain(
+            corpus,
+            tmp_path / "y",
+            dataclasses.replace(taught, distill_weight=1.5),
+            progress=False,
+            max_steps=1,
         )
 
 

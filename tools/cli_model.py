@@ -187,6 +187,28 @@ def _add_pretrain_augment_options(pre: argparse.ArgumentParser) -> None:
         "negatives, mined again every --mine-every steps (0 = off)",
     )
     pre.add_argument("--mine-every", type=int, default=1500, metavar="STEPS")
+    pre.add_argument(
+        "--distill-from",
+        type=Path,
+        default=None,
+        metavar="WEIGHTS",
+        help="a teacher model (e.g. the shipped full model) whose scores of each augmented "
+        "batch the model also learns from",
+    )
+    pre.add_argument(
+        "--distill-weight",
+        type=float,
+        default=0.5,
+        metavar="W",
+        help="with --distill-from: the teacher's share of the loss, in (0, 1]",
+    )
+    pre.add_argument(
+        "--distill-temperature",
+        type=float,
+        default=2.0,
+        metavar="T",
+        help="with --distill-from: the softmax temperature both models' scores are compared at",
+    )
 
 
 def _register_publish(sub: argparse._SubParsersAction) -> None:
@@ -431,6 +453,8 @@ def _pretrain_settings(args: argparse.Namespace) -> Any:
     for extra in args.extra_corpus:
         if not extra.is_file():
             raise ConfigError(f"--extra-corpus {extra}: no such manifest")
+    if args.distill_from is not None and not args.distill_from.is_file():
+        raise ConfigError(f"--distill-from {args.distill_from}: no such weights file")
     if not 0 <= args.workers <= 64:
         raise ConfigError(f"--workers must be in [0, 64], got {args.workers}")
     if args.device == "cuda":
@@ -455,6 +479,9 @@ def _pretrain_settings(args: argparse.Namespace) -> Any:
         time_warp=args.time_warp,
         hard_negative_share=args.hard_negatives,
         balance_by=(args.balance_by or "").replace("-", "_"),
+        distill_from=str(args.distill_from or ""),
+        distill_weight=args.distill_weight if args.distill_from else 0.0,
+        distill_temperature=args.distill_temperature,
         mine_every_steps=args.mine_every,
     )
 

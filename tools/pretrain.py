@@ -81,6 +81,13 @@ class PretrainSettings:
     # E is where held-out phrases are missed most) or by speech "engine" (three quarters of
     # the phrases are espeak-ng's; flite's are missed most). "": clips drawn uniformly.
     balance_by: str = ""
+    # Knowledge distillation: a teacher model (weights file; "" = off) scores the same
+    # augmented batch, and this share of the loss pulls the student's class probabilities
+    # at `distill_temperature` towards the teacher's. A narrow model learns more from a
+    # wide one's graded scores (how near a "hey noah" is to the phrase) than from labels.
+    distill_from: str = ""
+    distill_weight: float = 0.0
+    distill_temperature: float = 2.0
     mine_every_steps: int = 1500
     mine_candidates: int = 6000
     hard_pool: int = 600
@@ -634,7 +641,14 @@ def _start_weights(start: Any, model: Any, init_from: Path, s: PretrainSettings)
 
 
 def _train_step(
-    model: Any, opt: Any, x: Any, y: Any, step: int, gen: Any, s: PretrainSettings
+    model: Any,
+    opt: Any,
+    x: Any,
+    y: Any,
+    step: int,
+    gen: Any,
+    s: PretrainSettings,
+    teacher: Any = None,
 ) -> float:
     """One optimizer step at the schedule's learning rate; returns the batch loss."""
     import torch
@@ -642,15 +656,68 @@ def _train_step(
 
     for g in opt.param_groups:
         g["lr"] = lr_at(step, s)
+    x = x.to(s.device)
+    augment = (s.spec_masks, s.mel_warp, s.time_warp)
     gen.manual_seed(s.seed * 1_000_003 + step)  # the masks of step k depend on k alone
-    logits = forward_train(model, x.to(s.device), gen, s.spec_masks, s.mel_warp, s.time_warp)
+    logits = forward_train(model, x, gen, *augment)
     loss = F.cross_entropy(logits, y.to(s.device))
+    if teacher is not None and s.distill_weight > 0:
+        gen.manual_seed(s.seed * 1_000_003 + step)  # the teacher sees the very same view
+        with torch.no_grad():
+            taught = forward_train(teacher, x, gen, *augment)
+        loss = (1.0 - s.distill_weight) * loss + s.distill_weight * distill_loss(
+            logits, taught, s.distill_temperature
+        )
     if not torch.isfinite(loss):
         raise ConfigError(f"the training loss became {loss.item()} at step {step}; lower --lr")
     opt.zero_grad(set_to_none=True)
     loss.backward()
     opt.step()
     return loss.item()
+
+
+def distill_loss(student: Any, teacher: Any, temperature: float) -> Any:
+    """KL divergence from the teacher's class probabilities to the student's, both at
+    `temperature`, scaled by its square so that its gradients keep the size of the label
+    loss's whatever the temperature (Hinton et al., 2015)."""
+    import torch.nn.functional as F
+
+    t = float(temperature)
+    return (t * t) * F.kl_div(
+        F.log_softmax(student / t, dim=1),
+        F.log_softmax(teacher / t, dim=1),
+        log_target=True,
+        reduction="batchmean",
+    )
+
+
+def load_teacher(s: PretrainSettings, model: Any, info: dict[str, Any], out: Path) -> Any:
+    """The run's teacher (frozen, on the run's device), or None without distillation. Its
+    weights digest goes into the run's state; a resumed run must name the same teacher."""
+    if not s.distill_from:
+        return None
+    if not (0.0 < s.distill_weight <= 1.0 and 0.0 < s.distill_temperature <= 100.0):
+        raise ConfigError(
+            "distillation needs a weight in (0, 1] and a temperature in (0, 100], got "
+            f"{s.distill_weight} and {s.distill_temperature}"
+        )
+    import dataclasses
+
+    from wakefl.models.kws_cnn import load_model, weights_digest
+
+    teacher = load_model(Path(s.distill_from))
+    if dataclasses.replace(teacher.cfg, width=model.cfg.width) != model.cfg:
+        raise ConfigError(f"--distill-from {s.distill_from}: its frontend or version differs")
+    digest = weights_digest(Path(s.distill_from))
+    if info.setdefault("teacher_digest", digest) != digest:
+        raise ConfigError(
+            f"--resume: the run in {out} was distilled from other weights "
+            f"({info['teacher_digest'][:12]}), --distill-from {s.distill_from} is {digest[:12]}"
+        )
+    teacher = teacher.float().to(s.device).eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    return teacher
 
 
 def _validate_and_record(
@@ -746,6 +813,7 @@ class _Run:
     max_minutes: float | None
     max_steps: int | None
     running: float | None = None
+    teacher: Any = None  # the frozen teacher model when distilling
 
 
 def _mine_pool(run: _Run, step: int) -> None:
@@ -822,7 +890,7 @@ def _train_segment(run: _Run, first: int, end: int) -> tuple[int, bool]:
     for step, (x, y) in enumerate(
         batch_stream(run.data, first, s, workers=s.workers, end_step=end), start=first
     ):
-        loss = _train_step(run.model, run.opt, x, y, step, run.gen, s)
+        loss = _train_step(run.model, run.opt, x, y, step, run.gen, s, run.teacher)
         run.running = loss if run.running is None else 0.98 * run.running + 0.02 * loss
         info["step"] = step + 1
         info["seconds"] = run.seconds0 + time.monotonic() - run.t0
@@ -846,6 +914,19 @@ def _train_segment(run: _Run, first: int, end: int) -> tuple[int, bool]:
     return end, False
 
 
+def _progress_bar(s: PretrainSettings, step: int, progress: bool) -> Any:
+    """The run's tqdm bar over its steps, starting at `step`."""
+    from tqdm import tqdm
+
+    return tqdm(
+        total=s.total_steps,
+        initial=step,
+        desc=f"pretrain w{s.width}",
+        unit="step",
+        disable=not progress,
+    )
+
+
 def pretrain(
     manifest: Path,
     out: Path,
@@ -861,23 +942,17 @@ def pretrain(
     after `max_minutes` or `max_steps` in this call (checkpointing first). `init_from` starts a
     new run from saved weights (no optimizer state); `extra` corpora add training audio."""
     import torch
-    from tqdm import tqdm
 
     from wakefl.sdk.atomic_files import write_atomic
 
     model, opt = _new_run(out, s, resume)
     info = _start_info(out, s, manifest, model, opt, resume, init_from, extra)
+    teacher = load_teacher(s, model, info, out)  # checked before the corpus's long decode
     data = load_pretrain_data(
         manifest, model.cfg.window_samples, s.val_stream_seconds, progress, s.seed, extra
     )
     step = int(info["step"])
-    bar = tqdm(
-        total=s.total_steps,
-        initial=step,
-        desc=f"pretrain w{s.width}",
-        unit="step",
-        disable=not progress,
-    )
+    bar = _progress_bar(s, step, progress)
     now = time.monotonic()
     run = _Run(
         out=out,
@@ -894,6 +969,7 @@ def pretrain(
         start_step=step,
         max_minutes=max_minutes,
         max_steps=max_steps,
+        teacher=teacher,
     )
     if s.hard_negative_share > 0 and info.get("hard_pool"):
         _restore_pool(run)
