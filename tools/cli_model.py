@@ -274,19 +274,7 @@ def _register_blend(sub: argparse._SubParsersAction) -> None:
     bl.add_argument(
         "--alpha", type=float, required=True, metavar="A", help="the second model's share, 0-1"
     )
-    where = bl.add_mutually_exclusive_group(required=True)
-    where.add_argument("--out", type=Path, help="output FILE.safetensors (fp32)")
-    where.add_argument(
-        "--publish",
-        choices=("full", "small"),
-        metavar="NAME",
-        help="ship the blend of two published models (fp16, with its card) as "
-        "models/kws_cnn/pretrained/NAME, its threshold set on --corpus's validation clips",
-    )
-    bl.add_argument("--corpus", type=Path, metavar="MANIFEST", help="with --publish")
-    bl.add_argument(
-        "--dest", type=Path, default=None, help="with --publish: another folder to ship into"
-    )
+    _add_mix_output_options(bl, "the blend of two published models")
     bl.set_defaults(func=_blend)
 
 
@@ -302,20 +290,25 @@ def _register_soup(sub: argparse._SubParsersAction) -> None:
         metavar="S",
         help="each model's share, in --models order, summing to 1 (default: equal shares)",
     )
-    where = sp.add_mutually_exclusive_group(required=True)
+    _add_mix_output_options(sp, "the average of published models")
+    sp.set_defaults(func=_soup)
+
+
+def _add_mix_output_options(parser: argparse.ArgumentParser, what: str) -> None:
+    """Where `blend` and `soup` write: an fp32 file, or a shipped model with its card."""
+    where = parser.add_mutually_exclusive_group(required=True)
     where.add_argument("--out", type=Path, help="output FILE.safetensors (fp32)")
     where.add_argument(
         "--publish",
         choices=("full", "small"),
         metavar="NAME",
-        help="ship the average of published models (fp16, with its card) as "
-        "models/kws_cnn/pretrained/NAME, its threshold set on --corpus's validation clips",
+        help=f"ship {what} (fp16, with its card) as models/kws_cnn/pretrained/NAME, its "
+        "threshold set on --corpus's validation clips",
     )
-    sp.add_argument("--corpus", type=Path, metavar="MANIFEST", help="with --publish")
-    sp.add_argument(
+    parser.add_argument("--corpus", type=Path, metavar="MANIFEST", help="with --publish")
+    parser.add_argument(
         "--dest", type=Path, default=None, help="with --publish: another folder to ship into"
     )
-    sp.set_defaults(func=_soup)
 
 
 def _build(args: argparse.Namespace):

@@ -18,6 +18,7 @@ import torch
 from wakefl.errors import ConfigError
 from wakefl.finite import all_finite
 
+from .config import ModelConfig
 from .flat_params import get_flat_params, set_flat_params
 from .model import KwsCnn
 
@@ -31,12 +32,7 @@ def blend(first: KwsCnn, second: KwsCnn, alpha: float) -> KwsCnn:
     if first.cfg != second.cfg:
         raise ConfigError(f"cannot blend models of different configs: {first.cfg} and {second.cfg}")
     mixed = torch.lerp(get_flat_params(first), get_flat_params(second), float(alpha))
-    if not all_finite(mixed):
-        bad = int((~torch.isfinite(mixed)).sum())
-        raise ConfigError(f"the blend is not finite: {bad} NaN/Inf parameter value(s)")
-    out = KwsCnn(first.cfg)
-    set_flat_params(out, mixed)
-    return out.eval()
+    return _model_of(first.cfg, mixed, "blend")
 
 
 @torch.no_grad()
@@ -59,10 +55,15 @@ def average(models: Sequence[KwsCnn], shares: Sequence[float]) -> KwsCnn:
             )
     # Summed in float64: with several terms, float32 rounding would depend on their order.
     mixed = sum(float(s) * get_flat_params(m).double() for m, s in zip(models, shares, strict=True))
-    mixed = torch.as_tensor(mixed).float()
-    if not all_finite(mixed):
-        bad = int((~torch.isfinite(mixed)).sum())
-        raise ConfigError(f"the average is not finite: {bad} NaN/Inf parameter value(s)")
-    out = KwsCnn(first.cfg)
-    set_flat_params(out, mixed)
+    return _model_of(first.cfg, torch.as_tensor(mixed).float(), "average")
+
+
+def _model_of(cfg: ModelConfig, flat: torch.Tensor, what: str) -> KwsCnn:
+    """A model in eval mode holding these flat parameters; ConfigError if any is not
+    finite (a NaN in one parent would spread to every output)."""
+    if not all_finite(flat):
+        bad = int((~torch.isfinite(flat)).sum())
+        raise ConfigError(f"the {what} is not finite: {bad} NaN/Inf parameter value(s)")
+    out = KwsCnn(cfg)
+    set_flat_params(out, flat)
     return out.eval()
