@@ -496,7 +496,8 @@ def test_a_student_learns_its_teachers_scores_and_a_resume_keeps_the_teacher(
     assert info["teacher_digest"] == weights_digest(teacher)
     assert scores["teacher"] > 0.5 > scores["labels"]
     # A resumed run must be taught by the same weights; a teacher of another frontend and
-    # a weight outside (0, 1] are refused before the corpus is decoded.
+    # a weight outside (0, 1] are refused before the corpus is decoded, the weight before
+    # the run's folder is made.
     other = save_model(KwsCnn(ModelConfig(width=0.25)), tmp_path / "other.safetensors")
     mels = save_model(KwsCnn(ModelConfig(width=0.25, n_mels=32)), tmp_path / "m.safetensors")
     refused = (
@@ -514,6 +515,7 @@ def test_a_student_learns_its_teachers_scores_and_a_resume_keeps_the_teacher(
                 progress=False,
                 max_steps=1,
             )
+    assert not (tmp_path / "y").exists()
 
 
 def test_mel_warp_moves_a_formant_by_its_factor() -> None:

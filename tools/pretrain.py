@@ -696,11 +696,6 @@ def load_teacher(s: PretrainSettings, model: Any, info: dict[str, Any], out: Pat
     weights digest goes into the run's state; a resumed run must name the same teacher."""
     if not s.distill_from:
         return None
-    if not (0.0 < s.distill_weight <= 1.0 and 0.0 < s.distill_temperature <= 100.0):
-        raise ConfigError(
-            "distillation needs a weight in (0, 1] and a temperature in (0, 100], got "
-            f"{s.distill_weight} and {s.distill_temperature}"
-        )
     import dataclasses
 
     from wakefl.models.kws_cnn import load_model, weights_digest
@@ -766,13 +761,20 @@ def seeded_model(s: PretrainSettings) -> tuple[Any, Any]:
 
 def _new_run(out: Path, s: PretrainSettings, resume: bool) -> tuple[Any, Any]:
     """The seeded model and its AdamW optimizer, for a new run in `out` (refused when `out`
-    holds one and `resume` is off, or the settings name an unknown balance) or one to
-    resume."""
+    holds one and `resume` is off, or the settings name an unknown balance or an impossible
+    distillation) or one to resume."""
     import torch
 
     if s.balance_by not in ("", *BALANCE_KEYS):
         raise ConfigError(
             f"balance_by must be one of {BALANCE_KEYS} or empty, not {s.balance_by!r}"
+        )
+    if s.distill_from and not (
+        0.0 < s.distill_weight <= 1.0 and 0.0 < s.distill_temperature <= 100
+    ):
+        raise ConfigError(
+            "distillation needs a weight in (0, 1] and a temperature in (0, 100], got "
+            f"{s.distill_weight} and {s.distill_temperature}"
         )
     torch.set_num_threads(max(1, s.threads))
     out.mkdir(parents=True, exist_ok=True)
