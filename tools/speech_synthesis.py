@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -220,6 +221,13 @@ def trim_silence(
     return wave[max(0, loud[0] - m) : min(wave.size, loud[-1] + m + 1)].copy()
 
 
+# np.load parses each .npy header with ast.literal_eval, and CPython 3.11's AST builder
+# keeps its recursion depth in interpreter-wide state: two threads parsing at once can fail
+# with "SystemError: AST constructor recursion depth mismatch" (python/cpython#106905).
+# synthesize_many reads cached entries from several threads, so those reads take turns.
+_CACHE_READ = threading.Lock()
+
+
 def synthesize(voice: Voice, text: str, cache_dir: Path | None = None) -> np.ndarray:
     """float32 mono speech at 16 kHz, leading/trailing silence trimmed; cached on disk."""
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -227,7 +235,8 @@ def synthesize(voice: Voice, text: str, cache_dir: Path | None = None) -> np.nda
     file = cache_dir / key[:2] / f"{key}.npy"
     if file.is_file():
         try:
-            return np.load(file)
+            with _CACHE_READ:
+                return np.load(file)
         except (OSError, ValueError):
             pass  # a damaged cache entry is simply rendered again
     wave = _run_engine(voice, text)
