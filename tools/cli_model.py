@@ -554,41 +554,54 @@ def _set_threshold(args: argparse.Namespace) -> int:
 
 
 def _blend(args: argparse.Namespace) -> int:
-    from wakefl.models.kws_cnn import load_model, save_model
+    from wakefl.models.kws_cnn import load_model
     from wakefl.models.kws_cnn.blend import blend
 
-    if args.publish is not None:
-        if args.corpus is None:
-            raise ConfigError("--publish needs --corpus MANIFEST to set the shipped threshold on")
+    def ship() -> Path:
         from wakefl.tools.pretrain import publish_blend
 
-        out = publish_blend(
+        return publish_blend(
             args.first, args.second, args.alpha, args.publish, args.corpus, dest=args.dest
         )
-        print(f"shipped {out} (alpha {args.alpha}) with its config and card")
-        return 0
-    if args.out.suffix != ".safetensors":
-        raise ConfigError(f"--out must name a .safetensors file, got {args.out}")
-    out = save_model(blend(load_model(args.first), load_model(args.second), args.alpha), args.out)
-    print(f"wrote {out} (alpha {args.alpha}) with its config")
-    return 0
+
+    return _write_mix(
+        args,
+        lambda: blend(load_model(args.first), load_model(args.second), args.alpha),
+        ship,
+        f"alpha {args.alpha}",
+    )
 
 
 def _soup(args: argparse.Namespace) -> int:
-    from wakefl.models.kws_cnn import load_model, save_model
+    from wakefl.models.kws_cnn import load_model
     from wakefl.models.kws_cnn.blend import average
 
     shares = args.shares or [1.0 / len(args.models)] * len(args.models)
+
+    def ship() -> Path:
+        from wakefl.tools.pretrain import publish_soup
+
+        return publish_soup(args.models, shares, args.publish, args.corpus, dest=args.dest)
+
+    return _write_mix(
+        args,
+        lambda: average([load_model(w) for w in args.models], shares),
+        ship,
+        f"shares {shares}",
+    )
+
+
+def _write_mix(args: argparse.Namespace, mix: Any, ship: Any, what: str) -> int:
+    """`blend`'s and `soup`'s output: `ship()` a published model (with --publish, which
+    needs --corpus), or save `mix()` to --out in fp32."""
+    from wakefl.models.kws_cnn import save_model
+
     if args.publish is not None:
         if args.corpus is None:
             raise ConfigError("--publish needs --corpus MANIFEST to set the shipped threshold on")
-        from wakefl.tools.pretrain import publish_soup
-
-        out = publish_soup(args.models, shares, args.publish, args.corpus, dest=args.dest)
-        print(f"shipped {out} (shares {shares}) with its config and card")
+        print(f"shipped {ship()} ({what}) with its config and card")
         return 0
     if args.out.suffix != ".safetensors":
         raise ConfigError(f"--out must name a .safetensors file, got {args.out}")
-    out = save_model(average([load_model(w) for w in args.models], shares), args.out)
-    print(f"wrote {out} (shares {shares}) with its config")
+    print(f"wrote {save_model(mix(), args.out)} ({what}) with its config")
     return 0

@@ -560,8 +560,21 @@ def forward_train(
     time_warp: float = 0.0,
 ) -> Any:
     """The model's forward with a spectrum warp, a time warp and masks on the log-mel
-    input (as KwsCnn.forward otherwise). Each draws from `generator` only when it is on, so
-    a run without the time warp is the run it was before that option existed."""
+    input (as KwsCnn.forward otherwise)."""
+    return model.classify(augmented_log_mel(model, wave, generator, masks, mel_warp, time_warp))
+
+
+def augmented_log_mel(
+    model: Any,
+    wave: Any,
+    generator: Any,
+    masks: bool,
+    mel_warp: float = 0.0,
+    time_warp: float = 0.0,
+) -> Any:
+    """The model's log-mel input of `wave`, warped in frequency and time and masked. Each
+    draws from `generator` only when it is on, so a run without the time warp is the run
+    it was before that option existed."""
     x = model.frontend(wave)
     if mel_warp > 0:
         import torch
@@ -578,8 +591,7 @@ def forward_train(
         x = warp_time(x, *draw_warp(x.shape[0], x.shape[2], time_warp, generator))
     if masks:
         x = spec_mask(x, generator)
-    x = model.features(x.unsqueeze(1)).mean(dim=(2, 3))
-    return model.head(x)
+    return x
 
 
 def _start_info(
@@ -656,15 +668,15 @@ def _train_step(
 
     for g in opt.param_groups:
         g["lr"] = lr_at(step, s)
-    x = x.to(s.device)
-    augment = (s.spec_masks, s.mel_warp, s.time_warp)
     gen.manual_seed(s.seed * 1_000_003 + step)  # the masks of step k depend on k alone
-    logits = forward_train(model, x, gen, *augment)
+    feats = augmented_log_mel(model, x.to(s.device), gen, s.spec_masks, s.mel_warp, s.time_warp)
+    logits = model.classify(feats)
     loss = F.cross_entropy(logits, y.to(s.device))
     if teacher is not None and s.distill_weight > 0:
-        gen.manual_seed(s.seed * 1_000_003 + step)  # the teacher sees the very same view
+        # The teacher's frontend is the student's (load_teacher checks), so it is given the
+        # very same augmented view rather than computing it again.
         with torch.no_grad():
-            taught = forward_train(teacher, x, gen, *augment)
+            taught = teacher.classify(feats)
         loss = (1.0 - s.distill_weight) * loss + s.distill_weight * distill_loss(
             logits, taught, s.distill_temperature
         )
@@ -1174,14 +1186,15 @@ def publish_blend(
     from wakefl.models.kws_cnn import load_model, weights_digest
     from wakefl.models.kws_cnn.blend import blend
 
-    _check_parents((first, second), name)
+    settings = _check_parents((first, second), name)
     model = blend(load_model(first), load_model(second), alpha)
     parents = {
         "alpha": float(alpha),
         "first": {"file": Path(first).name, "weights_digest": weights_digest(first)},
         "second": {"file": Path(second).name, "weights_digest": weights_digest(second)},
     }
-    return _publish_mixed(model, first, "blend", parents, name, manifest, dest, target_frr)
+    card = (settings, {"blend": parents})
+    return _publish_mixed(model, first, card, name, manifest, dest, target_frr)
 
 
 def publish_soup(
@@ -1198,18 +1211,20 @@ def publish_soup(
     from wakefl.models.kws_cnn import load_model, weights_digest
     from wakefl.models.kws_cnn.blend import average
 
-    _check_parents(weights, name)
+    settings = _check_parents(weights, name)
     model = average([load_model(w) for w in weights], shares)
     parents = [
         {"file": Path(w).name, "weights_digest": weights_digest(w), "share": float(s)}
         for w, s in zip(weights, shares, strict=True)
     ]
-    return _publish_mixed(model, weights[0], "soup", parents, name, manifest, dest, target_frr)
+    card = (settings, {"soup": parents})
+    return _publish_mixed(model, weights[0], card, name, manifest, dest, target_frr)
 
 
-def _check_parents(weights: Sequence[Path], name: str) -> None:
-    """ConfigError unless `name` is a shipped model's name and every parent is a published
-    model (a card beside it), all shipping the same detector settings."""
+def _check_parents(weights: Sequence[Path], name: str) -> dict[str, Any]:
+    """The detector settings every parent ships; ConfigError unless `name` is a shipped
+    model's name and every parent is a published model (a card beside it), all shipping
+    the same detector settings."""
     from wakefl.models.kws_cnn.pretrained import NAMES, card_beside
 
     if name not in NAMES:
@@ -1222,27 +1237,28 @@ def _check_parents(weights: Sequence[Path], name: str) -> None:
         settings.append({k: card.get(k) for k in DETECTOR_SETTINGS})
     if any(s != settings[0] for s in settings[1:]):
         raise ConfigError(f"the models ship different detector settings: {settings}")
+    return settings[0]
 
 
 def _publish_mixed(
     model: Any,
     config_from: Path,
-    key: str,
-    parents: Any,
+    card_parts: tuple[dict[str, Any], dict[str, Any]],
     name: str,
     manifest: Path,
     dest: Path | None,
     target_frr: float,
 ) -> Path:
     """Round a mixed model to fp16, set its threshold on the validation clips and ship it
-    with a card whose `key` names its parents."""
+    with `config_from`'s config JSON and a card of its parents' detector settings, its
+    operating point and its provenance (`card_parts`: settings, provenance)."""
     from wakefl.models.kws_cnn.checkpoint import config_path
-    from wakefl.models.kws_cnn.pretrained import PRETRAINED_DIR, card_beside
+    from wakefl.models.kws_cnn.pretrained import PRETRAINED_DIR
 
-    settings = {k: (card_beside(config_from) or {}).get(k) for k in DETECTOR_SETTINGS}
     tensors = _round_to_fp16(model)
     point = shipped_operating_point(model, manifest, target_frr)
-    card = {**settings, "threshold": point["threshold"], "operating_point": point, key: parents}
+    settings, provenance = card_parts
+    card = {**settings, "threshold": point["threshold"], "operating_point": point, **provenance}
     meta = json.loads(config_path(config_from).read_text(encoding="utf-8"))
     dest = PRETRAINED_DIR if dest is None else dest
     dest.mkdir(parents=True, exist_ok=True)
