@@ -551,17 +551,10 @@ def spec_mask(feats: Any, generator: Any) -> Any:
     return out
 
 
-def forward_train(
-    model: Any,
-    wave: Any,
-    generator: Any,
-    masks: bool,
-    mel_warp: float = 0.0,
-    time_warp: float = 0.0,
-) -> Any:
-    """The model's forward with a spectrum warp, a time warp and masks on the log-mel
-    input (as KwsCnn.forward otherwise)."""
-    return model.classify(augmented_log_mel(model, wave, generator, masks, mel_warp, time_warp))
+def forward_train(model: Any, wave: Any, generator: Any, *augment: Any) -> Any:
+    """The model's forward on `augmented_log_mel`'s input (masks, mel warp, time warp; as
+    KwsCnn.forward otherwise)."""
+    return model.classify(augmented_log_mel(model, wave, generator, *augment))
 
 
 def augmented_log_mel(
