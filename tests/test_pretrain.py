@@ -650,6 +650,11 @@ def test_mining_and_warp_resume_equals_uninterrupted_run(corpus: Path, tmp_path:
         ["--mine-every", "0"],
         ["--workers", "-1"],
         ["--extra-corpus", "no-such-corpus/manifest.csv"],
+        ["--distill-weight", "0.3"],
+        ["--distill-temperature", "4"],
+        ["--distill-from", "no-such-teacher.safetensors"],
+        ["--distill-weight", "nan", "--distill-from", __file__],
+        ["--distill-temperature", "0", "--distill-from", __file__],
     ],
 )
 def test_pretrain_cli_refuses_absurd_flags(flags, tmp_path: Path, capsys) -> None:

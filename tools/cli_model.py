@@ -198,16 +198,17 @@ def _add_pretrain_augment_options(pre: argparse.ArgumentParser) -> None:
     pre.add_argument(
         "--distill-weight",
         type=float,
-        default=0.5,
+        default=None,
         metavar="W",
-        help="with --distill-from: the teacher's share of the loss, in (0, 1]",
+        help="with --distill-from: the teacher's share of the loss, in (0, 1] (default 0.5)",
     )
     pre.add_argument(
         "--distill-temperature",
         type=float,
-        default=2.0,
+        default=None,
         metavar="T",
-        help="with --distill-from: the softmax temperature both models' scores are compared at",
+        help="with --distill-from: the softmax temperature both models' scores are compared "
+        "at, in (0, 100] (default 2)",
     )
 
 
@@ -430,6 +431,30 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _distillation(args: argparse.Namespace) -> tuple[str, float, float]:
+    """The teacher's file, weight and temperature from the flags, checked. A weight or
+    temperature without a teacher is refused: a run that silently trained without the
+    distillation its command asked for would cost hours."""
+    if args.distill_from is None:
+        for flag, value in (
+            ("weight", args.distill_weight),
+            ("temperature", args.distill_temperature),
+        ):
+            if value is not None:
+                raise ConfigError(f"--distill-{flag} only applies with --distill-from")
+        return "", 0.0, 2.0
+    if not args.distill_from.is_file():
+        raise ConfigError(f"--distill-from {args.distill_from}: no such weights file")
+    weight = 0.5 if args.distill_weight is None else args.distill_weight
+    temperature = 2.0 if args.distill_temperature is None else args.distill_temperature
+    if not (0.0 < weight <= 1.0 and 0.0 < temperature <= 100):
+        raise ConfigError(
+            "--distill-weight must be in (0, 1] and --distill-temperature in (0, 100], got "
+            f"{weight} and {temperature}"
+        )
+    return str(args.distill_from), weight, temperature
+
+
 def _pretrain_settings(args: argparse.Namespace) -> Any:
     """The run's PretrainSettings from `wakefl model pretrain`'s flags, checked."""
     from wakefl.tools.pretrain import PretrainSettings
@@ -446,8 +471,7 @@ def _pretrain_settings(args: argparse.Namespace) -> Any:
     for extra in args.extra_corpus:
         if not extra.is_file():
             raise ConfigError(f"--extra-corpus {extra}: no such manifest")
-    if args.distill_from is not None and not args.distill_from.is_file():
-        raise ConfigError(f"--distill-from {args.distill_from}: no such weights file")
+    teacher, distill_weight, distill_temperature = _distillation(args)
     if not 0 <= args.workers <= 64:
         raise ConfigError(f"--workers must be in [0, 64], got {args.workers}")
     if args.device == "cuda":
@@ -472,9 +496,9 @@ def _pretrain_settings(args: argparse.Namespace) -> Any:
         time_warp=args.time_warp,
         hard_negative_share=args.hard_negatives,
         balance_by=(args.balance_by or "").replace("-", "_"),
-        distill_from=str(args.distill_from or ""),
-        distill_weight=args.distill_weight if args.distill_from else 0.0,
-        distill_temperature=args.distill_temperature,
+        distill_from=teacher,
+        distill_weight=distill_weight,
+        distill_temperature=distill_temperature,
         mine_every_steps=args.mine_every,
     )
 
