@@ -15,7 +15,7 @@ from wakefl.models.kws_cnn import KwsCnn, ModelConfig
 from wakefl.tools.pretrain import (
     PretrainSettings,
     _train_step,
-    forward_train,
+    augmented_log_mel,
     load_state,
     save_state,
     seeded_model,
@@ -46,9 +46,11 @@ def test_training_forward_on_cuda_is_the_cpu_forward() -> None:
     for device in ("cpu", "cuda"):
         gen = torch.Generator().manual_seed(7)  # masks and warps: drawn on the CPU
         m = copy.deepcopy(model).to(device)
-        logits.append(forward_train(m, wave.to(device), gen, True, 0.1, 0.3).cpu())
+        feats = augmented_log_mel(m, wave.to(device), gen, True, 0.1, 0.3)
+        logits.append(m.classify(feats).cpu())
     torch.testing.assert_close(logits[1], logits[0], rtol=1e-4, atol=1e-4)
-    no_masks = forward_train(model, wave, torch.Generator().manual_seed(7), False, 0.1, 0.3)
+    feats = augmented_log_mel(model, wave, torch.Generator().manual_seed(7), False, 0.1, 0.3)
+    no_masks = model.classify(feats)
     assert not torch.allclose(no_masks, logits[0], atol=1e-4)  # the masks took effect
 
 

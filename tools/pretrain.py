@@ -551,12 +551,6 @@ def spec_mask(feats: Any, generator: Any) -> Any:
     return out
 
 
-def forward_train(model: Any, wave: Any, generator: Any, *augment: Any) -> Any:
-    """The model's forward on `augmented_log_mel`'s input (masks, mel warp, time warp; as
-    KwsCnn.forward otherwise)."""
-    return model.classify(augmented_log_mel(model, wave, generator, *augment))
-
-
 def augmented_log_mel(
     model: Any,
     wave: Any,
