@@ -435,6 +435,8 @@ def _distillation(args: argparse.Namespace) -> tuple[str, float, float]:
     """The teacher's file, weight and temperature from the flags, checked. A weight or
     temperature without a teacher is refused: a run that silently trained without the
     distillation its command asked for would cost hours."""
+    from wakefl.tools.pretrain import distillation_in_range
+
     if args.distill_from is None:
         for flag, value in (
             ("weight", args.distill_weight),
@@ -447,7 +449,7 @@ def _distillation(args: argparse.Namespace) -> tuple[str, float, float]:
         raise ConfigError(f"--distill-from {args.distill_from}: no such weights file")
     weight = 0.5 if args.distill_weight is None else args.distill_weight
     temperature = 2.0 if args.distill_temperature is None else args.distill_temperature
-    if not (0.0 < weight <= 1.0 and 0.0 < temperature <= 100):
+    if not distillation_in_range(weight, temperature):
         raise ConfigError(
             "--distill-weight must be in (0, 1] and --distill-temperature in (0, 100], got "
             f"{weight} and {temperature}"

@@ -675,6 +675,12 @@ def _train_step(
     return loss.item()
 
 
+def distillation_in_range(weight: float, temperature: float) -> bool:
+    """Whether a teacher's share of the loss is in (0, 1] and its temperature in (0, 100]
+    (False for NaN)."""
+    return 0.0 < weight <= 1.0 and 0.0 < temperature <= 100.0
+
+
 def distill_loss(student: Any, teacher: Any, temperature: float) -> Any:
     """KL divergence from the teacher's class probabilities to the student's, both at
     `temperature`, scaled by its square so that its gradients keep the size of the label
@@ -768,9 +774,7 @@ def _new_run(out: Path, s: PretrainSettings, resume: bool) -> tuple[Any, Any]:
         raise ConfigError(
             f"balance_by must be one of {BALANCE_KEYS} or empty, not {s.balance_by!r}"
         )
-    if s.distill_from and not (
-        0.0 < s.distill_weight <= 1.0 and 0.0 < s.distill_temperature <= 100
-    ):
+    if s.distill_from and not distillation_in_range(s.distill_weight, s.distill_temperature):
         raise ConfigError(
             "distillation needs a weight in (0, 1] and a temperature in (0, 100], got "
             f"{s.distill_weight} and {s.distill_temperature}"
