@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -435,7 +436,7 @@ def _distillation(args: argparse.Namespace) -> tuple[str, float, float]:
     """The teacher's file, weight and temperature from the flags, checked. A weight or
     temperature without a teacher is refused: a run that silently trained without the
     distillation its command asked for would cost hours."""
-    from wakefl.tools.pretrain import distillation_in_range
+    from wakefl.tools.pretrain import PretrainSettings, distillation_in_range
 
     if args.distill_from is None:
         for flag, value in (
@@ -444,11 +445,15 @@ def _distillation(args: argparse.Namespace) -> tuple[str, float, float]:
         ):
             if value is not None:
                 raise ConfigError(f"--distill-{flag} only applies with --distill-from")
-        return "", 0.0, 2.0
+        off = PretrainSettings  # its defaults: no teacher
+        return off.distill_from, off.distill_weight, off.distill_temperature
     if not args.distill_from.is_file():
         raise ConfigError(f"--distill-from {args.distill_from}: no such weights file")
+    # The settings' own weight is 0 (off); a named teacher gets half of the loss.
     weight = 0.5 if args.distill_weight is None else args.distill_weight
-    temperature = 2.0 if args.distill_temperature is None else args.distill_temperature
+    temperature = args.distill_temperature
+    if temperature is None:
+        temperature = PretrainSettings.distill_temperature
     if not distillation_in_range(weight, temperature):
         raise ConfigError(
             "--distill-weight must be in (0, 1] and --distill-temperature in (0, 100], got "
@@ -617,7 +622,9 @@ def _soup(args: argparse.Namespace) -> int:
     )
 
 
-def _write_mix(args: argparse.Namespace, mix: Any, ship: Any, what: str) -> int:
+def _write_mix(
+    args: argparse.Namespace, mix: Callable[[], Any], ship: Callable[[], Path], what: str
+) -> int:
     """`blend`'s and `soup`'s output: `ship()` a published model (with --publish, which
     needs --corpus), or save `mix()` to --out in fp32."""
     from wakefl.models.kws_cnn import save_model
