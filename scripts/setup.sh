@@ -6,17 +6,34 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
 # --- Debian packages: the real MQTT broker and the speech synthesisers for the corpus.
-# festival and its voices are speech engines of the pretraining corpus (tools/CORPUS.md).
+# festival, RHVoice and MBROLA and their voices are speech engines of the pretraining corpus
+# and its add-ons; tools/CORPUS.md lists each voice with its licence.
 apt_pkgs=(mosquitto mosquitto-clients espeak-ng flite festival festvox-kallpc16k festvox-kdlpc16k
           festvox-us-slt-hts libsndfile1 openssl)
+# From Debian's contrib and non-free components (RHVoice, the MBROLA voice databases and the
+# festival voices that need the OALD lexicon or MBROLA).
+extra_pkgs=(rhvoice rhvoice-english mbrola mbrola-us1 mbrola-us2 mbrola-us3 mbrola-en1
+            mbrola-de1 mbrola-de2 mbrola-nl2 mbrola-fr1 mbrola-fr4 mbrola-sw2 mbrola-pl1
+            mbrola-hu1 festlex-oald festvox-rablpc16k festvox-don festvox-us1 festvox-us2
+            festvox-us3 festvox-en1)
 missing=()
-for p in "${apt_pkgs[@]}"; do
+for p in "${apt_pkgs[@]}" "${extra_pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if ((${#missing[@]})); then
     echo "[setup] installing Debian packages: ${missing[*]}"
     sudo_cmd=""
     [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+    # A new Debian machine lists only the `main` component: add contrib and non-free from the
+    # same mirror and suites as its own `main` entry (deb822 or one-line format).
+    extra_list=/etc/apt/sources.list.d/wakefl-contrib-non-free.sources
+    if [ ! -f "$extra_list" ] && ! grep -rqs "contrib" /etc/apt/sources.list /etc/apt/sources.list.d/; then
+        mirror=$(grep -hs "^URIs:" /etc/apt/sources.list.d/*.sources | grep -v security | head -1 | awk '{print $2}')
+        [ -n "$mirror" ] || mirror=$(grep -hs "^deb " /etc/apt/sources.list | grep -v security | head -1 | awk '{print $2}')
+        codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")
+        printf 'Types: deb\nURIs: %s\nSuites: %s %s-updates\nComponents: contrib non-free\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
+            "${mirror:-http://deb.debian.org/debian}" "$codename" "$codename" | $sudo_cmd tee "$extra_list" >/dev/null
+    fi
     $sudo_cmd apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     # The broker is started by wakefl itself on demand; the distribution's service is not used.

@@ -20,6 +20,8 @@ from wakefl.errors import ConfigError
 from wakefl.sdk.manifest import CLIP_SAMPLES, SAMPLE_RATE, ManifestRow, write_manifest
 from wakefl.tools.background_sounds import ambient_noise, background_for_state
 from wakefl.tools.corpus_plan import (
+    LEAD_IN_FILLERS,
+    POSITIVE_CONTENTS,
     PROFILES,
     SPLITS,
     STATES,
@@ -110,6 +112,87 @@ def _utterance(
     return _said(ctx, rng, speaker, content)[1]
 
 
+def _gap_s(rng: np.random.Generator, ranges: tuple[tuple[float, float, float], ...]) -> float:
+    """A pause drawn from (probability, low, high) ranges. A negative pause overlaps the
+    utterances' trimmed margins: the words run into each other as in one breath."""
+    pick = rng.choice(len(ranges), p=[r[0] for r in ranges])
+    return float(rng.uniform(ranges[pick][1], ranges[pick][2]))
+
+
+# Pause before the phrase (after the lead-in) and after it (before the command): most often
+# none at all, as users say "hey nova, turn on the lights" in one breath.
+_GAP_BEFORE = ((0.5, -0.05, 0.1), (0.3, 0.1, 0.4), (0.2, 0.4, 1.0))
+_GAP_AFTER = ((0.6, -0.05, 0.1), (0.4, 0.1, 0.3))
+
+
+def _join(parts: list[np.ndarray], gaps: list[float]) -> tuple[np.ndarray, list[int]]:
+    """Utterances one after another with the given pauses (overlap-added where a pause is
+    negative); returns the speech and each part's start sample."""
+    starts, t = [], 0
+    for k, part in enumerate(parts):
+        if k:
+            t = max(starts[-1], t + int(round(gaps[k - 1] * SAMPLE_RATE)))
+        starts.append(t)
+        t += part.size
+    out = np.zeros(max(s + p.size for s, p in zip(starts, parts, strict=True)))
+    for start, part in zip(starts, parts, strict=True):
+        out[start : start + part.size] += part
+    return out, starts
+
+
+def _said_in_running_speech(
+    ctx: _Context, rng: np.random.Generator, speaker: Speaker, content: str
+) -> tuple[np.ndarray, int, int]:
+    """The phrase (pos_run) or a confusable (conf_run) with speech before it (a sentence or
+    a filler, now and then none) and a command after it (now and then none), spliced from
+    the speaker's own utterances. Returns the speech and where the phrase starts and ends."""
+    core = _said(ctx, rng, speaker, "pos" if content == "pos_run" else "conf")[1]
+    lead_kind = rng.random()
+    parts, gaps, at = [core], [], 0
+    if lead_kind < 0.85:
+        pool = LEAD_IN_FILLERS if lead_kind < 0.3 else speaker.others
+        lead = ctx.speech[(speaker.voice, pool[int(rng.integers(len(pool)))])]
+        parts, gaps, at = [lead, core], [_gap_s(rng, _GAP_BEFORE)], 1
+    if rng.random() < 0.9:
+        command = ctx.speech[
+            (speaker.voice, speaker.others[int(rng.integers(len(speaker.others)))])
+        ]
+        parts.append(command)
+        gaps.append(_gap_s(rng, _GAP_AFTER))
+    speech, starts = _join(parts, gaps)
+    factor = rng.uniform(0.92, 1.08)
+    speech = change_speed(speech, factor)
+    return speech, int(starts[at] / factor), int((starts[at] + core.size) / factor)
+
+
+def _place_in_running_speech(
+    rng: np.random.Generator, speech: np.ndarray, start: int, end: int
+) -> np.ndarray:
+    """A window of running speech holding [start, end) whole at a random position."""
+    length = end - start
+    if length > _MAX_PHRASE_S * SAMPLE_RATE:
+        factor = length / (_MAX_PHRASE_S * SAMPLE_RATE)
+        speech = change_speed(speech, factor)
+        start, end = int(start / factor), int(start / factor) + int(_MAX_PHRASE_S * SAMPLE_RATE)
+    edge = int(_EDGE_S * SAMPLE_RATE)
+    lo, hi = end + edge - CLIP_SAMPLES, start - edge
+    offset = int(rng.integers(lo, max(lo, hi) + 1))
+    out = np.zeros(CLIP_SAMPLES)
+    src_lo, src_hi = max(0, offset), min(speech.size, offset + CLIP_SAMPLES)
+    out[src_lo - offset : src_hi - offset] = speech[src_lo:src_hi]
+    return out
+
+
+def _dry_speech(
+    ctx: _Context, rng: np.random.Generator, speaker: Speaker, content: str
+) -> np.ndarray:
+    """The window's dry speech for a clip of `content`."""
+    if content in ("pos_run", "conf_run"):
+        speech, start, end = _said_in_running_speech(ctx, rng, speaker, content)
+        return _place_in_running_speech(rng, speech, start, end)
+    return _place(rng, _utterance(ctx, rng, speaker, content), content)
+
+
 def _place(rng: np.random.Generator, speech: np.ndarray, content: str) -> np.ndarray:
     """Put the utterance somewhere in the window. The wake phrase always fits whole; other
     speech longer than the window is cut at a random point."""
@@ -150,7 +233,7 @@ def render_clip(ctx: _Context, recipe: ClipRecipe) -> tuple[np.ndarray, str]:
         pool = ctx.speakers[recipe.split]
         speaker = pool[int(rng.integers(len(pool)))]
         speaker_id = speaker.speaker_id
-        dry = _place(rng, _utterance(ctx, rng, speaker, recipe.content), recipe.content)
+        dry = _dry_speech(ctx, rng, speaker, recipe.content)
         field_ += scale_to(reverberate(dry, room), ref_db)
         if background is not None:
             snr = rng.uniform(*dev.snr_db.get(recipe.state, _STATE_SNR_FALLBACK))
@@ -294,7 +377,7 @@ def _render_clips(
         rel = f"clips/{r.device_type}/{r.split}/{r.device_type}_{r.split}_{r.index:05d}_{r.content}.wav"
         _write_wav(out / rel, wave)
         rows.append(
-            ManifestRow(rel, int(r.content == "pos"), r.device_type, r.state, speaker_id, r.split,
+            ManifestRow(rel, int(r.content in POSITIVE_CONTENTS), r.device_type, r.state, speaker_id, r.split,
                         CLIP_SAMPLES / SAMPLE_RATE, "clip")
         )  # fmt: skip
     return rows
@@ -356,7 +439,9 @@ def _build_unseen(
     """The unseen-voices test corpus in `out/unseen/`: test clips and streams spoken only by
     voices that no training, validation or test clip of the main corpus uses."""
     speakers = make_unseen_speakers(seed, prof, phrase)
-    jobs = [(s.voice, t) for s in speakers for t in (*phrases, *s.confusables, *s.others)]
+    fillers = LEAD_IN_FILLERS if {"pos_run", "conf_run"} & set(prof.contents) else ()
+    texts = [(*phrases, *s.confusables, *s.others, *fillers) for s in speakers]
+    jobs = [(s.voice, t) for s, said in zip(speakers, texts, strict=True) for t in said]
     speech = synthesize_many(jobs, tts_cache_dir, progress=progress)
     sub = replace(prof, test_clips=prof.unseen_test_clips)
     ctx = _Context(seed, sub, {"test": speakers}, speech, phrases, kind_offset=_UNSEEN_KIND_OFFSET)
@@ -378,8 +463,17 @@ def _texts_said(prof: CorpusProfile, speaker: Speaker, phrases: tuple[str, ...])
     clips = sum(c[speaker.split] for c in clip_counts(prof).values())
     streams = stream_counts(prof)[speaker.split]
     kinds = (set(prof.contents) if clips else set()) | ({"conf", "other"} if streams else set())
-    texts = {"pos": phrases, "conf": speaker.confusables, "other": speaker.others}
-    return [t for k in ("pos", "conf", "other") if k in kinds for t in texts[k]]
+    if kinds & {"pos_run", "conf_run"}:
+        # Running speech: the phrase or a confusable between the speaker's own sentences.
+        kinds |= {"other", "filler", "pos" if "pos_run" in kinds else "conf"}
+        kinds |= {"conf"} if "conf_run" in kinds else set()
+    texts = {
+        "pos": phrases,
+        "conf": speaker.confusables,
+        "other": speaker.others,
+        "filler": LEAD_IN_FILLERS,
+    }
+    return [t for k in ("pos", "conf", "other", "filler") if k in kinds for t in texts[k]]
 
 
 def read_corpus_info(folder: Path) -> object | None:

@@ -15,16 +15,26 @@ from wakefl.tools.speech_synthesis import (
     ESPEAK_VARIANTS,
     ESPEAK_VOICES,
     FLITE_VOICES,
+    MBROLA_VOICES,
     PICO_OTHER_VOICES,
     PICO_VOICES,
+    RHVOICE_VOICES,
     Voice,
 )
 
 STATES = ("normal", "playback", "alarm")
 SPLITS = ("train", "val", "test")
 SPEAKER_SHARE = {"train": 0.7, "val": 0.15, "test": 0.15}
-# Clip content mix: wake phrase, confusable phrase, other speech, background only.
-CONTENT_SHARE = {"pos": 0.45, "conf": 0.25, "other": 0.15, "bg": 0.15}
+# Clip content mix: wake phrase, confusable phrase, other speech, background only; and the
+# wake phrase or a confusable inside running speech (speech right before it, a command
+# right after it), which a profile takes only when its `contents` name them.
+CONTENT_SHARE = {
+    "pos": 0.45, "conf": 0.25, "other": 0.15, "bg": 0.15, "pos_run": 0.3, "conf_run": 0.2,
+}  # fmt: skip
+# The contents whose clips are labelled wake phrase.
+POSITIVE_CONTENTS = ("pos", "pos_run")
+# Short lead-ins a user may say right before the phrase, besides whole sentences.
+LEAD_IN_FILLERS = ("okay", "um", "so", "and", "oh", "right", "well", "uh")
 
 HEY_NOVA_CONFUSABLES = (
     "hey noah", "nova scotia", "hey over", "hey nora", "hey now", "bossa nova",
@@ -72,6 +82,22 @@ UNSEEN_ESPEAK_VOICES = ("en-029", "en-us-nyc")
 UNSEEN_FESTIVAL_VOICES = ("cmu_us_slt_arctic_hts",)
 TRAIN_FESTIVAL_VOICES = ("kal_diphone", "ked_diphone")
 
+# The `pretrain-engines` add-on: engines of other synthesis methods than the main corpus's.
+# Training hears RHVoice's native English voices, MBROLA's English and some accented
+# speakers through espeak-ng, and festival's other diphone voices and its prosody over the
+# MBROLA speakers. Whole voices are kept out of its training for its unseen-engines split
+# (accented MBROLA speakers and RHVoice's two accented voices); RHVoice's `slt` is never
+# used (festival's held-out HTS voice is the same speaker).
+ENGINES_TRAIN_RHVOICE = ("alan", "bdl", "clb")
+ENGINES_UNSEEN_RHVOICE = ("evgeniy-eng", "lyubov")
+ENGINES_TRAIN_MBROLA = (
+    "mb-us1", "mb-us2", "mb-us3", "mb-en1", "mb-de1-en", "mb-de2-en", "mb-nl2-en", "mb-fr1-en",
+)  # fmt: skip
+ENGINES_UNSEEN_MBROLA = ("mb-fr4-en", "mb-sw2-en", "mb-pl1-en", "mb-hu1-en")
+ENGINES_TRAIN_FESTIVAL = (
+    "rab_diphone", "don_diphone", "us1_mbrola", "us2_mbrola", "us3_mbrola", "en1_mbrola",
+)  # fmt: skip
+
 
 @dataclass(frozen=True)
 class CorpusProfile:
@@ -87,7 +113,9 @@ class CorpusProfile:
     rooms_per_device: int = 16
     # "basic": espeak-ng and flite; "pretrain": every engine, wide prosody, hard negatives,
     # training and validation streams, and an unseen-voices test corpus; "pico-other": the
-    # pretraining texts spoken by Pico's non-English voices (an add-on training corpus).
+    # pretraining texts spoken by Pico's non-English voices (an add-on training corpus);
+    # "engines": the pretraining texts spoken by RHVoice, MBROLA and festival's other voices
+    # (an add-on training corpus whose unseen split holds that add-on's held-out voices).
     voice_set: str = "basic"
     train_streams_per_device: int = 0
     val_streams_per_device: int = 0
@@ -234,6 +262,32 @@ def _confusables_addon(base: str, name: str, train_unit: int, per_speaker: int) 
     )
 
 
+# The main corpus's speakers saying the phrase or a confusable inside running speech:
+# 3,300 training clips, and held-out clips that the benchmark scores apart from isolated
+# phrases. Build it with the main corpus's seed.
+PROFILES["pretrain-carrier"] = _addon(
+    "pretrain", "pretrain-carrier", train_unit=300, val_clips=100, test_clips=200,
+    contents=("pos_run", "conf_run"), draw_offset=60,
+)  # fmt: skip
+PROFILES["pretrain-carrier-micro"] = _addon(
+    "pretrain-micro", "pretrain-carrier-micro", train_unit=4, val_clips=6, test_clips=6,
+    contents=("pos_run", "conf_run"), draw_offset=60,
+)  # fmt: skip
+_ALL_CONTENTS = ("pos", "conf", "other", "bg", "pos_run", "conf_run")
+# An add-on for `wakefl model pretrain --extra-corpus`: 240 speakers of RHVoice, MBROLA and
+# festival's other voices (5,500 training clips, a fifth of them phrases or confusables in
+# running speech, and 25 minutes of training streams), with held-out clips of their own and
+# an unseen-engines split of voices its training never hears (`DIR/unseen/`).
+PROFILES["pretrain-engines"] = CorpusProfile(
+    "pretrain-engines", 240, 500, 100, 200, 0, 300.0, 8, 6, 32, "engines", 1, 0, 60, 300, 1,
+    contents=_ALL_CONTENTS,
+)  # fmt: skip
+PROFILES["pretrain-engines-micro"] = CorpusProfile(
+    "pretrain-engines-micro", 16, 4, 6, 6, 0, 12.0, 3, 3, 4, "engines", 1, 0, 6, 6, 1,
+    contents=_ALL_CONTENTS,
+)  # fmt: skip
+
+
 # 3,300 training clips, as many as three fifths of the main corpus's confusable clips.
 PROFILES["pretrain-confusables"] = _confusables_addon("pretrain", "pretrain-confusables", 300, 8)
 PROFILES["pretrain-confusables-micro"] = _confusables_addon(
@@ -303,7 +357,7 @@ def _allocate(total: int, shares: dict[str, float], minimum: int = 0) -> dict[st
 def make_speakers(seed: int, profile: CorpusProfile, phrase: str) -> list[Speaker]:
     """Synthetic speakers, each a distinct voice and prosody, assigned to disjoint splits
     (stratified by engine, so every split hears both synthesisers)."""
-    if profile.voice_set in ("pretrain", "pico-other"):
+    if profile.voice_set in ("pretrain", "pico-other", "engines"):
         return make_pretrain_speakers(seed, profile, phrase)
     rng = np.random.default_rng([seed, 9001])
     n_flite = max(3, profile.n_speakers // 4)
@@ -410,6 +464,36 @@ def _pico_voices(rng: np.random.Generator, names: tuple[str, ...], n: int) -> li
     ]
 
 
+def engine_voices(
+    rng: np.random.Generator,
+    n: int,
+    rhvoice: tuple[str, ...],
+    mbrola: tuple[str, ...],
+    festival: tuple[str, ...],
+) -> list[Voice]:
+    """`n` speakers of RHVoice, MBROLA (through espeak-ng) and festival voices, a quarter,
+    a half and a quarter of them, each voice in turn with its own rate and pitch."""
+    assert set(rhvoice) <= set(RHVOICE_VOICES) and set(mbrola) <= set(MBROLA_VOICES)
+    n_rh = max(1, n // 4) if rhvoice else 0
+    n_fest = max(1, n // 4) if festival else 0
+    n_mb = n - n_rh - n_fest
+    voices = [
+        Voice("rhvoice", rhvoice[k % len(rhvoice)], "", int(rng.integers(70, 151)),
+              int(rng.integers(70, 141)))
+        for k in range(n_rh)
+    ]  # fmt: skip
+    voices += [
+        Voice("mbrola", mbrola[k % len(mbrola)], "", int(rng.integers(100, 221)),
+              int(rng.integers(15, 86)))
+        for k in range(n_mb)
+    ]  # fmt: skip
+    voices += [
+        Voice("festival", festival[k % len(festival)], "", int(rng.integers(70, 141)), 0)
+        for k in range(n_fest)
+    ]
+    return voices
+
+
 def unseen_voices(seed: int, n: int) -> list[Voice]:
     """Voices no training clip uses: Pico's English voices, festival's HTS voice and the
     held-out espeak-ng families. The main corpus has no Pico voice at all; the add-on
@@ -448,7 +532,7 @@ def texts_for(profile: CorpusProfile, phrase: str) -> tuple[tuple[str, ...], tup
     """(confusable phrases, other speech) a profile's speakers draw from."""
     confusables = confusables_for(phrase)
     others = OTHER_SPEECH
-    if profile.voice_set in ("pretrain", "pico-other"):
+    if profile.voice_set in ("pretrain", "pico-other", "engines"):
         if phrase.strip().lower() == "hey nova":
             confusables = tuple(dict.fromkeys(confusables + PRETRAIN_CONFUSABLES))
         others = tuple(dict.fromkeys(others + PRETRAIN_OTHER_SPEECH))
@@ -492,6 +576,11 @@ def make_pretrain_speakers(seed: int, profile: CorpusProfile, phrase: str) -> li
     rng = np.random.default_rng([seed, 9003])
     if profile.voice_set == "pico-other":
         voices = _pico_voices(rng, PICO_OTHER_VOICES, profile.n_speakers)
+    elif profile.voice_set == "engines":
+        voices = engine_voices(
+            rng, profile.n_speakers, ENGINES_TRAIN_RHVOICE, ENGINES_TRAIN_MBROLA,
+            ENGINES_TRAIN_FESTIVAL,
+        )  # fmt: skip
     else:
         voices = _pretrain_voices(rng, profile.n_speakers)
     shares = {"train": 0.8, "val": 0.1, "test": 0.1}
@@ -531,11 +620,17 @@ def _with_new_confusables(
 
 
 def make_unseen_speakers(seed: int, profile: CorpusProfile, phrase: str) -> list[Speaker]:
-    """The unseen-voices test speakers (ids `unseen000`, ...), all in split test."""
+    """The unseen-voices test speakers (ids `unseen000`, ...), all in split test: for the
+    `engines` add-on its held-out voices, else `unseen_voices`."""
     rng = np.random.default_rng([seed, 9004])
-    return speakers_with_texts(
-        rng, profile, phrase, unseen_voices(seed, profile.unseen_speakers), "test", "unseen"
-    )
+    if profile.voice_set == "engines":
+        voices = engine_voices(
+            np.random.default_rng([seed, 9006]), profile.unseen_speakers,
+            ENGINES_UNSEEN_RHVOICE, ENGINES_UNSEEN_MBROLA, (),
+        )  # fmt: skip
+    else:
+        voices = unseen_voices(seed, profile.unseen_speakers)
+    return speakers_with_texts(rng, profile, phrase, voices, "test", "unseen")
 
 
 def clip_counts(profile: CorpusProfile) -> dict[str, dict[str, int]]:

@@ -1,5 +1,6 @@
-"""Speech from offline synthesisers, resampled to 16 kHz and cached: espeak-ng, flite and
-festival (Debian packages) and SVOX Pico (the `py-nanotts` wheel, its voices inside).
+"""Speech from offline synthesisers, resampled to 16 kHz and cached: espeak-ng, flite,
+festival, RHVoice and MBROLA (Debian packages; RHVoice and MBROLA from the contrib and
+non-free components) and SVOX Pico (the `py-nanotts` wheel, its voices inside).
 
 Every engine is deterministic for a given voice, settings and text; the cache key is a hash
 of exactly those (and the engine's version), so a cached render equals a fresh one.
@@ -43,27 +44,55 @@ ESPEAK_VARIANTS = (
 )  # fmt: skip
 FLITE_VOICES = ("kal16", "awb", "rms", "slt")
 # festival voice names as its Scheme functions call them (Debian festvox-* packages).
-FESTIVAL_VOICES = ("kal_diphone", "ked_diphone", "cmu_us_slt_arctic_hts")
 FESTIVAL_PACKAGES = {
     "kal_diphone": "festvox-kallpc16k",
     "ked_diphone": "festvox-kdlpc16k",
     "cmu_us_slt_arctic_hts": "festvox-us-slt-hts",
+    "rab_diphone": "festvox-rablpc16k",
+    "don_diphone": "festvox-don",
+    # festival's prosody over the MBROLA speakers' diphones.
+    "us1_mbrola": "festvox-us1",
+    "us2_mbrola": "festvox-us2",
+    "us3_mbrola": "festvox-us3",
+    "en1_mbrola": "festvox-en1",
 }
+FESTIVAL_VOICES = tuple(FESTIVAL_PACKAGES)
+# RHVoice's English voices (HMM synthesis). Its `slt` is the CMU ARCTIC speaker behind
+# festival's HTS voice, which the unseen-voices split holds out, so it is never used.
+RHVOICE_VOICES = ("alan", "bdl", "clb", "evgeniy-eng", "lyubov")
+# MBROLA diphone voices driven by espeak-ng: `mb-us1` speaks English with its own speaker,
+# `mb-de1-en` reads English with a German speaker's diphones (accented English).
+MBROLA_PACKAGES = {
+    "mb-us1": "mbrola-us1",
+    "mb-us2": "mbrola-us2",
+    "mb-us3": "mbrola-us3",
+    "mb-en1": "mbrola-en1",
+    "mb-de1-en": "mbrola-de1",
+    "mb-de2-en": "mbrola-de2",
+    "mb-nl2-en": "mbrola-nl2",
+    "mb-fr1-en": "mbrola-fr1",
+    "mb-fr4-en": "mbrola-fr4",
+    "mb-sw2-en": "mbrola-sw2",
+    "mb-pl1-en": "mbrola-pl1",
+    "mb-hu1-en": "mbrola-hu1",
+}
+MBROLA_VOICES = tuple(MBROLA_PACKAGES)
 PICO_VOICES = ("en-US", "en-GB")
 # Pico's other voices are other speakers recorded for other languages. Reading English text
 # they give accented English from the same synthesis method, without using the two English
 # voices that the unseen-voices split holds out.
 PICO_OTHER_VOICES = ("de-DE", "es-ES", "fr-FR", "it-IT")
-ENGINES = ("espeak-ng", "flite", "festival", "pico")
+ENGINES = ("espeak-ng", "flite", "festival", "pico", "rhvoice", "mbrola")
 
 
 @dataclass(frozen=True)
 class Voice:
     """One synthetic speaker: engine, voice, variant and prosody settings.
 
-    `rate` is words per minute for espeak-ng, a duration stretch x100 for flite and
-    festival, and a speed factor x100 for Pico; `pitch` is espeak-ng's 0-99 pitch, flite's
-    mean F0 target in Hz, or Pico's pitch factor x100 (festival ignores it).
+    `rate` is words per minute for espeak-ng and MBROLA (spoken through espeak-ng), a
+    duration stretch x100 for flite and festival, a speed factor x100 for Pico and a rate
+    in percent for RHVoice; `pitch` is espeak-ng's 0-99 pitch, flite's mean F0 target in Hz,
+    Pico's pitch factor x100 or RHVoice's pitch in percent (festival ignores it).
     """
 
     engine: str
@@ -93,6 +122,8 @@ def engine_version(engine: str) -> str:
         from importlib.metadata import version
 
         return f"py-nanotts {version('py-nanotts')}"
+    if engine in ("rhvoice", "mbrola"):
+        return _debian_engine_version(engine)
     exe = {"espeak-ng": "espeak-ng", "flite": "flite", "festival": "text2wave"}.get(engine)
     if exe is None:
         raise ConfigError(f"unknown speech engine {engine!r}")
@@ -108,6 +139,20 @@ def engine_version(engine: str) -> str:
         if (out.stdout + out.stderr).strip()
         else exe
     )
+
+
+def _debian_engine_version(engine: str) -> str:
+    """RHVoice and MBROLA print no version of their own: the Debian package's stands in."""
+    exe, package = {"rhvoice": ("RHVoice-test", "rhvoice"), "mbrola": ("mbrola", "mbrola")}[engine]
+    if shutil.which(exe) is None or (engine == "mbrola" and shutil.which("espeak-ng") is None):
+        raise ConfigError(
+            f"{exe} is not installed (Debian package '{package}', in the contrib/non-free "
+            "components; run scripts/setup.sh)"
+        )
+    out = subprocess.run(
+        ["dpkg-query", "-W", "-f=${Version}", package], capture_output=True, text=True, check=False
+    )
+    return f"{package} {out.stdout.strip() or 'unknown'}"
 
 
 def cache_key(voice: Voice, text: str) -> str:
@@ -163,6 +208,10 @@ def _run_engine(voice: Voice, text: str) -> np.ndarray:
         wave, sr = _run_festival(voice, text)
     elif voice.engine == "pico":
         wave, sr = _run_pico(voice, text)
+    elif voice.engine == "rhvoice":
+        wave, sr = _run_rhvoice(voice, text)
+    elif voice.engine == "mbrola":
+        wave, sr = _run_mbrola(voice, text)
     else:
         raise ConfigError(f"unknown speech engine {voice.engine!r}")
     wave = _to_16k(wave, sr)
@@ -207,6 +256,42 @@ def _run_pico(voice: Voice, text: str) -> tuple[np.ndarray, int]:
         text, voice=voice.voice, speed=voice.rate / 100.0, pitch=voice.pitch / 100.0
     )
     return np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0, SAMPLE_RATE
+
+
+def _run_rhvoice(voice: Voice, text: str) -> tuple[np.ndarray, int]:
+    if voice.voice not in RHVOICE_VOICES:
+        raise ConfigError(
+            f"unknown RHVoice voice {voice.voice!r}; choose one of {', '.join(RHVOICE_VOICES)}"
+        )
+    with tempfile.TemporaryDirectory(prefix="wakefl-rhvoice-") as tmp:
+        out = Path(tmp) / "u.wav"
+        cmd = ["RHVoice-test", "-p", voice.voice, "-r", str(voice.rate), "-t", str(voice.pitch),
+               "-o", str(out)]  # fmt: skip
+        res = subprocess.run(cmd, input=text.encode(), capture_output=True, check=False)
+        if res.returncode != 0 or not out.exists() or out.stat().st_size <= 44:
+            detail = res.stderr.decode(errors="replace")[:200]
+            raise AudioError(f"RHVoice failed for {voice.describe()}: {detail}")
+        wave, sr = sf.read(str(out), dtype="float32")
+    return wave, sr
+
+
+def _run_mbrola(voice: Voice, text: str) -> tuple[np.ndarray, int]:
+    if voice.voice not in MBROLA_VOICES:
+        raise ConfigError(
+            f"unknown MBROLA voice {voice.voice!r}; choose one of {', '.join(MBROLA_VOICES)}"
+        )
+    cmd = ["espeak-ng", "-v", voice.voice, "-s", str(voice.rate), "-p", str(voice.pitch),
+           "--stdout", text]  # fmt: skip
+    res = subprocess.run(cmd, capture_output=True, check=False)
+    if res.returncode != 0 or len(res.stdout) <= 44:
+        detail = res.stderr.decode(errors="replace")[:200]
+        raise AudioError(
+            f"MBROLA failed for {voice.describe()} (is {MBROLA_PACKAGES[voice.voice]} "
+            f"installed?): {detail}"
+        )
+    wave, sr = sf.read(io.BytesIO(res.stdout), dtype="float32")
+    # Some voice databases are recorded hot and clip at full scale: the level is set later.
+    return wave, sr
 
 
 def trim_silence(
