@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from wakefl.edge_runtime.detection_rule import count_events, smoothed
 from wakefl.errors import ConfigError
 from wakefl.models.kws_cnn import load_model, weights_digest
 from wakefl.sdk.manifest import read_manifest
@@ -21,7 +22,6 @@ from wakefl.tools.pretrain import (
     BEST_CARD,
     STATE_INFO,
     PretrainSettings,
-    count_events,
     distill_loss,
     load_pretrain_data,
     lr_at,
@@ -32,7 +32,6 @@ from wakefl.tools.pretrain import (
     publish_soup,
     score_batches,
     set_stream_threshold,
-    smoothed,
     threshold_for_fa,
 )
 from wakefl.tools.wave_augment import AugmentBank, augment_window, fit_window

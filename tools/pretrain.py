@@ -35,6 +35,16 @@ from typing import Any
 
 import numpy as np
 
+from wakefl.edge_runtime.detection_rule import (
+    DEFAULT_HOP_S,
+    DEFAULT_REFRACTORY_S,
+    DEFAULT_SMOOTHING,
+    count_events,
+    hop_samples,
+    refractory_hops,
+    smoothed,
+    stream_windows,
+)
 from wakefl.errors import ConfigError
 
 STATE_WEIGHTS = "state.safetensors"
@@ -45,8 +55,6 @@ HISTORY = "history.jsonl"
 # Relative spread of the noise that lets the copies made by widening a narrower --init-from
 # model diverge: small enough to keep its accuracy, large enough to break the symmetry.
 WIDEN_NOISE = 0.02
-# The shipped detector's settings: the streaming detector's defaults.
-HOP_S, SMOOTHING, REFRACTORY_S = 0.1, 3, 1.0
 # What `balance_by` may group training clips by.
 BALANCE_KEYS = ("device_type", "engine")
 
@@ -341,31 +349,6 @@ def batch_stream(
 # ---------------------------------------------------------------- validation
 
 
-def stream_windows(wave: np.ndarray, window: int, hop: int) -> np.ndarray:
-    """Every window the streaming detector scores: ends at window, window + hop, ..."""
-    n = 1 + (wave.size - window) // hop
-    return np.lib.stride_tricks.sliding_window_view(wave, window)[::hop][:n]
-
-
-def smoothed(raw: np.ndarray, smoothing: int) -> np.ndarray:
-    """The streaming detector's moving average (fewer terms at the stream's start)."""
-    c = np.cumsum(np.concatenate([[0.0], raw.astype(np.float64)]))
-    idx = np.arange(1, raw.size + 1)
-    lo = np.maximum(0, idx - smoothing)
-    return (c[idx] - c[lo]) / (idx - lo)
-
-
-def count_events(scores: np.ndarray, threshold: float, refractory_hops: int) -> int:
-    """Detections of the streaming detector on smoothed scores at one threshold."""
-    above = np.flatnonzero(scores >= threshold)
-    count, last = 0, -(10**9)
-    for i in above:
-        if i - last >= refractory_hops:
-            count += 1
-            last = int(i)
-    return count
-
-
 def threshold_for_fa(
     streams_scores: list[np.ndarray], hours: float, fa_per_hour: float, refractory_hops: int
 ) -> float:
@@ -406,9 +389,9 @@ def validate(model: Any, data: PretrainData, s: PretrainSettings) -> dict[str, f
     model.eval()
     try:
         clip_scores = score_batches(model, data.val_clips)
-        hop = int(round(HOP_S * 16000))
+        hop = hop_samples(DEFAULT_HOP_S, 16000)
         stream_scores = [
-            smoothed(score_batches(model, stream_windows(w, data.window, hop)), SMOOTHING)
+            smoothed(score_batches(model, stream_windows(w, data.window, hop)), DEFAULT_SMOOTHING)
             for w in data.val_streams
         ]
     finally:
@@ -417,7 +400,12 @@ def validate(model: Any, data: PretrainData, s: PretrainSettings) -> dict[str, f
     neg = clip_scores[data.val_labels == 0]
     hours = sum(w.size for w in data.val_streams) / 16000 / 3600
     thr = (
-        threshold_for_fa(stream_scores, hours, s.val_fa_per_hour, int(round(REFRACTORY_S / HOP_S)))
+        threshold_for_fa(
+            stream_scores,
+            hours,
+            s.val_fa_per_hour,
+            refractory_hops(DEFAULT_REFRACTORY_S, DEFAULT_HOP_S, 16000),
+        )
         if stream_scores
         else float(np.quantile(neg, 0.99))
     )
@@ -509,9 +497,9 @@ def save_best(out: Path, model: Any, metrics: dict[str, float], info: dict[str, 
     tmp.replace(out / BEST)
     card = {
         "threshold": metrics["threshold"],
-        "hop_s": HOP_S,
-        "smoothing": SMOOTHING,
-        "refractory_s": REFRACTORY_S,
+        "hop_s": DEFAULT_HOP_S,
+        "smoothing": DEFAULT_SMOOTHING,
+        "refractory_s": DEFAULT_REFRACTORY_S,
         "validation": metrics,
         **info,
     }
