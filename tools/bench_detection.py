@@ -56,6 +56,7 @@ from wakefl.edge_runtime.detection_rule import (
     stream_windows,
 )
 from wakefl.errors import ConfigError
+from wakefl.recorded_paths import recorded_path
 from wakefl.sdk.manifest import SAMPLE_RATE
 
 FA_TARGETS = (0.5, 0.1)
@@ -517,13 +518,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     detectors = args.detectors or [(HOP_S, SMOOTHING)]
     (hop_s, smoothing), others = detectors[0], detectors[1:]
     result: dict[str, Any] = {
-        "model": args.pretrained or str(args.weights),
+        "model": args.pretrained or recorded_path(args.weights),
         "weights_digest": _weights_digest(args),
-        "corpus": str(args.corpus),
+        "corpus": recorded_path(args.corpus),
         "hop_s": hop_s,
         "smoothing": smoothing,
         "refractory_s": REFRACTORY_S,
-        "extra_streams": [str(m.parent) for m in extra],
+        "extra_streams": [recorded_path(m.parent) for m in extra],
     }
     with tempfile.TemporaryDirectory(prefix="wakefl-bench-det-") as tmp:
         paths, shipped, _ = _export(args, Path(tmp))

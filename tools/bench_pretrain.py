@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from wakefl.errors import ConfigError
+from wakefl.recorded_paths import recorded_path
 
 
 def _sync(device: str) -> None:
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"width {a.width}, batch {a.batch_size}, {a.steps} steps, torch threads {a.threads}")
     print(_table(results, a.workers))
     report: dict[str, Any] = {
-        "settings": vars(a) | {"corpus": str(a.corpus)},
+        "settings": vars(a) | {"corpus": recorded_path(a.corpus)},
         "torch": torch.__version__,
         "cpu_cores": os.cpu_count(),
     }

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from wakefl.errors import ConfigError, NonFiniteError
+from wakefl.recorded_paths import recorded_path
 
 SETTING_FULL = "full-participation"
 ACTIVITY_RATES = (0.25, 0.1)
@@ -852,7 +853,7 @@ def run_paper_study(
     _client_sampling(study, prof, sampling_rates, selffl_lr, tables, log)
     _selffl_ablations(study, prof, sampling_rates, selffl_lr, selffl_ablations, tables, log)
     config = _study_config(
-        study, prof, seed, methods, sampling_rates, manifest_path, tables, selffl_lr, command
+        study, prof, seed, methods, sampling_rates, manifest_path, tables, selffl_lr, command, out
     )
     result = {
         "config": config,
@@ -1079,8 +1080,9 @@ def _study_config(
     tables: _StudyTables,
     selffl_lr: float,
     command: str,
+    out: Path,
 ) -> dict[str, Any]:
-    """The `config` block of results.json: what ran, on what, how it was tuned and scored."""
+    """results.json's `config`: what ran, on what (paths relative to `out`), how tuned."""
     import torch
 
     train_sizes = {dt: len(study.train[dt]) for dt in study.device_types}
@@ -1095,8 +1097,8 @@ def _study_config(
         "states": list(STATES),
         "settings": [SETTING_FULL, *(f"sampling-{r:g}" for r in sampling_rates)],
         "activity_rates": list(sampling_rates),
-        "manifest": str(manifest_path),
-        "baseline_checkpoint": str(study.baseline_path),
+        "manifest": recorded_path(manifest_path, out),
+        "baseline_checkpoint": recorded_path(study.baseline_path, out),
         "model_params": int(study.initial.numel()),
         "train_clips_per_device_type": train_sizes,
         "test_clips_per_device_type": {
