@@ -60,7 +60,8 @@ def step_rate(data: Any, s: Any, steps: int) -> float:
     batches = [make_batch(data, k, s) for k in range(min(steps, 8))]
     gen = torch.Generator()
     for k in range(3):  # warm-up: allocator, cuDNN algorithm choice
-        train_step(model, opt, *map(torch.from_numpy, batches[k % len(batches)]), k, gen, s)
+        xt, yt = (torch.from_numpy(a) for a in batches[k % len(batches)])
+        train_step(model, opt, xt, yt, k, gen, s)
     _sync(s.device)
     t0 = time.perf_counter()
     for k in range(steps):

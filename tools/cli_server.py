@@ -76,7 +76,8 @@ def _handler(args: argparse.Namespace) -> int:
         from wakefl.server.aggregation_worker import wait_for_store
 
         # The coordinator's model, once it initialised the shared state folder.
-        params, model_config = wait_for_store(state, args.start_timeout).global_params, {}
+        params = wait_for_store(state, args.start_timeout).global_params
+        model_config: dict[str, Any] = {}
     else:
         params, model_config = load_initial_model(args.init_model, args.width, args.seed)
     broker = None

@@ -488,9 +488,9 @@ class PaperStudy:
             progress=progress,
         )
         self.baseline_path = ckpt
-        baseline = load_model(ckpt)
-        self.cfg = baseline.cfg
-        self.initial = get_flat_params(baseline)
+        start = load_model(ckpt)
+        self.cfg = start.cfg
+        self.initial = get_flat_params(start)
         torch.manual_seed(seed)
         self.model = KwsCnn(self.cfg)  # one shared model: every oracle loads its params
         self.head = head_slice(self.model)
@@ -1038,7 +1038,9 @@ def _selffl_ablations(
     main settings are left as they are)."""
     if not ablations:
         return
-    runs = [(f"ablation-{SETTING_FULL}", "selffl", None, prof.rounds, 1.0)]
+    runs: list[tuple[str, str, int | None, int, float]] = [
+        (f"ablation-{SETTING_FULL}", "selffl", None, prof.rounds, 1.0)
+    ]
     if sampling_rates:
         runs += [
             (
@@ -1139,7 +1141,7 @@ def _corpus_matches(folder: Path, profile: str, seed: int) -> bool:
     from wakefl.tools.corpus_plan import PROFILES as CORPUS_PROFILES
 
     info = read_corpus_info(folder)
-    if info is None:
+    if not isinstance(info, dict):
         return False
     want = asdict(CORPUS_PROFILES[profile]) if profile in CORPUS_PROFILES else None
     return info.get("seed") == seed and info.get("profile") == want
