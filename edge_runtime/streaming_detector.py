@@ -1,12 +1,11 @@
 """Streaming wake-word detection: audio arrives in chunks of any size; every hop the latest
 window is scored, posteriors are smoothed by a moving average, and a detection fires when
 the smoothed posterior reaches the threshold outside the refractory period after the
-previous one. Window ends lie on a fixed grid of sample indices (window, window + hop, ...),
+previous one (the rule: detection_rule.py). Window ends lie on a fixed grid of sample indices (window, window + hop, ...),
 so the events do not depend on how the stream was chunked."""
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -16,6 +15,14 @@ import numpy as np
 from wakefl.errors import AudioError, ConfigError
 
 from .audio_input import load_audio, to_float32
+from .detection_rule import (
+    DEFAULT_HOP_S,
+    DEFAULT_REFRACTORY_S,
+    DEFAULT_SMOOTHING,
+    FiringState,
+    hop_samples,
+    refractory_hops,
+)
 from .log_mel import StreamingLogMel
 
 
@@ -50,25 +57,20 @@ class DetectionResult:
     extra: dict = field(default_factory=dict)
 
 
-def smoothed_posterior(recent: deque) -> float:
-    """Moving average over the most recent posteriors (fewer at the stream's start)."""
-    return float(sum(recent) / len(recent))
-
-
 class StreamingDetector:
     def __init__(
         self,
         scorer: WindowScorer,
-        hop_s: float = 0.1,
+        hop_s: float = DEFAULT_HOP_S,
         threshold: float = 0.5,
-        smoothing: int = 3,
-        refractory_s: float = 1.0,
+        smoothing: int = DEFAULT_SMOOTHING,
+        refractory_s: float = DEFAULT_REFRACTORY_S,
         max_batch: int = 16,
     ) -> None:
         self.scorer = scorer
         self.sample_rate = int(scorer.sample_rate)
         self.window_samples = int(scorer.window_samples)
-        self.hop_samples = int(round(hop_s * self.sample_rate))
+        self.hop_samples = hop_samples(hop_s, self.sample_rate)
         if self.hop_samples < 1:
             raise ConfigError(f"hop of {hop_s} s is shorter than one sample")
         if self.hop_samples > self.window_samples:
@@ -86,6 +88,7 @@ class StreamingDetector:
         self.threshold = float(threshold)
         self.smoothing = int(smoothing)
         self.refractory_samples = int(round(refractory_s * self.sample_rate))
+        self.refractory_hops = refractory_hops(refractory_s, hop_s, self.sample_rate)
         self.max_batch = max(1, int(max_batch))
         # A log-mel-input scorer: compute each window's shared frames once.
         log_mel = getattr(scorer, "log_mel", None)
@@ -102,8 +105,7 @@ class StreamingDetector:
         self._buf_start = 0
         self._total = 0
         self._next_end = self.window_samples
-        self._recent: deque[float] = deque(maxlen=self.smoothing)
-        self._last_event: int | None = None
+        self._rule = FiringState(self.threshold, self.smoothing, self.refractory_hops)
         if self._frames is not None:
             self._frames.reset()
 
@@ -146,14 +148,10 @@ class StreamingDetector:
             for end, r in zip(batch, raw, strict=True):
                 if not np.isfinite(r):
                     raise AudioError(f"non-finite posterior at {end / self.sample_rate:.2f} s")
-                self._recent.append(float(r))
-                s = smoothed_posterior(self._recent)
+                s, fired = self._rule.step(float(r))
                 t = end / self.sample_rate
                 posteriors.append((t, float(r), s))
-                if s >= self.threshold and (
-                    self._last_event is None or end - self._last_event >= self.refractory_samples
-                ):
-                    self._last_event = end
+                if fired:
                     events.append(Detection(time_s=t, score=s))
         # Keep only what the next window needs.
         drop = self._next_end - self.window_samples - self._buf_start
@@ -166,10 +164,10 @@ class StreamingDetector:
 def detect_audio(
     scorer: WindowScorer,
     audio: np.ndarray,
-    hop_s: float = 0.1,
+    hop_s: float = DEFAULT_HOP_S,
     threshold: float = 0.5,
-    smoothing: int = 3,
-    refractory_s: float = 1.0,
+    smoothing: int = DEFAULT_SMOOTHING,
+    refractory_s: float = DEFAULT_REFRACTORY_S,
     max_batch: int = 16,
 ) -> DetectionResult:
     """Posteriors and events over a whole array at the scorer's sample rate. Audio shorter

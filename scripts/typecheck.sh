@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# mypy on the installed packages wakefl.models, wakefl.sdk, wakefl.server and
-# wakefl.edge_runtime (settings in pyproject.toml, [tool.mypy]).
+# mypy on the installed packages wakefl.models, wakefl.sdk, wakefl.server,
+# wakefl.edge_runtime and wakefl.tools (settings in pyproject.toml, [tool.mypy]).
 #
 # The folders install under the `wakefl` namespace (pyproject's package-dir), which mypy
 # cannot follow through the editable install's import hook; a tree of symbolic links under
@@ -16,4 +16,4 @@ done
 for pkg in models sdk server edge_runtime tools; do
     ln -s "../../../$pkg" "$tree/wakefl/$pkg"
 done
-exec .venv/bin/mypy -p wakefl.models -p wakefl.sdk -p wakefl.server -p wakefl.edge_runtime "$@"
+exec .venv/bin/mypy -p wakefl.models -p wakefl.sdk -p wakefl.server -p wakefl.edge_runtime -p wakefl.tools "$@"

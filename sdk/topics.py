@@ -22,6 +22,7 @@ from wakefl.errors import ProtocolError
 
 ROOT = "wakefl"
 DEFAULT_FLEET = "default"
+DEFAULT_SHARE_GROUP = "wakefl-agg"  # the aggregation workers' shared subscription
 
 
 def check_name(value: str, what: str = "name") -> str:

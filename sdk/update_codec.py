@@ -36,9 +36,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-PLAIN_CODECS = ("fp32", "fp16")
-DELTA_CODECS = ("fp16-delta", "int8-delta")
-CODECS = PLAIN_CODECS + DELTA_CODECS
+from wakefl.sdk.codec_names import CODECS, DELTA_CODECS, PLAIN_CODECS
+
 BLOCK = 256  # entries per int8 scale
 MIN_BLOCK, MAX_BLOCK = 16, 65536  # accepted block sizes (powers of two)
 # A scale larger than this cannot come from a finite float32 delta (max 3.4e38 / 127).

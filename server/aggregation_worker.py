@@ -41,7 +41,7 @@ from wakefl.server.state_store import StateStore
 
 log = logging.getLogger("wakefl.server.worker")
 
-DEFAULT_SHARE_GROUP = "wakefl-agg"
+DEFAULT_SHARE_GROUP = topics.DEFAULT_SHARE_GROUP
 
 
 def wait_for_store(state_dir: Path, timeout: float | None = None) -> ServerState:

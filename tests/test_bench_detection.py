@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from wakefl.edge_runtime import StreamingDetector
+from wakefl.edge_runtime.detection_rule import stream_windows
 from wakefl.errors import ConfigError
 from wakefl.tools.bench_detection import SplitScores, _events, parse_detector
-from wakefl.tools.pretrain import stream_windows
 
 SR, WINDOW = 16000, 24000
 

@@ -15,7 +15,7 @@ from wakefl.errors import ProtocolError
 from wakefl.sdk import topics
 from wakefl.sdk.mqtt_link import MqttLink, PublishError, parse_broker_url
 from wakefl.server.broker import ManagedBroker, free_port
-from wakefl.tools.cli_provision import provision
+from wakefl.server.provisioning import provision
 
 FLEET = "secure"
 
@@ -96,7 +96,7 @@ def test_wrong_password_plain_tcp_and_unknown_ca_are_refused(secure_broker, tmp_
         MqttLink(f"mqtt://dev-a:{a_cfg['password']}@{url.host}:{url.port}", "dev-a").connect(3)
     other_ca = tmp_path / "other"
     other_ca.mkdir()
-    from wakefl.tools.cli_provision import ensure_ca
+    from wakefl.server.broker_pki import ensure_ca
 
     ensure_ca(other_ca, "127.0.0.1")
     with pytest.raises(ProtocolError):  # a server certificate this CA did not sign

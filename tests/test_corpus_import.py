@@ -210,10 +210,77 @@ def test_long_positives_are_cropped_around_the_phrase_not_the_loud_music(tmp_pat
     for name, (a, b) in placed.items():
         lo, hi = (float(v) for v in report[name]["crop"].removesuffix(" s").split("-"))
         assert lo <= a and b <= hi, (name, (a, b), (lo, hi))
-        assert "speech activity" in report[name]["detail"]
+        # The rule is named: the voice-activity model, or where music drowns the voice for
+        # it, the band-energy rule.
+        assert "cropped around the speech found by the " in report[name]["detail"]
     # The onset/offset columns win, also in a file longer than a stream (12 s).
     assert report["marked.wav"]["crop"] == "6.875-8.375 s"
     assert "onset/offset" in report["marked.wav"]["detail"]
+
+
+def _beep(n: int) -> np.ndarray:
+    """An alarm beep: a 440 Hz square wave."""
+    return np.sign(np.sin(2 * np.pi * 440 * np.arange(n) / 16000))
+
+
+def _clatter(n: int, rng: np.random.Generator) -> np.ndarray:
+    """Knocks and dishes: broadband hits that ring down in a few milliseconds."""
+    x = np.zeros(n)
+    for at in rng.uniform(0, n - 1600, 6).astype(int):
+        hit = rng.standard_normal(1600) * np.exp(-np.arange(1600) / rng.uniform(150, 500))
+        x[at : at + 1600] += hit / np.abs(hit).max()
+    return x
+
+
+@pytest.mark.parametrize("burst", ["beep", "clatter"])
+def test_a_short_loud_burst_does_not_pull_the_crop_off_the_phrase(
+    burst: str, tmp_path: Path
+) -> None:
+    """6 s recordings with the phrase before or after a 1 s burst peaking four times as
+    high: the crop keeps at least 90% of the phrase."""
+    phrase = _trimmed_phrase()
+    phrase = 0.2 * phrase / np.abs(phrase).max()
+    src = tmp_path / "src"
+    src.mkdir()
+    placed, rows = {}, []
+    for i, (at, burst_at) in enumerate([(0.4, 3.0), (1.2, 4.5), (4.6, 1.0), (3.5, 0.3)]):
+        rng = np.random.default_rng(i)
+        x = 0.002 * rng.standard_normal(6 * 16000)
+        noise = _beep(16000) if burst == "beep" else _clatter(16000, rng)
+        x[int(burst_at * 16000) : int(burst_at * 16000) + 16000] += 0.8 * noise
+        x[int(at * 16000) : int(at * 16000) + phrase.size] += phrase
+        name = f"{burst}{i}.wav"
+        sf.write(src / name, x.astype(np.float32), 16000, subtype="PCM_16")
+        placed[name] = (at, at + phrase.size / 16000)
+        rows.append((name, "1", "A", "normal", f"spk{i}", "test"))
+    _write_csv(
+        src / "list.csv", ["path", "label", "device_type", "state", "speaker", "split"], rows
+    )
+    import_recordings(src, src / "list.csv", tmp_path / "out", progress=False)
+    report = _report_rows(tmp_path / "out")
+    for name, (a, b) in placed.items():
+        lo, hi = (float(v) for v in report[name]["crop"].removesuffix(" s").split("-"))
+        kept = max(0.0, min(b, hi) - max(a, lo)) / (b - a)
+        assert kept >= 0.9, (name, (a, b), (lo, hi))
+        assert "voice-activity model (silero-vad" in report[name]["detail"]
+
+
+@pytest.mark.parametrize(
+    ("prob", "total", "start"),
+    [
+        ([0.0] * 60, 60 * 512, None),  # no speech: the band-energy rule decides
+        ([0.0] * 30 + [0.9] * 10 + [0.0] * 20, 60 * 512, 35 * 512 - 12000),  # centred on it
+        ([0.9] * 4 + [0.0] * 56, 60 * 512, 0),  # at the start: the window cannot go before
+        ([0.0] * 56 + [0.9] * 4, 60 * 512, 60 * 512 - 24000),  # at the end
+        # Two words 0.2 s apart are one stretch, centred as a whole.
+        ([0.0] * 20 + [0.9] * 6 + [0.1] * 6 + [0.9] * 6 + [0.0] * 22, 60 * 512, 29 * 512 - 12000),
+        ([0.9] * 5, 24000, 0),  # no longer than a window
+    ],
+)
+def test_the_window_is_centred_on_the_speech(prob: list[float], total: int, start: int | None):
+    from wakefl.tools.phrase_locator import window_start
+
+    assert window_start(np.array(prob), total) == start
 
 
 def test_short_clips_are_padded_with_the_files_background(tmp_path: Path) -> None:

@@ -12,29 +12,16 @@ import numpy as np
 import pytest
 import torch
 
+from wakefl.edge_runtime.detection_rule import count_events, smoothed
 from wakefl.errors import ConfigError
 from wakefl.models.kws_cnn import load_model, weights_digest
 from wakefl.sdk.manifest import read_manifest
 from wakefl.tools.corpus_build import build_corpus
-from wakefl.tools.pretrain import (
-    BEST,
-    BEST_CARD,
-    STATE_INFO,
-    PretrainSettings,
-    count_events,
-    distill_loss,
-    load_pretrain_data,
-    lr_at,
-    make_batch,
-    pretrain,
-    publish,
-    publish_blend,
-    publish_soup,
-    score_batches,
-    set_stream_threshold,
-    smoothed,
-    threshold_for_fa,
-)
+from wakefl.tools.pretrain import distill_loss, pretrain
+from wakefl.tools.pretrain_data import load_pretrain_data, make_batch
+from wakefl.tools.pretrain_publish import publish, publish_blend, publish_soup, set_stream_threshold
+from wakefl.tools.pretrain_settings import BEST, BEST_CARD, STATE_INFO, PretrainSettings, lr_at
+from wakefl.tools.pretrain_validation import score_batches, threshold_for_fa
 from wakefl.tools.wave_augment import AugmentBank, augment_window, fit_window
 
 SETTINGS = PretrainSettings(

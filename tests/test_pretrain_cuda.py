@@ -12,14 +12,9 @@ import pytest
 import torch
 
 from wakefl.models.kws_cnn import KwsCnn, ModelConfig
-from wakefl.tools.pretrain import (
-    PretrainSettings,
-    _train_step,
-    augmented_log_mel,
-    load_state,
-    save_state,
-    seeded_model,
-)
+from wakefl.tools.pretrain import augmented_log_mel, seeded_model, train_step
+from wakefl.tools.pretrain_checkpoints import load_state, save_state
+from wakefl.tools.pretrain_settings import PretrainSettings
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
@@ -62,14 +57,14 @@ def test_a_checkpoint_resumes_on_the_other_device(first: str, second: str, tmp_p
         s = PretrainSettings(width=0.25, batch_size=8, samples=64, warmup_steps=1, device=device)
         runs[device] = (*seeded_model(s), s)
     model, opt, s = runs[first]
-    _train_step(model, opt, x, y, 0, torch.Generator(), s)
+    train_step(model, opt, x, y, 0, torch.Generator(), s)
     save_state(tmp_path, model, opt, {"step": 1})
     model2, opt2, s2 = runs[second]
     assert load_state(tmp_path, model2, opt2)["step"] == 1
     assert all(st["exp_avg"].device.type == second for st in opt2.state.values())
     # The next step from the checkpoint is the same step on either device.
-    loss1 = _train_step(model, opt, x, y, 1, torch.Generator(), s)
-    loss2 = _train_step(model2, opt2, x, y, 1, torch.Generator(), s2)
+    loss1 = train_step(model, opt, x, y, 1, torch.Generator(), s)
+    loss2 = train_step(model2, opt2, x, y, 1, torch.Generator(), s2)
     assert loss2 == pytest.approx(loss1, rel=1e-4)
     other = model2.state_dict()
     for k, a in model.state_dict().items():

@@ -235,7 +235,7 @@ def test_worker_account_reads_uplinks_through_the_shared_subscription_and_device
 ):
     from wakefl.sdk.mqtt_link import MqttLink, PublishError
     from wakefl.server.broker import ManagedBroker, free_port
-    from wakefl.tools.cli_provision import provision, provision_worker
+    from wakefl.server.provisioning import provision, provision_worker
 
     fleet, port = "secure", free_port()
     shared = Path(tempfile.mkdtemp(prefix="wakefl-prov-"))

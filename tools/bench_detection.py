@@ -40,15 +40,24 @@ from typing import Any
 
 import numpy as np
 
-from wakefl.errors import ConfigError
-from wakefl.tools.pretrain import (
-    HOP_S,
-    REFRACTORY_S,
-    SMOOTHING,
+from wakefl.edge_runtime.detection_rule import (
+    DEFAULT_HOP_S as HOP_S,
+)
+from wakefl.edge_runtime.detection_rule import (
+    DEFAULT_REFRACTORY_S as REFRACTORY_S,
+)
+from wakefl.edge_runtime.detection_rule import (
+    DEFAULT_SMOOTHING as SMOOTHING,
+)
+from wakefl.edge_runtime.detection_rule import (
     count_events,
+    refractory_hops,
     smoothed,
     stream_windows,
 )
+from wakefl.errors import ConfigError
+from wakefl.recorded_paths import recorded_path
+from wakefl.sdk.manifest import SAMPLE_RATE
 
 FA_TARGETS = (0.5, 0.1)
 TOP_EVENTS = 5  # the highest-scoring stream moments listed per device type
@@ -103,9 +112,7 @@ def parse_detector(text: str) -> tuple[float, int]:
 
 
 def _events(sc: SplitScores, thr: float) -> int:
-    # The detector counts the refractory period in samples: a whole number of hops that
-    # covers it.
-    hops = math.ceil(REFRACTORY_S / sc.hop_s - 1e-9)
+    hops = refractory_hops(REFRACTORY_S, sc.hop_s, SAMPLE_RATE)
     return sum(count_events(s, thr, hops) for s in sc.streams)
 
 
@@ -365,7 +372,7 @@ def top_stream_events(sc: SplitScores, k: int = TOP_EVENTS) -> list[dict[str, An
     from wakefl.tools.corpus_build import read_transcript
 
     assert sc.stream_files is not None
-    refractory = int(round(REFRACTORY_S / sc.hop_s))
+    refractory = refractory_hops(REFRACTORY_S, sc.hop_s, SAMPLE_RATE)
     found: list[tuple[float, int, int]] = []
     for i, stream in enumerate(sc.streams):
         taken: list[int] = []
@@ -511,13 +518,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     detectors = args.detectors or [(HOP_S, SMOOTHING)]
     (hop_s, smoothing), others = detectors[0], detectors[1:]
     result: dict[str, Any] = {
-        "model": args.pretrained or str(args.weights),
+        "model": args.pretrained or recorded_path(args.weights),
         "weights_digest": _weights_digest(args),
-        "corpus": str(args.corpus),
+        "corpus": recorded_path(args.corpus),
         "hop_s": hop_s,
         "smoothing": smoothing,
         "refractory_s": REFRACTORY_S,
-        "extra_streams": [str(m.parent) for m in extra],
+        "extra_streams": [recorded_path(m.parent) for m in extra],
     }
     with tempfile.TemporaryDirectory(prefix="wakefl-bench-det-") as tmp:
         paths, shipped, _ = _export(args, Path(tmp))

@@ -63,6 +63,13 @@ def _peek_downlink(payload: bytes) -> dict:
     return json.loads(header["__metadata__"]["wakefl"])
 
 
+def _broker_pid(broker: Any) -> int:
+    """The process id of a started ManagedBroker."""
+    if broker.proc is None:
+        raise RuntimeError("the broker is not running")
+    return int(broker.proc.pid)
+
+
 def _cpu_s(pid: int | None = None) -> float:
     """User + system CPU seconds of this process (all threads) or of process `pid`."""
     if pid is None:
@@ -223,7 +230,7 @@ def bench_rounds(
     ctx = mp.get_context("fork")  # the children inherit the imported modules and `params`
     with tempfile.TemporaryDirectory(prefix="wakefl-bench-", dir="/tmp") as tmp:
         broker = ManagedBroker(Path(tmp) / "broker").start()
-        procs = []
+        procs: list[Any] = []
         try:
             up_bytes = len(
                 M.encode(
@@ -242,10 +249,14 @@ def bench_rounds(
             )
             cfg = _bench_config(broker.url, tmp, params, model_cfg, rounds, reg, wire_dtype)
             server = AggregationServer(cfg, make_strategy("selffl"), progress=lambda s: None)
-            broker_cpu0, server_cpu0, wall0 = _cpu_s(broker.proc.pid), _cpu_s(), time.monotonic()
+            broker_cpu0, server_cpu0, wall0 = (
+                _cpu_s(_broker_pid(broker)),
+                _cpu_s(),
+                time.monotonic(),
+            )
             server.run()
             cpu = {
-                "broker": _cpu_s(broker.proc.pid) - broker_cpu0,
+                "broker": _cpu_s(_broker_pid(broker)) - broker_cpu0,
                 "server": _cpu_s() - server_cpu0,
             }
             wall = time.monotonic() - wall0
@@ -329,7 +340,7 @@ def _print_rounds(
         f"  {n_devices:3d} devices: CPU seconds per round: devices {per_round['devices']:.2f} "
         f"(all {n_devices} together), broker {per_round['broker']:.2f}, server "
         f"{per_round['server']:.2f}; {os.cpu_count()} cores x {wall / rounds:.2f} s wall = "
-        f"{os.cpu_count() * wall / rounds:.2f} core-seconds available per round"
+        f"{(os.cpu_count() or 1) * wall / rounds:.2f} core-seconds available per round"
     )
     measured = overheads[warmup:]
     med = statistics.median(measured)
@@ -443,17 +454,16 @@ def bench_rounds_loadgen(
     warmup: int,
     follower_only: bool = False,
 ) -> None:
-    """Rounds with `n_devices` played by one load-generator process (tools/load_fleet.py):
-    prints each round's wall time against the transport floor (every uplink and every
-    downlink copy at the broker's single-stream rate for its size; with `follower_only`
-    one downlink copy), the CPU seconds of each party, and what became of every update."""
+    """Rounds with `n_devices` played by one load generator (tools/load_fleet.py): each
+    round's wall time against the transport floor (every uplink and downlink copy at the
+    broker's single-stream rate; `follower_only`: one downlink copy), each party's CPU
+    seconds, and what became of every update."""
     from wakefl.sdk.selffl.registry import make_strategy
     from wakefl.server.aggregation_server import AggregationServer
     from wakefl.server.broker import ManagedBroker
 
     rounds += warmup
-    up_bytes = _packed_up_bytes(params, codec)
-    down_bytes = _packed_up_bytes(params, wire_dtype)
+    up_bytes, down_bytes = _packed_up_bytes(params, codec), _packed_up_bytes(params, wire_dtype)
     with tempfile.TemporaryDirectory(prefix="wakefl-bench-", dir="/tmp") as tmp:
         broker = ManagedBroker(Path(tmp) / "broker").start()
         gen = None
@@ -474,11 +484,12 @@ def bench_rounds_loadgen(
                 uplink_codec=codec,
             )
             server = AggregationServer(cfg, make_strategy("selffl"), progress=lambda s: None)
-            broker_cpu0, server_cpu0, wall0 = _cpu_s(broker.proc.pid), _cpu_s(), time.monotonic()
+            pid = _broker_pid(broker)
+            broker_cpu0, server_cpu0, wall0 = _cpu_s(pid), _cpu_s(), time.monotonic()
             server.run()
             out, _ = gen.communicate(timeout=600)
             cpu = {
-                "broker": _cpu_s(broker.proc.pid) - broker_cpu0,
+                "broker": _cpu_s(pid) - broker_cpu0,
                 "server": _cpu_s() - server_cpu0,
             }
             wall = time.monotonic() - wall0

@@ -38,8 +38,10 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save as st_save
@@ -153,8 +155,8 @@ def _uplink_maker(
     """up(i, **fields): a well-formed uplink from "evil" for the round open now, with
     `fields` overriding its defaults."""
 
-    def up(i: int, **kw) -> bytes:
-        fields = dict(
+    def up(i: int, **kw: Any) -> bytes:
+        fields: dict[str, Any] = dict(
             fleet=FLEET,
             run_id=run_id,
             device_id="evil",
@@ -271,6 +273,16 @@ def _rejections(db: Path) -> Counter[str]:
             con.close()
     except sqlite3.Error:
         return Counter()
+
+
+def _round_past(devices: Sequence[Any], opened: int) -> bool:
+    """Whether a device has opened a round after `opened`."""
+    return max(dv.open_round for dv in devices) > opened
+
+
+def _rejected_since(db: Any, before: int, count: int) -> bool:
+    """Whether the server has rejected at least `count` uplinks since it had `before`."""
+    return sum(_rejections(db).values()) - before >= count
 
 
 def _wait(pred: Callable[[], bool], timeout: float, step: float = 0.05) -> bool:
@@ -433,18 +445,15 @@ def _flood(
                     break
                 if kind in PER_ROUND_KINDS and i % ROUND_BURST == 0:
                     opened = max(dv.open_round for dv in devices)
-                    _wait(lambda o=opened: max(dv.open_round for dv in devices) > o, 30, 0.002)
+                    _wait(partial(_round_past, devices, opened), 30, 0.002)
                 attacker.publish(topic, make(i), wait=False)
                 result["sent"][kind] += 1
                 if i % 200 == 199:  # keep the server's queue far below its limit
                     _wait(
-                        lambda s=result["sent"][kind], b=before: sum(_rejections(db).values()) - b
-                        >= s - 1000,
-                        60,
-                        0.1,
+                        partial(_rejected_since, db, before, result["sent"][kind] - 1000), 60, 0.1
                     )
             _wait(
-                lambda b=before, k=kind: sum(_rejections(db).values()) - b >= result["sent"][k],
+                partial(_rejected_since, db, before, result["sent"][kind]),
                 120,
                 0.1,
             )

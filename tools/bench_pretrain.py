@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from wakefl.errors import ConfigError
+from wakefl.recorded_paths import recorded_path
 
 
 def _sync(device: str) -> None:
@@ -39,7 +40,7 @@ def _sync(device: str) -> None:
 
 def preparation_rate(data: Any, s: Any, steps: int, workers: int) -> float:
     """Samples per second of augmented batches from `workers` processes (0 = in this one)."""
-    from wakefl.tools.pretrain import batch_stream
+    from wakefl.tools.pretrain_data import batch_stream
 
     it = batch_stream(data, 0, s, workers=workers, end_step=steps + 2)
     next(it)  # the workers' start-up is not throughput
@@ -52,18 +53,20 @@ def step_rate(data: Any, s: Any, steps: int) -> float:
     """Samples per second of optimizer steps on batches prepared beforehand."""
     import torch
 
-    from wakefl.tools.pretrain import _train_step, make_batch, seeded_model
+    from wakefl.tools.pretrain import seeded_model, train_step
+    from wakefl.tools.pretrain_data import make_batch
 
     model, opt = seeded_model(s)
     batches = [make_batch(data, k, s) for k in range(min(steps, 8))]
     gen = torch.Generator()
     for k in range(3):  # warm-up: allocator, cuDNN algorithm choice
-        _train_step(model, opt, *map(torch.from_numpy, batches[k % len(batches)]), k, gen, s)
+        xt, yt = (torch.from_numpy(a) for a in batches[k % len(batches)])
+        train_step(model, opt, xt, yt, k, gen, s)
     _sync(s.device)
     t0 = time.perf_counter()
     for k in range(steps):
         x, y = batches[k % len(batches)]
-        _train_step(model, opt, torch.from_numpy(x), torch.from_numpy(y), k, gen, s)
+        train_step(model, opt, torch.from_numpy(x), torch.from_numpy(y), k, gen, s)
     _sync(s.device)
     return steps * s.batch_size / (time.perf_counter() - t0)
 
@@ -74,14 +77,15 @@ def run_steps(data: Any, s: Any, steps: int) -> tuple[float, list[float], Any]:
     losses, and the final weights (on the CPU)."""
     import torch
 
-    from wakefl.tools.pretrain import _train_step, batch_stream, seeded_model
+    from wakefl.tools.pretrain import seeded_model, train_step
+    from wakefl.tools.pretrain_data import batch_stream
 
     model, opt = seeded_model(s)
     gen = torch.Generator()
     losses: list[float] = []
     t0 = 0.0
     for step, (x, y) in enumerate(batch_stream(data, 0, s, workers=s.workers, end_step=steps)):
-        losses.append(_train_step(model, opt, x, y, step, gen, s))
+        losses.append(train_step(model, opt, x, y, step, gen, s))
         if step == 0:
             t0 = time.perf_counter()
     _sync(s.device)
@@ -149,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from wakefl.models.kws_cnn import ModelConfig
-    from wakefl.tools.pretrain import PretrainSettings, load_pretrain_data
+    from wakefl.tools.pretrain_data import load_pretrain_data
+    from wakefl.tools.pretrain_settings import PretrainSettings
 
     a = _args(argv)
     devices = [d for d in a.devices.split(",") if d == "cpu" or torch.cuda.is_available()]
@@ -165,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"width {a.width}, batch {a.batch_size}, {a.steps} steps, torch threads {a.threads}")
     print(_table(results, a.workers))
     report: dict[str, Any] = {
-        "settings": vars(a) | {"corpus": str(a.corpus)},
+        "settings": vars(a) | {"corpus": recorded_path(a.corpus)},
         "torch": torch.__version__,
         "cpu_cores": os.cpu_count(),
     }

@@ -8,6 +8,8 @@ import signal
 import sys
 import time
 
+from wakefl.sdk import topics
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -35,7 +37,11 @@ def _add_identity_options(p: argparse.ArgumentParser) -> None:
         help="broker URL: mqtt://[user:pass@]host[:port] or mqtts://...?ca=CA.pem",
     )
     p.add_argument("--state", required=True, help="folder for the device's persistent state")
-    p.add_argument("--fleet", default="default", help="fleet name (default: default)")
+    p.add_argument(
+        "--fleet",
+        default=topics.DEFAULT_FLEET,
+        help=f"fleet name (default: {topics.DEFAULT_FLEET})",
+    )
     p.add_argument(
         "--width",
         type=float,

@@ -70,7 +70,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def command_line(args: argparse.Namespace) -> str:
-    """The command that reproduces this run, for the report."""
+    """The command that reproduces this run, for the report: run from the folder above
+    `--out`, with the other paths relative to it (a result names no machine's folders)."""
+    from pathlib import Path
+
+    from wakefl.recorded_paths import recorded_path
+
     parts = [
         "wakefl",
         "experiment",
@@ -78,14 +83,14 @@ def command_line(args: argparse.Namespace) -> str:
         "--profile",
         args.profile,
         "--out",
-        args.out,
+        Path(args.out).name,
         "--seed",
         str(args.seed),
     ]
     for flag, value in (
         ("--rounds", args.rounds),
         ("--width", args.width),
-        ("--manifest", args.manifest),
+        ("--manifest", args.manifest and recorded_path(args.manifest, Path(args.out).parent)),
         ("--methods", args.methods),
         ("--baseline", args.baseline),
         ("--selffl-ablations", args.selffl_ablations),

@@ -436,7 +436,7 @@ def _distillation(args: argparse.Namespace) -> tuple[str, float, float]:
     """The teacher's file, weight and temperature from the flags, checked. A weight or
     temperature without a teacher is refused: a run that silently trained without the
     distillation its command asked for would cost hours."""
-    from wakefl.tools.pretrain import PretrainSettings, distillation_in_range
+    from wakefl.tools.pretrain_settings import PretrainSettings, distillation_in_range
 
     if args.distill_from is None:
         for flag, value in (
@@ -464,7 +464,7 @@ def _distillation(args: argparse.Namespace) -> tuple[str, float, float]:
 
 def _pretrain_settings(args: argparse.Namespace) -> Any:
     """The run's PretrainSettings from `wakefl model pretrain`'s flags, checked."""
-    from wakefl.tools.pretrain import PretrainSettings
+    from wakefl.tools.pretrain_settings import PretrainSettings
     from wakefl.tools.time_warp import MAX_WARP
 
     if args.samples < args.batch_size:
@@ -557,7 +557,7 @@ def _pretrain(args: argparse.Namespace) -> int:
 
 
 def _publish(args: argparse.Namespace) -> int:
-    from wakefl.tools.pretrain import publish
+    from wakefl.tools.pretrain_publish import publish
 
     if not 0.0 < args.target_frr < 1.0:
         raise ConfigError("--target-frr must be in (0, 1)")
@@ -573,7 +573,7 @@ def _publish(args: argparse.Namespace) -> int:
 
 
 def _set_threshold(args: argparse.Namespace) -> int:
-    from wakefl.tools.pretrain import set_stream_threshold
+    from wakefl.tools.pretrain_publish import set_stream_threshold
 
     card = set_stream_threshold(args.weights, args.bench_json)
     point = card["stream_operating_point"]
@@ -589,7 +589,7 @@ def _blend(args: argparse.Namespace) -> int:
     from wakefl.models.kws_cnn.blend import blend
 
     def ship() -> Path:
-        from wakefl.tools.pretrain import publish_blend
+        from wakefl.tools.pretrain_publish import publish_blend
 
         return publish_blend(
             args.first, args.second, args.alpha, args.publish, args.corpus, dest=args.dest
@@ -610,7 +610,7 @@ def _soup(args: argparse.Namespace) -> int:
     shares = args.shares or [1.0 / len(args.models)] * len(args.models)
 
     def ship() -> Path:
-        from wakefl.tools.pretrain import publish_soup
+        from wakefl.tools.pretrain_publish import publish_soup
 
         return publish_soup(args.models, shares, args.publish, args.corpus, dest=args.dest)
 

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from wakefl.errors import ConfigError
+from wakefl.sdk import topics
+from wakefl.sdk.codec_names import CODECS, WIRE_DTYPE_NAMES
 
 
 def parse_devices(spec: str) -> dict[str, str]:
@@ -40,37 +42,6 @@ def _parse_value(text: str) -> Any:
         return text
 
 
-def load_initial_model(path: str | None, width: float, seed: int) -> tuple[Any, dict[str, Any]]:
-    """(flat params, model config dict) from a wakefl checkpoint (with its .json config),
-    a flat safetensors file holding one 1-D tensor `params`, or a fresh model."""
-    import torch
-
-    from wakefl.models.kws_cnn import KwsCnn, ModelConfig, get_flat_params, load_model
-
-    if path is None:
-        torch.manual_seed(seed)
-        cfg = ModelConfig(width=width)
-        return get_flat_params(KwsCnn(cfg)).detach().clone(), cfg.to_dict()
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"initial model {p} does not exist")
-    if p.with_suffix(p.suffix + ".json").is_file() or p.with_suffix(".json").is_file():
-        model = load_model(p)
-        return get_flat_params(model).detach().clone(), model.cfg.to_dict()
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    try:
-        tensors = load_file(str(p))
-    except (SafetensorError, OSError) as exc:
-        raise ConfigError(f"initial model {p} is not a safetensors file: {exc}") from exc
-    if set(tensors) != {"params"} or tensors["params"].dim() != 1:
-        raise ConfigError(
-            f"{p}: expected a checkpoint with a .json config or one flat 'params' tensor"
-        )
-    return tensors["params"].float(), {}
-
-
 def _strategy_args(args: argparse.Namespace) -> dict[str, Any]:
     strategy_args = {}
     for item in args.strategy_arg:
@@ -86,6 +57,7 @@ def _strategy_args(args: argparse.Namespace) -> dict[str, Any]:
 def _handler(args: argparse.Namespace) -> int:
     import torch
 
+    from wakefl.models.kws_cnn import load_initial_model
     from wakefl.sdk.selffl.registry import make_strategy
     from wakefl.server.aggregation_server import ServerConfig
     from wakefl.server.broker import ManagedBroker
@@ -104,7 +76,8 @@ def _handler(args: argparse.Namespace) -> int:
         from wakefl.server.aggregation_worker import wait_for_store
 
         # The coordinator's model, once it initialised the shared state folder.
-        params, model_config = wait_for_store(state, args.start_timeout).global_params, {}
+        params = wait_for_store(state, args.start_timeout).global_params
+        model_config: dict[str, Any] = {}
     else:
         params, model_config = load_initial_model(args.init_model, args.width, args.seed)
     broker = None
@@ -181,7 +154,7 @@ def _add_fleet_options(p: argparse.ArgumentParser) -> None:
         "(a managed mosquitto on 127.0.0.1)",
     )
     p.add_argument("--state", required=True, help="state directory (SQLite + models + updates)")
-    p.add_argument("--fleet", default="default")
+    p.add_argument("--fleet", default=topics.DEFAULT_FLEET)
     p.add_argument(
         "--role",
         choices=["single", "coordinator", "worker"],
@@ -194,7 +167,7 @@ def _add_fleet_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--worker-id", default=None, help="with --role worker: this worker's id")
     p.add_argument(
         "--share-group",
-        default="wakefl-agg",
+        default=topics.DEFAULT_SHARE_GROUP,
         help="with --role worker: the MQTT shared-subscription group of the workers",
     )
     p.add_argument(
@@ -246,13 +219,13 @@ def _add_wire_options(p: argparse.ArgumentParser) -> None:
     """What travels on the wire, and the devices' re-send interval."""
     p.add_argument(
         "--wire-dtype",
-        choices=["fp32", "fp16"],
+        choices=list(WIRE_DTYPE_NAMES),
         default="fp32",
         help="tensor dtype of the downlink (and of plain uplinks)",
     )
     p.add_argument(
         "--uplink-codec",
-        choices=["fp32", "fp16", "fp16-delta", "int8-delta"],
+        choices=list(CODECS),
         default="",
         help="what devices send, announced in the downlink: the parameters in fp32/fp16, or "
         "the update relative to the round's global model in fp16 or int8 with one scale per "

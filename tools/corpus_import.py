@@ -10,8 +10,8 @@ Length rule (documented in tools/CORPUS.md):
 - up to 1.5 s: a clip, padded on both sides to 1.5 s with the file's own background
   (noise shaped like its quietest part, at its measured floor), never digital zeros;
 - longer than 1.5 s: a clip cropped to 1.5 s around the phrase: the onset/offset columns
-  when given, else the stretch where speech stands out from the file's own background
-  (`locate_speech`), which prefers speech over louder music and alarms;
+  when given, else the speech a voice-activity model finds (tools/phrase_locator.py), which
+  tells the phrase from louder music, alarms, beeps and knocks;
 - `stream_min_s` or longer: a negative becomes a stream (kept whole); a positive needs
   onset/offset columns, as no rule locates a phrase in minutes of audio reliably.
 
@@ -52,6 +52,8 @@ from wakefl.sdk.manifest import (
     ManifestRow,
     write_manifest,
 )
+from wakefl.tools.phrase_locator import frames as frame_view
+from wakefl.tools.phrase_locator import locate_phrase
 
 REQUIRED = ("path", "label", "device_type")
 OPTIONAL = ("state", "speaker", "split", "onset_s", "offset_s")
@@ -154,12 +156,6 @@ def decode_audio(path: Path) -> np.ndarray:
     return np.clip(wave, -1.0, 1.0).astype(np.float32)
 
 
-def _frames(wave: np.ndarray, frame: int, hop: int) -> np.ndarray:
-    from numpy.lib.stride_tricks import sliding_window_view
-
-    return sliding_window_view(wave, frame)[::hop]
-
-
 def background_floor(wave: np.ndarray) -> tuple[float, np.ndarray]:
     """The file's background: the RMS of its quietest 10% of 20 ms frames and their mean
     magnitude spectrum (its colour). A file with digitally silent frames has no background
@@ -169,7 +165,7 @@ def background_floor(wave: np.ndarray) -> tuple[float, np.ndarray]:
         return max(float(np.sqrt(np.mean(wave.astype(np.float64) ** 2))), _MIN_FLOOR_RMS), np.ones(
             frame // 2 + 1
         )
-    frames = _frames(wave.astype(np.float64), frame, frame)
+    frames = frame_view(wave.astype(np.float64), frame, frame)
     rms = np.sqrt(np.mean(frames**2, axis=1))
     if rms.min() < _MIN_FLOOR_RMS:  # digital silence: no background to copy, use a plain floor
         return _MIN_FLOOR_RMS, np.ones(frame // 2 + 1)
@@ -185,49 +181,6 @@ def background_noise(wave: np.ndarray, n: int, rng: np.random.Generator) -> np.n
     shape = np.interp(np.linspace(0.0, 1.0, spec.size), np.linspace(0.0, 1.0, colour.size), colour)
     noise = np.fft.irfft(spec * shape, n)
     return (noise * floor / (np.sqrt(np.mean(noise**2)) + 1e-20)).astype(np.float32)
-
-
-def speech_activity(wave: np.ndarray, frame: int = 512, hop: int = 160) -> np.ndarray:
-    """Per 10 ms frame, how far the 300-3400 Hz spectrum stands out from the file's own
-    background: the mean over frequency bins of the level above the bin's median over the
-    whole file (minus 6 dB, at most 30 dB). Music and alarms that go on through the file
-    set their bins' median high, so they score little even when louder than the voice,
-    while speech moves its energy across many bins and lights up those the background
-    leaves quiet."""
-    spec = (
-        np.abs(
-            np.fft.rfft(_frames(wave.astype(np.float64), frame, hop) * np.hanning(frame), axis=1)
-        )
-        ** 2
-    )
-    freqs = np.fft.rfftfreq(frame, 1.0 / SAMPLE_RATE)
-    level = 10.0 * np.log10(spec[:, (freqs >= 300) & (freqs <= 3400)] + 1e-10)
-    return np.clip(level - np.median(level, axis=0) - 6.0, 0.0, 30.0).mean(axis=1)
-
-
-def locate_speech(wave: np.ndarray, n: int = CLIP_SAMPLES) -> int:
-    """Start sample of the `n`-sample window that holds the phrase: the window with the
-    most speech activity, then centred on the active stretch around its peak (frames above
-    a quarter of the peak, gaps under 0.3 s bridged) when that stretch fits in `n`."""
-    frame, hop = 512, 160
-    if wave.size <= n:
-        return 0
-    act = speech_activity(wave, frame, hop)
-    per_window = (n - frame) // hop + 1
-    total = np.convolve(act, np.ones(per_window), mode="valid")
-    first = int(np.argmax(total))
-    smooth = np.convolve(act, np.ones(5) / 5, mode="same")
-    peak = first + int(np.argmax(smooth[first : first + per_window]))
-    on = smooth > 0.25 * smooth[peak]
-    bridge = int(0.3 * SAMPLE_RATE / hop)
-    lo = hi = peak
-    while lo > 0 and on[max(0, lo - bridge) : lo].any():
-        lo -= 1
-    while hi < on.size - 1 and on[hi + 1 : hi + 1 + bridge].any():
-        hi += 1
-    a, b = lo * hop, hi * hop + frame
-    start = (a + b) // 2 - n // 2 if b - a <= n else first * hop
-    return int(min(max(start, 0), wave.size - n))
 
 
 def fit_clip(
@@ -254,7 +207,8 @@ def fit_clip(
         centre = int(round((onset + offset) / 2 * SAMPLE_RATE))
         start, rule = centre - CLIP_SAMPLES // 2, "cropped around the onset/offset columns"
     else:
-        start, rule = locate_speech(wave), "cropped around the speech activity"
+        found = locate_phrase(wave)
+        start, rule = found.start, f"cropped around the speech found by the {found.rule}"
     start = int(min(max(start, 0), wave.size - CLIP_SAMPLES))
     return (
         wave[start : start + CLIP_SAMPLES],

@@ -530,8 +530,8 @@ def unseen_voices(seed: int, n: int) -> list[Voice]:
 
 def texts_for(profile: CorpusProfile, phrase: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(confusable phrases, other speech) a profile's speakers draw from."""
-    confusables = confusables_for(phrase)
-    others = OTHER_SPEECH
+    confusables: tuple[str, ...] = confusables_for(phrase)
+    others: tuple[str, ...] = OTHER_SPEECH
     if profile.voice_set in ("pretrain", "pico-other", "engines"):
         if phrase.strip().lower() == "hey nova":
             confusables = tuple(dict.fromkeys(confusables + PRETRAIN_CONFUSABLES))

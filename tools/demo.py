@@ -154,6 +154,7 @@ def run_federation(
             p.kill()
         if broker is not None:
             broker.stop()
+        if broker_dir is not None:
             shutil.rmtree(broker_dir, ignore_errors=True)
     missing = [t for t, p in served.items() if not p.is_file()]
     if missing:

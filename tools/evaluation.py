@@ -560,7 +560,7 @@ def _stream_figures(
     state: str,
     streams: list[ManifestRow],
     post: dict[tuple[str, str], StreamPosteriors],
-    ceiling: float,
+    ceiling: float | None,
 ) -> dict[str, Any]:
     """FA per hour of both models on the cell's streams of `state`, at the cell's thresholds."""
     srows = [
@@ -572,7 +572,7 @@ def _stream_figures(
         "n_streams": len(srows),
         "fa_per_hour_ceiling": ceiling,
     }
-    if not srows or cell.op is None:
+    if not srows or cell.op is None or ceiling is None:  # no ceiling: no streams scored
         return {
             **out,
             "fa_per_hour": None,

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 from tqdm import tqdm
 
+from wakefl.edge_runtime.detection_rule import event_indices, smoothed
 from wakefl.errors import AudioError, ConfigError, NonFiniteError
 from wakefl.sdk.manifest import ManifestRow
 
@@ -221,21 +222,12 @@ class StreamPosteriors:
     sample_rate: int
     hop_samples: int
     refractory_samples: int
+    refractory_hops: int
     pad: int  # silence put before audio shorter than one window, as `detect_audio` does
 
     @property
     def times_s(self) -> np.ndarray:
         return self.ends / self.sample_rate - self.pad / self.sample_rate
-
-
-def smooth_like_detector(raw: np.ndarray, smoothing: int) -> np.ndarray:
-    """The streaming detector's moving average, with its float rounding: it sums the
-    recent posteriors oldest first starting from 0 (Python's `sum` over its deque) and
-    divides by how many there are (fewer at the stream's start)."""
-    acc = np.zeros(raw.size, dtype=np.float64)
-    for lag in range(smoothing - 1, -1, -1):  # oldest first, as `sum` adds them
-        acc[lag:] += raw[: raw.size - lag]
-    return acc / np.minimum(np.arange(1, raw.size + 1), smoothing)
 
 
 def stream_posteriors(
@@ -282,10 +274,11 @@ def stream_posteriors(
     return StreamPosteriors(
         ends,
         raw,
-        smooth_like_detector(raw, det.smoothing),
+        smoothed(raw, det.smoothing),
         det.sample_rate,
         det.hop_samples,
         det.refractory_samples,
+        det.refractory_hops,
         pad,
     )
 
@@ -296,11 +289,4 @@ def detection_times(post: StreamPosteriors, threshold: float) -> list[float]:
     if threshold > 1.0:  # above every probability: the model never fires
         return []
     times = post.times_s
-    out: list[float] = []
-    last: int | None = None
-    for i in np.flatnonzero(post.smoothed >= threshold):
-        end = int(post.ends[i])
-        if last is None or end - last >= post.refractory_samples:
-            last = end
-            out.append(float(times[i]))
-    return out
+    return [float(times[i]) for i in event_indices(post.smoothed, threshold, post.refractory_hops)]

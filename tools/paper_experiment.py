@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from wakefl.errors import ConfigError, NonFiniteError
+from wakefl.recorded_paths import recorded_path
 
 SETTING_FULL = "full-participation"
 ACTIVITY_RATES = (0.25, 0.1)
@@ -487,9 +488,9 @@ class PaperStudy:
             progress=progress,
         )
         self.baseline_path = ckpt
-        baseline = load_model(ckpt)
-        self.cfg = baseline.cfg
-        self.initial = get_flat_params(baseline)
+        start = load_model(ckpt)
+        self.cfg = start.cfg
+        self.initial = get_flat_params(start)
         torch.manual_seed(seed)
         self.model = KwsCnn(self.cfg)  # one shared model: every oracle loads its params
         self.head = head_slice(self.model)
@@ -852,7 +853,7 @@ def run_paper_study(
     _client_sampling(study, prof, sampling_rates, selffl_lr, tables, log)
     _selffl_ablations(study, prof, sampling_rates, selffl_lr, selffl_ablations, tables, log)
     config = _study_config(
-        study, prof, seed, methods, sampling_rates, manifest_path, tables, selffl_lr, command
+        study, prof, seed, methods, sampling_rates, manifest_path, tables, selffl_lr, command, out
     )
     result = {
         "config": config,
@@ -1037,7 +1038,9 @@ def _selffl_ablations(
     main settings are left as they are)."""
     if not ablations:
         return
-    runs = [(f"ablation-{SETTING_FULL}", "selffl", None, prof.rounds, 1.0)]
+    runs: list[tuple[str, str, int | None, int, float]] = [
+        (f"ablation-{SETTING_FULL}", "selffl", None, prof.rounds, 1.0)
+    ]
     if sampling_rates:
         runs += [
             (
@@ -1079,8 +1082,9 @@ def _study_config(
     tables: _StudyTables,
     selffl_lr: float,
     command: str,
+    out: Path,
 ) -> dict[str, Any]:
-    """The `config` block of results.json: what ran, on what, how it was tuned and scored."""
+    """results.json's `config`: what ran, on what (paths relative to `out`), how tuned."""
     import torch
 
     train_sizes = {dt: len(study.train[dt]) for dt in study.device_types}
@@ -1095,8 +1099,8 @@ def _study_config(
         "states": list(STATES),
         "settings": [SETTING_FULL, *(f"sampling-{r:g}" for r in sampling_rates)],
         "activity_rates": list(sampling_rates),
-        "manifest": str(manifest_path),
-        "baseline_checkpoint": str(study.baseline_path),
+        "manifest": recorded_path(manifest_path, out),
+        "baseline_checkpoint": recorded_path(study.baseline_path, out),
         "model_params": int(study.initial.numel()),
         "train_clips_per_device_type": train_sizes,
         "test_clips_per_device_type": {
@@ -1137,7 +1141,7 @@ def _corpus_matches(folder: Path, profile: str, seed: int) -> bool:
     from wakefl.tools.corpus_plan import PROFILES as CORPUS_PROFILES
 
     info = read_corpus_info(folder)
-    if info is None:
+    if not isinstance(info, dict):
         return False
     want = asdict(CORPUS_PROFILES[profile]) if profile in CORPUS_PROFILES else None
     return info.get("seed") == seed and info.get("profile") == want

@@ -215,9 +215,9 @@ def _weighting_shape(
         worse = [
             dt
             for dt in dts
-            if fw.get(dt) is not None and fe.get(dt) is not None and fw[dt] > fe[dt]
+            if (w := fw.get(dt)) is not None and (e := fe.get(dt)) is not None and w > e
         ]
-        big = [dt for dt in dts if fw.get(dt) is None or fw[dt] > 2.0]
+        big = [dt for dt in dts if (w := fw.get(dt)) is None or w > 2.0]
         out.append(
             f"Sample-size weighting: FedAvg-w's global model is worse than FedAvg-e's on "
             f"{len(worse)} of {len(dts)} device types, and above 2x the baseline's FA on "

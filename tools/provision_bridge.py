@@ -30,16 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from wakefl.errors import ConfigError
-from wakefl.sdk.topics import check_name
-from wakefl.tools.cli_provision import (
-    SERVER_USER,
-    _chown_for_broker,
-    _config_text,
-    _run,
-    _write_private,
-    ensure_ca,
-    render_broker_conf,
-)
+from wakefl.sdk.topics import DEFAULT_FLEET, check_name
+from wakefl.server.broker_config import SERVER_USER, config_text, render_broker_conf
+from wakefl.server.broker_pki import chown_for_broker, ensure_ca, run_tool, write_private
 
 _DEVICE_MARK = "# --- device (repeated per device)\n"
 
@@ -72,7 +65,7 @@ class Edge:
 
 def core_acl(fleet: str, edges: list[Edge]) -> str:
     """The core's ACL: the server's block of acl.template, then one block per bridge."""
-    head, _, _ = _config_text("acl.template").partition(_DEVICE_MARK)
+    head, _, _ = config_text("acl.template").partition(_DEVICE_MARK)
     out = head.replace("@FLEET@", fleet)
     for edge in edges:
         out += (
@@ -86,7 +79,7 @@ def core_acl(fleet: str, edges: list[Edge]) -> str:
 def edge_acl(fleet: str, devices: dict[str, str]) -> str:
     """An edge's ACL: the per-device block of acl.template for each of its devices, and no
     server block (the server never connects to an edge)."""
-    _, _, block = _config_text("acl.template").partition(_DEVICE_MARK)
+    _, _, block = config_text("acl.template").partition(_DEVICE_MARK)
     out = "# wakefl edge broker ACL (tools/provision_bridge.py): devices only\n"
     for dev in sorted(devices):
         out += f"\n# device {dev} ({devices[dev]})\n"
@@ -124,8 +117,8 @@ def bridge_section(
 def _new_user(passwd: Path, user: str, create: bool = False) -> str:
     """Add `user` with a fresh random password to `passwd`; returns the password."""
     password = secrets.token_urlsafe(24)
-    _run(["mosquitto_passwd", "-b", *(["-c"] if create else []), str(passwd), user, password])
-    # mosquitto_passwd leaves the file world-readable; cli_provision.py says why not.
+    run_tool(["mosquitto_passwd", "-b", *(["-c"] if create else []), str(passwd), user, password])
+    # mosquitto_passwd leaves the file world-readable; server/provisioning.py says why not.
     os.chmod(passwd, 0o600)
     return password
 
@@ -153,8 +146,8 @@ def _write_core(state: Path, fleet: str, core: tuple[str, int], edges: list[Edge
     conf = render_broker_conf(core_dir, host, port, core_dir / "broker-data")
     (core_dir / "mosquitto.conf").write_text(conf)
     server_url = _url(SERVER_USER, server_pw, host, port, core_dir / "ca.crt")
-    _write_private(core_dir / "server.json", {"username": SERVER_USER, "broker": server_url})
-    _chown_for_broker(core_dir)
+    write_private(core_dir / "server.json", {"username": SERVER_USER, "broker": server_url})
+    chown_for_broker(core_dir)
     return {"dir": core_dir, "port": port, "server_url": server_url, "bridges": bridges}
 
 
@@ -168,7 +161,7 @@ def _write_edge(state: Path, fleet: str, edge: Edge, core: dict, core_host: str)
     for i, (dev, typ) in enumerate(sorted(edge.devices.items())):
         password = _new_user(passwd, dev, create=i == 0)
         urls[dev] = _url(dev, password, edge.host, edge.port, edge_dir / "ca.crt")
-        _write_private(
+        write_private(
             edge_dir / "devices" / f"{dev}.json",
             {"device_id": dev, "device_type": typ, "fleet": fleet, "broker": urls[dev]},
         )
@@ -182,7 +175,7 @@ def _write_edge(state: Path, fleet: str, edge: Edge, core: dict, core_host: str)
     # The bridge password is in this file: readable by the broker only.
     (edge_dir / "mosquitto.conf").write_text(conf + bridge)
     os.chmod(edge_dir / "mosquitto.conf", 0o600)
-    _chown_for_broker(edge_dir)
+    chown_for_broker(edge_dir)
     return {"dir": edge_dir, "port": edge.port, "device_urls": urls}
 
 
@@ -228,7 +221,7 @@ def _parse_edge(text: str) -> Edge:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--state", required=True, type=Path, help="folder for every broker's files")
-    p.add_argument("--fleet", default="default")
+    p.add_argument("--fleet", default=DEFAULT_FLEET)
     p.add_argument("--core-host", default="127.0.0.1", help="core host (certificate SAN)")
     p.add_argument("--core-port", type=int, default=8883)
     p.add_argument("--edge", action="append", required=True, help="NAME:PORT:dev=type,...")

@@ -210,7 +210,7 @@ def run_study(
     num_clients: int = NUM_CLIENTS,
     progress: bool = True,
     selffl_overrides: dict[str, object] | None = None,
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """Run the study; returns a JSON-serialisable document. `selffl_overrides` replace
     Self-FL's hyperparameters (an ablation of its deviations from the paper)."""
     from tqdm import tqdm
@@ -260,10 +260,10 @@ def run_study(
     }
 
 
-def best_by(doc: dict[str, object], metric: str) -> dict[str, dict[float, str]]:
+def best_by(doc: dict[str, Any], metric: str) -> dict[str, dict[float, str]]:
     """Per case and activity rate, the method with the lowest `metric`."""
     out: dict[str, dict[float, tuple[float, str]]] = {}
-    for row in doc["results"]:  # type: ignore[union-attr]
+    for row in doc["results"]:
         cur = out.setdefault(row["case"], {}).get(row["activity_rate"])
         if row[metric] is None:
             continue
@@ -272,7 +272,7 @@ def best_by(doc: dict[str, object], metric: str) -> dict[str, dict[float, str]]:
     return {c: {r: m for r, (_, m) in v.items()} for c, v in out.items()}
 
 
-def write_plots(doc: dict[str, object], out_dir: Path) -> list[str]:
+def write_plots(doc: dict[str, Any], out_dir: Path) -> list[str]:
     """Paper-style plots: per case, global and local error against C, one line per method."""
     import matplotlib
 
@@ -290,12 +290,12 @@ def write_plots(doc: dict[str, object], out_dir: Path) -> list[str]:
             ("global parameter vs theta^(G)", "local parameters vs theta_m^(FL)"),
             strict=True,
         ):
-            for name in doc["methods"]:  # type: ignore[union-attr]
+            for name in doc["methods"]:
                 pts = [
                     (r["activity_rate"], r[metric])
                     for r in rows
                     if r["case"] == case and r["method"] == name
-                ]  # type: ignore[union-attr]
+                ]
                 pts = [(x, y) for x, y in pts if y is not None]
                 if pts:
                     xs, ys = zip(*pts, strict=True)

@@ -55,7 +55,7 @@ def _pooled_train_clips(manifest: Path, window_samples: int, seed: int) -> tuple
     device_types = sorted(
         {r.device_type for r in read_manifest(manifest) if r.kind == "clip" and r.split == "train"}
     )
-    pooled = ConcatDataset(
+    pooled: ConcatDataset[Any] = ConcatDataset(
         [
             WakeWordDataset(
                 manifest, dt, "train", window_samples=window_samples, augment=True, seed=seed

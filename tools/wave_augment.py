@@ -117,7 +117,7 @@ def augment_window(
     """One augmented copy of window `x` (float32, any RMS), the same length."""
     n = x.size
     s = settings
-    y = x.astype(np.float32, copy=True)
+    y: np.ndarray = x.astype(np.float32, copy=True)
     if label == 0 and rng.random() < s.silence_neg_prob:
         return (
             colored_noise(rng, n, float(rng.uniform(0.0, 2.0))) * 10 ** rng.uniform(-5, -3)

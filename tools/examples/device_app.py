@@ -123,7 +123,7 @@ def main() -> None:
             broker, server, thread = start_demo_fleet(
                 work, args.width, args.rounds, args.id, args.type
             )
-        url = args.broker or broker.url
+        url = args.broker if broker is None else broker.url
 
         # 1. The device's local data: its own training clips, and validation clips for the
         #    relative FA/FR report. 1.5 s windows at 16 kHz, as the model expects.

@@ -1,0 +1,46 @@
+"""The starting model of a federation: a wakefl checkpoint, a flat parameter vector, or a
+fresh model of a given width."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from wakefl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+
+def load_initial_model(path: str | None, width: float, seed: int) -> tuple[Tensor, dict[str, Any]]:
+    """(flat params, model config dict) from a wakefl checkpoint (with its .json config),
+    a flat safetensors file holding one 1-D tensor `params`, or a fresh model."""
+    import torch
+
+    from .checkpoint import load_model
+    from .config import ModelConfig
+    from .flat_params import get_flat_params
+    from .model import KwsCnn
+
+    if path is None:
+        torch.manual_seed(seed)
+        cfg = ModelConfig(width=width)
+        return get_flat_params(KwsCnn(cfg)).detach().clone(), cfg.to_dict()
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"initial model {p} does not exist")
+    if p.with_suffix(p.suffix + ".json").is_file() or p.with_suffix(".json").is_file():
+        model = load_model(p)
+        return get_flat_params(model).detach().clone(), model.cfg.to_dict()
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(str(p))
+    except (SafetensorError, OSError) as exc:
+        raise ConfigError(f"initial model {p} is not a safetensors file: {exc}") from exc
+    if set(tensors) != {"params"} or tensors["params"].dim() != 1:
+        raise ConfigError(
+            f"{p}: expected a checkpoint with a .json config or one flat 'params' tensor"
+        )
+    return tensors["params"].float(), {}
