@@ -128,7 +128,8 @@ _GAP_AFTER = ((0.6, -0.05, 0.1), (0.4, 0.1, 0.3))
 def _join(parts: list[np.ndarray], gaps: list[float]) -> tuple[np.ndarray, list[int]]:
     """Utterances one after another with the given pauses (overlap-added where a pause is
     negative); returns the speech and each part's start sample."""
-    starts, t = [], 0
+    starts: list[int] = []
+    t = 0
     for k, part in enumerate(parts):
         if k:
             t = max(starts[-1], t + int(round(gaps[k - 1] * SAMPLE_RATE)))
