@@ -131,6 +131,12 @@ def test_the_benchmark_reports_the_three_held_out_conditions_apart(built, tmp_pa
     # Validation: the held-out acoustics' validation split, beside the main one.
     val = run(argparse.Namespace(**{**vars(args), "split": "val"}))
     assert list(val["fp32"]) == ["validation", "validation, held-out acoustics"]
+    # The add-on alone, as --corpus: the same figures, under its own names.
+    alone = run(argparse.Namespace(**{**vars(args), "corpus": field, "acoustics": None}))
+    assert list(alone["fp32"]) == ["held-out acoustics", "unseen voices, held-out acoustics"]
+    assert alone["conditions"]["held-out acoustics"] == conditions["held-out acoustics"]
+    with pytest.raises(ConfigError, match="held-out-acoustics build"):
+        run(argparse.Namespace(**{**vars(args), "corpus": field}))
 
 
 def test_an_add_on_of_other_speakers_or_acoustics_is_refused(tmp_path) -> None:

@@ -604,8 +604,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _scored_splits(args: argparse.Namespace) -> dict[str, Path]:
-    """The main corpus's splits with the `--acoustics` add-on's twins beside them."""
-    field = acoustics_manifests(args.corpus, getattr(args, "acoustics", None), args.split)
+    """The main corpus's splits with the `--acoustics` add-on's twins beside them; a
+    `pretrain-acoustics` build given as `--corpus` is scored alone, under its own names."""
+    from wakefl.tools.corpus_build import read_corpus_info
+
+    acoustics = getattr(args, "acoustics", None)
+    info = read_corpus_info(args.corpus)
+    if isinstance(info, dict) and info.get("acoustics") == "field":
+        if acoustics is not None:
+            raise ConfigError(
+                f"--corpus {args.corpus} is a held-out-acoustics build; give the main "
+                "corpus as --corpus and this one as --acoustics"
+            )
+        return acoustics_manifests(args.corpus, args.corpus, args.split)
+    field = acoustics_manifests(args.corpus, acoustics, args.split)
     return _with_conditions(_splits(args.corpus, args.split), field)
 
 
