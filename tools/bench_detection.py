@@ -23,6 +23,13 @@ the held-out speakers (the corpus's test split) and the unseen-voices corpus (or
 - one threshold for all device types, the lowest at which their streams together give at
   most 0.5 FA/h: on the validation split, a shipped threshold set at a resolvable FA rate
   (`wakefl model set-threshold`).
+- with `--acoustics DIR`, the same figures on a corpus built with the same seed and
+  `--profile pretrain-acoustics`: the held-out speakers (and the unseen voices) recorded
+  through the second acoustic simulation (tools/field_acoustics.py), which training never
+  used. The report then sets the held-out conditions side by side (`conditions`): held-out
+  speakers (the training simulator), held-out acoustics and unseen voices, each with FRR at
+  the shipped threshold, FRR at <= 0.5 FA/h (one threshold for all types), FA/h at the
+  shipped threshold and its resolution (one false accept in the condition's stream hours).
 
     python -m wakefl.tools.bench_detection --pretrained small --corpus DIR [--int8] [--json]
 """
@@ -285,6 +292,42 @@ def _stream_scores(
     return raw, seconds
 
 
+def speaker_recipe(info: Any) -> tuple[Any, ...]:
+    """What fixes a corpus build's speakers and splits: seed, phrase and speaker recipe."""
+    info = info if isinstance(info, dict) else {}
+    prof = info.get("profile") if isinstance(info.get("profile"), dict) else {}
+    return (info.get("seed"), info.get("phrase"), prof.get("n_speakers"), prof.get("voice_set"))
+
+
+def acoustics_manifests(corpus: Path, folder: Path | None, split: str) -> dict[str, Path]:
+    """The `--acoustics` add-on's manifests by condition name, checked to be a
+    `pretrain-acoustics` build (field acoustics) of `corpus`'s speakers: another seed's
+    held-out speakers would include the main corpus's training speakers."""
+    from wakefl.tools.corpus_build import read_corpus_info
+
+    if folder is None:
+        return {}
+    info = read_corpus_info(folder)
+    if info is None or not (folder / "manifest.csv").exists():
+        raise ConfigError(f"--acoustics: {folder} is not a finished corpus build")
+    if not isinstance(info, dict) or info.get("acoustics") != "field":
+        raise ConfigError(
+            f"--acoustics: {folder} was not built with `--profile pretrain-acoustics`"
+        )
+    main = read_corpus_info(corpus)
+    if speaker_recipe(info) != speaker_recipe(main):
+        raise ConfigError(
+            f"--acoustics: {folder} was not built with {corpus}'s speakers (seed, phrase, "
+            f"speakers): {speaker_recipe(info)} against {speaker_recipe(main)}"
+        )
+    if split == "val":
+        return {"validation, held-out acoustics": folder / "manifest.csv"}
+    out = {"held-out acoustics": folder / "manifest.csv"}
+    if (folder / "unseen" / "manifest.csv").exists():
+        out["unseen voices, held-out acoustics"] = folder / "unseen" / "manifest.csv"
+    return out
+
+
 def extra_stream_manifests(
     corpus: Path, folders: list[Path], split: str = "test"
 ) -> tuple[Path, ...]:
@@ -294,11 +337,6 @@ def extra_stream_manifests(
     negative streams of `split`."""
     from wakefl.sdk.manifest import read_manifest
     from wakefl.tools.corpus_build import read_corpus_info
-
-    def same_speakers(info: Any) -> tuple[Any, ...]:
-        info = info if isinstance(info, dict) else {}
-        prof = info.get("profile") if isinstance(info.get("profile"), dict) else {}
-        return (info.get("seed"), info.get("phrase"), prof.get("n_speakers"), prof.get("voice_set"))
 
     if not folders:
         return ()
@@ -310,10 +348,10 @@ def extra_stream_manifests(
         info = read_corpus_info(folder)
         if info is None or not (folder / "manifest.csv").exists():
             raise ConfigError(f"--extra-streams: {folder} is not a finished corpus build")
-        if same_speakers(info) != same_speakers(main):
+        if speaker_recipe(info) != speaker_recipe(main):
             raise ConfigError(
                 f"--extra-streams: {folder} was not built with {corpus}'s speakers (seed, "
-                f"phrase, speakers): {same_speakers(info)} against {same_speakers(main)}"
+                f"phrase, speakers): {speaker_recipe(info)} against {speaker_recipe(main)}"
             )
         rows = read_manifest(folder / "manifest.csv")
         if not any(r.kind == "stream" and r.split == split for r in rows):
@@ -353,6 +391,8 @@ def summarize(sc: SplitScores, shipped: float | None) -> dict[str, Any]:
         "positives": int(sc.pos.size),
         "negative_clips": int(sc.neg.size),
         "stream_hours": round(sc.stream_hours, 3),
+        # The smallest FA/h these streams can show: one false accept in their hours.
+        "fa_h_resolution": 1.0 / sc.stream_hours,
         **{f"frr_at_{t}_fa_h": frr_at_fa(sc, t) for t in FA_TARGETS},
         "fa_h_at_5pct_frr": fa_at_frr(sc, FRR_TARGET),
     }
@@ -513,7 +553,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from wakefl.edge_runtime import OnnxScorer
     from wakefl.sdk.manifest import read_manifest
 
-    splits = _splits(args.corpus, args.split)
+    splits = _scored_splits(args)
     extra = extra_stream_manifests(args.corpus, args.extra_streams or [], args.split)
     detectors = args.detectors or [(HOP_S, SMOOTHING)]
     (hop_s, smoothing), others = detectors[0], detectors[1:]
@@ -525,6 +565,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "smoothing": smoothing,
         "refractory_s": REFRACTORY_S,
         "extra_streams": [recorded_path(m.parent) for m in extra],
+        "acoustics": recorded_path(args.acoustics) if getattr(args, "acoustics", None) else None,
     }
     with tempfile.TemporaryDirectory(prefix="wakefl-bench-det-") as tmp:
         paths, shipped, _ = _export(args, Path(tmp))
@@ -542,8 +583,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             curves: dict[str, list[tuple[float, float]]] = {}
             for precision, scorer in scorers.items():
                 t0 = time.perf_counter()
-                # Add-on streams are the corpus's own speakers': unseen voices keep theirs.
-                more = extra if split != "unseen voices" else ()
+                # Add-on streams join the main corpus's own split only.
+                more = extra if manifest == args.corpus / "manifest.csv" else ()
                 scored = _score_devices(scorer, manifest, devices, args, more)
                 per = {d: sc.detector(hop_s, smoothing) for d, sc in scored.items()}
                 rows: dict[str, Any] = {d: summarize(sc, shipped) for d, sc in per.items()}
@@ -565,7 +606,98 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if args.plots:
                 args.plots.mkdir(parents=True, exist_ok=True)
                 plot(curves, f"DET, {split}", args.plots / f"det-{split.replace(' ', '-')}.png")
+    result["conditions"] = held_out_conditions(result.get("fp32", {}))
     return result
+
+
+def _scored_splits(args: argparse.Namespace) -> dict[str, Path]:
+    """The main corpus's splits with the `--acoustics` add-on's twins beside them; a
+    `pretrain-acoustics` build given as `--corpus` is scored alone, under its own names."""
+    from wakefl.tools.corpus_build import read_corpus_info
+
+    acoustics = getattr(args, "acoustics", None)
+    info = read_corpus_info(args.corpus)
+    if isinstance(info, dict) and info.get("acoustics") == "field":
+        if acoustics is not None:
+            raise ConfigError(
+                f"--corpus {args.corpus} is a held-out-acoustics build; give the main "
+                "corpus as --corpus and this one as --acoustics"
+            )
+        return acoustics_manifests(args.corpus, args.corpus, args.split)
+    field = acoustics_manifests(args.corpus, acoustics, args.split)
+    return _with_conditions(_splits(args.corpus, args.split), field)
+
+
+def _with_conditions(splits: dict[str, Path], field: dict[str, Path]) -> dict[str, Path]:
+    """The splits in report order: each training-simulator split, then its held-out
+    acoustics twin."""
+    twins = {
+        "held-out speakers": "held-out acoustics",
+        "unseen voices": "unseen voices, held-out acoustics",
+        "validation": "validation, held-out acoustics",
+    }
+    out: dict[str, Path] = {}
+    for name, path in splits.items():
+        out[name] = path
+        if twins.get(name) in field:
+            out[twins[name]] = field[twins[name]]
+    return {**out, **{k: v for k, v in field.items() if k not in out}}
+
+
+def held_out_conditions(splits: dict[str, Any]) -> dict[str, Any]:
+    """Per held-out condition (each scored split): per device type and over all types, FRR
+    at the shipped threshold, FRR at <= 0.5 FA/h (each type at its own threshold; over all
+    types at the one threshold their streams set together), FA/h at the shipped threshold,
+    the stream hours and the FA/h resolution (one false accept in those hours)."""
+    out: dict[str, Any] = {}
+    for split, rows in splits.items():
+        types = {d: r for d, r in rows.items() if not d.startswith("_")}
+        if not types:
+            continue
+        by_type = {d: _condition_cell(r) for d, r in types.items()}
+        hours = sum(r["stream_hours"] for r in types.values())
+        positives = sum(r["positives"] for r in types.values())
+        pooled = rows.get("_pooled", {})
+        cell: dict[str, Any] = {
+            "positives": positives,
+            "stream_hours": round(hours, 3),
+            "fa_h_resolution": 1.0 / hours if hours else None,
+            "frr_at_0.5_fa_h": _weighted(
+                types, {d: p["frr"] for d, p in pooled.get("by_type", {}).items()}
+            ),
+            "threshold_at_0.5_fa_h": pooled.get("threshold"),
+            "resolved_at_0.5_fa_h": pooled.get("resolved"),
+        }
+        if all("at_shipped_threshold" in r for r in types.values()):
+            ship = {d: r["at_shipped_threshold"] for d, r in types.items()}
+            cell["frr_at_shipped_threshold"] = _weighted(
+                types, {d: s["frr"] for d, s in ship.items()}
+            )
+            events = sum(ship[d]["fa_per_hour"] * types[d]["stream_hours"] for d in types)
+            cell["fa_h_at_shipped_threshold"] = events / hours if hours else None
+        out[split] = {"all types": cell, "by_type": by_type}
+    return out
+
+
+def _weighted(types: dict[str, Any], frr: dict[str, float]) -> float | None:
+    """FRR over all types' positives from each type's FRR."""
+    if set(frr) != set(types):
+        return None
+    n = sum(types[d]["positives"] for d in types)
+    return sum(frr[d] * types[d]["positives"] for d in types) / n if n else None
+
+
+def _condition_cell(r: dict[str, Any]) -> dict[str, Any]:
+    ship = r.get("at_shipped_threshold")
+    return {
+        "positives": r["positives"],
+        "frr_at_shipped_threshold": ship["frr"] if ship else None,
+        "frr_at_0.5_fa_h": r["frr_at_0.5_fa_h"]["frr"],
+        "resolved_at_0.5_fa_h": r["frr_at_0.5_fa_h"]["resolved"],
+        "fa_h_at_shipped_threshold": ship["fa_per_hour"] if ship else None,
+        "stream_hours": r["stream_hours"],
+        "fa_h_resolution": 1.0 / r["stream_hours"] if r["stream_hours"] else None,
+    }
 
 
 def _score_devices(
@@ -608,6 +740,7 @@ def format_table(result: dict[str, Any]) -> str:
     lines = _table_lines(result, primary)
     for label, figures in result.get("detectors", {}).items():
         lines += _table_lines(figures, label)
+    lines += condition_lines(result.get("conditions", {}))
     lines += _voice_lines(result.get("fp32", {}))
     lines += _retimed_lines(result.get("retimed_phrases", {}))
     lines += _event_lines(result.get("fp32", {}))
@@ -620,6 +753,29 @@ def format_table(result: dict[str, Any]) -> str:
         "\n* fewer stream hours than 1/target: the threshold allows no false accept at all"
     )
     return "\n".join(lines)
+
+
+def condition_lines(conditions: dict[str, Any]) -> list[str]:
+    """fp32 held-out conditions side by side: FRR at the shipped threshold, FRR at <= 0.5
+    FA/h, FA/h at the shipped threshold, and the stream hours that resolve it."""
+    if not conditions:
+        return []
+    fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
+    lines = [
+        "\nfp32, held-out conditions: FRR @shipped thr | FRR @<=0.5 FA/h | FA/h @shipped thr "
+        "| stream h (1 false accept = FA/h)",
+        "condition | type | FRR @shipped | FRR @0.5 FA/h | FA/h @shipped | hours (resolution)",
+    ]
+    for name, c in conditions.items():
+        for d, r in [*c["by_type"].items(), ("all", c["all types"])]:
+            flag = "" if r.get("resolved_at_0.5_fa_h", True) else "*"
+            lines.append(
+                f"{name} | {d} | {fmt(r.get('frr_at_shipped_threshold'), '.3f')} | "
+                f"{fmt(r.get('frr_at_0.5_fa_h'), '.3f')}{flag} | "
+                f"{fmt(r.get('fa_h_at_shipped_threshold'), '.2f')} | "
+                f"{r['stream_hours']} ({fmt(r.get('fa_h_resolution'), '.2f')})"
+            )
+    return lines
 
 
 def _voice_lines(splits: dict[str, Any]) -> list[str]:
@@ -711,6 +867,35 @@ def _pooled_lines(p: dict[str, Any]) -> list[str]:
     ]
 
 
+def _add_addon_arguments(p: argparse.ArgumentParser) -> None:
+    """The corpus add-ons the benchmark scores beside the main corpus."""
+    p.add_argument(
+        "--retimed",
+        type=Path,
+        default=None,
+        help="also a `--profile pretrain-timing` corpus folder: FRR on its re-timed phrases",
+    )
+    p.add_argument(
+        "--extra-streams",
+        type=Path,
+        action="append",
+        default=None,
+        metavar="DIR",
+        help="also a corpus folder built with --corpus's seed and `--profile pretrain-streams` "
+        "(with --split test) or `pretrain-valstreams` (with --split val): its negative streams "
+        "join the main corpus's of that split (repeatable)",
+    )
+    p.add_argument(
+        "--acoustics",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also a corpus folder built with --corpus's seed and `--profile "
+        "pretrain-acoustics`: the held-out speakers and unseen voices through the second "
+        "acoustic simulation, reported as their own conditions",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -744,22 +929,7 @@ def main(argv: list[str] | None = None) -> int:
         help=f"streaming detector settings, the first one primary (default {HOP_S}:{SMOOTHING}); "
         f"hops are multiples of {HOP_S} s, scored once",
     )
-    p.add_argument(
-        "--retimed",
-        type=Path,
-        default=None,
-        help="also a `--profile pretrain-timing` corpus folder: FRR on its re-timed phrases",
-    )
-    p.add_argument(
-        "--extra-streams",
-        type=Path,
-        action="append",
-        default=None,
-        metavar="DIR",
-        help="also a corpus folder built with --corpus's seed and `--profile pretrain-streams` "
-        "(with --split test) or `pretrain-valstreams` (with --split val): its negative streams "
-        "join the main corpus's of that split (repeatable)",
-    )
+    _add_addon_arguments(p)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--plots", type=Path, default=None, help="folder for DET curve PNGs")
     p.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")

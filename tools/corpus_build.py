@@ -20,6 +20,7 @@ from wakefl.errors import ConfigError
 from wakefl.sdk.manifest import CLIP_SAMPLES, SAMPLE_RATE, ManifestRow, write_manifest
 from wakefl.tools.background_sounds import ambient_noise, background_for_state
 from wakefl.tools.corpus_plan import (
+    FIELD_ACOUSTICS_PROFILES,
     LEAD_IN_FILLERS,
     POSITIVE_CONTENTS,
     PROFILES,
@@ -503,6 +504,10 @@ def build_corpus(
     out = Path(out_dir)
     _prepare_out_dir(out)
     cache = Path(tts_cache_dir) if tts_cache_dir else None
+    if prof.name in FIELD_ACOUSTICS_PROFILES:
+        from wakefl.tools.field_corpus import build_field_corpus  # it builds on this module
+
+        return build_field_corpus(out, seed, prof, phrase, progress, cache)
 
     speakers = make_speakers(seed, prof, phrase)
     phrases = phrase_variants(phrase)

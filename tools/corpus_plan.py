@@ -295,6 +295,47 @@ PROFILES["pretrain-confusables-micro"] = _confusables_addon(
 )
 
 
+def _acoustics_addon(
+    base: str,
+    name: str,
+    clips: tuple[int, int, int],
+    streams: tuple[int, int, int],
+    rooms: int,
+) -> CorpusProfile:
+    """An add-on of held-out sets only, rendered through the second acoustic simulation
+    (tools/field_acoustics.py, tools/field_corpus.py) instead of the training devices:
+    `base`'s validation and test speakers (build it with the same seed) and its unseen
+    voices. `clips` are (validation, test, unseen test) clips per device type, `streams`
+    the same counts of negative streams, `rooms` image-source rooms per device type (about
+    a second each to simulate), so that checkpoints and thresholds can be chosen on
+    acoustics that training never used."""
+    return _addon(
+        base,
+        name,
+        val_clips=clips[0],
+        test_clips=clips[1],
+        unseen_speakers=PROFILES[base].unseen_speakers,
+        unseen_test_clips=clips[2],
+        val_streams_per_device=streams[0],
+        streams_per_device=streams[1],
+        unseen_streams_per_device=streams[2],
+        rooms_per_device=rooms,
+        draw_offset=60,
+    )
+
+
+# Per device type: 1 h of validation stream, 2 h of test stream (one false accept resolves
+# 0.5 FA/h), 1 h of unseen-voice stream.
+PROFILES["pretrain-acoustics"] = _acoustics_addon(
+    "pretrain", "pretrain-acoustics", (400, 1000, 600), (6, 12, 6), 12
+)
+PROFILES["pretrain-acoustics-micro"] = _acoustics_addon(
+    "pretrain-micro", "pretrain-acoustics-micro", (6, 6, 6), (1, 1, 1), 2
+)
+# Profiles that corpus_build hands to tools/field_corpus.py.
+FIELD_ACOUSTICS_PROFILES = ("pretrain-acoustics", "pretrain-acoustics-micro")
+
+
 @dataclass(frozen=True)
 class Speaker:
     speaker_id: str
