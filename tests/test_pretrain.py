@@ -183,6 +183,38 @@ def test_batches_depend_only_on_seed_and_step(corpus: Path) -> None:
     assert y1.sum() == round(SETTINGS.batch_size * SETTINGS.positive_share)  # class balance
 
 
+def test_field_augmentation_changes_some_windows_and_keeps_the_rest(corpus: Path) -> None:
+    data = load_pretrain_data(corpus, 24000, 6.0, progress=False, field_rooms=2)
+    assert len(data.field_rirs) == 2
+    plain, _ = make_batch(data, 7, SETTINGS)
+    field = dataclasses.replace(SETTINGS, field_augment=0.5)
+    x1, y1 = make_batch(data, 7, field)
+    x2, _ = make_batch(data, 7, field)
+    assert np.array_equal(x1, x2) and x1.shape == plain.shape and np.all(np.abs(x1) <= 1.0)
+    # Some windows have gone through the field stages.
+    assert not np.array_equal(x1, plain)
+    # Off (the default), the batches are the ones a run without the option always drew.
+    assert np.array_equal(
+        make_batch(data, 7, dataclasses.replace(field, field_augment=0.0))[0], plain
+    )
+
+
+def test_validation_can_come_from_another_corpus(corpus: Path, tmp_path: Path) -> None:
+    other = build_corpus(tmp_path / "other", 3, "pretrain-micro", progress=False)
+    data = load_pretrain_data(corpus, 24000, 6.0, progress=False, val_manifest=other)
+    val = [r for r in read_manifest(other) if r.split == "val"]
+    assert len(data.val_labels) == sum(r.kind == "clip" for r in val)
+    assert list(data.val_labels) == [r.label for r in val if r.kind == "clip"]
+    assert len(data.val_streams) == sum(r.kind == "stream" for r in val)
+    # Training audio is still the training corpus's.
+    own = load_pretrain_data(corpus, 24000, 6.0, progress=False)
+    assert np.array_equal(data.pos, own.pos) and np.array_equal(data.neg, own.neg)
+    # A validation corpus without both labels cannot choose a checkpoint.
+    timing = build_corpus(tmp_path / "timing", 0, "pretrain-timing-micro", progress=False)
+    with pytest.raises(ConfigError, match="both labels"):
+        load_pretrain_data(corpus, 24000, 6.0, progress=False, val_manifest=timing)
+
+
 def test_balanced_draws_take_a_rare_group_as_often_as_a_common_one(
     corpus: Path, tmp_path: Path
 ) -> None:
@@ -642,6 +674,9 @@ def test_mining_and_warp_resume_equals_uninterrupted_run(corpus: Path, tmp_path:
         ["--distill-from", "no-such-teacher.safetensors"],
         ["--distill-weight", "nan", "--distill-from", __file__],
         ["--distill-temperature", "0", "--distill-from", __file__],
+        ["--field-augment", "1.5"],
+        ["--field-augment", "nan"],
+        ["--val-corpus", "no-such-corpus/manifest.csv"],
     ],
 )
 def test_pretrain_cli_refuses_absurd_flags(flags, tmp_path: Path, capsys) -> None:

@@ -97,6 +97,23 @@ def _register_pretrain(sub: argparse._SubParsersAction) -> None:
         help="add this corpus's training clips and streams (e.g. the 'pretrain-voices' "
         "profile, or imported recordings); repeatable. Validation stays on --corpus",
     )
+    pre.add_argument(
+        "--val-corpus",
+        type=Path,
+        default=None,
+        metavar="MANIFEST",
+        help="choose the best checkpoint on this corpus's val split (clips and streams) "
+        "instead of --corpus's, e.g. a 'pretrain-acoustics' build: held-out acoustics",
+    )
+    pre.add_argument(
+        "--field-augment",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="pass this share of the training windows through the second acoustic "
+        "simulation's training stages (rooms, AGC, noise suppression, narrowband link, "
+        "clipping; tools/field_acoustics.py); 0 = off",
+    )
     pre.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     pre.add_argument(
         "--workers",
@@ -478,6 +495,10 @@ def _pretrain_settings(args: argparse.Namespace) -> Any:
     for extra in args.extra_corpus:
         if not extra.is_file():
             raise ConfigError(f"--extra-corpus {extra}: no such manifest")
+    if args.val_corpus is not None and not args.val_corpus.is_file():
+        raise ConfigError(f"--val-corpus {args.val_corpus}: no such manifest")
+    if not 0.0 <= args.field_augment <= 1.0:
+        raise ConfigError(f"--field-augment must be in [0, 1], got {args.field_augment}")
     teacher, distill_weight, distill_temperature = _distillation(args)
     if not 0 <= args.workers <= 64:
         raise ConfigError(f"--workers must be in [0, 64], got {args.workers}")
@@ -507,6 +528,8 @@ def _pretrain_settings(args: argparse.Namespace) -> Any:
         distill_weight=distill_weight,
         distill_temperature=distill_temperature,
         mine_every_steps=args.mine_every,
+        field_augment=args.field_augment,
+        val_corpus=str(args.val_corpus.resolve()) if args.val_corpus is not None else "",
     )
 
 

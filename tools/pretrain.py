@@ -457,6 +457,18 @@ def _progress_bar(s: PretrainSettings, step: int, progress: bool) -> Any:
     )
 
 
+def _load_data(
+    manifest: Path, window: int, s: PretrainSettings, progress: bool, extra: Sequence[Path]
+) -> PretrainData:
+    """The run's decoded audio: validation from `s.val_corpus` when set, and the field
+    augmentation's rooms when it is on."""
+    val = Path(s.val_corpus) if s.val_corpus else None
+    rooms = 24 if s.field_augment > 0 else 0
+    return load_pretrain_data(
+        manifest, window, s.val_stream_seconds, progress, s.seed, extra, val, rooms
+    )
+
+
 def pretrain(
     manifest: Path,
     out: Path,
@@ -478,9 +490,7 @@ def pretrain(
     model, opt = _new_run(out, s, resume)
     info = _start_info(out, s, manifest, model, opt, resume, init_from, extra)
     teacher = load_teacher(s, model, info, out)  # checked before the corpus's long decode
-    data = load_pretrain_data(
-        manifest, model.cfg.window_samples, s.val_stream_seconds, progress, s.seed, extra
-    )
+    data = _load_data(manifest, model.cfg.window_samples, s, progress, extra)
     step = int(info["step"])
     bar = _progress_bar(s, step, progress)
     now = time.monotonic()

@@ -32,6 +32,9 @@ class PretrainData:
     # what `balance_by` draws by.
     pos_groups: dict[str, list[np.ndarray]] = field(default_factory=dict)
     neg_groups: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    # Room responses of the field augmentation (tools/field_acoustics.py training_rooms),
+    # made once when the run asks for it.
+    field_rirs: tuple[np.ndarray, ...] = ()
 
     @property
     def window(self) -> int:
@@ -111,6 +114,28 @@ def _set_groups(data: PretrainData, rows: Sequence[tuple[Any, Path]]) -> None:
         out["engine"] = _groups([families[m].get(r.speaker, "").split(":")[0] for r, m in mine])
 
 
+def _validation_audio(
+    main: Path, manifest: Path, window: int, cap: int, progress: bool
+) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """A corpus's validation clips, their labels and its validation streams (each cut to
+    `cap` samples), for `--val-corpus`; checked before decoding: both labels, and built for
+    the training corpus's phrase."""
+    from wakefl.sdk.manifest import read_manifest
+
+    phrases = (_corpus_phrase(main), _corpus_phrase(manifest))
+    if None not in phrases and phrases[0] != phrases[1]:
+        raise ConfigError(
+            f"--val-corpus {manifest} was built for {phrases[1]!r}, the corpus for {phrases[0]!r}"
+        )
+    rows = [r for r in read_manifest(manifest) if r.split == "val"]
+    clips = [r for r in rows if r.kind == "clip"]
+    if not {r.label for r in clips} >= {0, 1}:
+        raise ConfigError(f"--val-corpus {manifest}: its val split needs clips of both labels")
+    waves = _decode_clips(clips, manifest, window, progress)
+    streams = [_decode(r.resolve(manifest))[:cap] for r in rows if r.kind == "stream"]
+    return waves, np.array([r.label for r in clips]), [s for s in streams if s.size >= window]
+
+
 def load_pretrain_data(
     manifest: Path,
     window: int,
@@ -118,16 +143,21 @@ def load_pretrain_data(
     progress: bool = True,
     seed: int = 0,
     extra: Sequence[Path] = (),
+    val_manifest: Path | None = None,
+    field_rooms: int = 0,
 ) -> PretrainData:
     """The corpus's training and validation audio, plus the training audio of each `extra`
-    corpus (appended after the main corpus's, so mined-pool indices stay stable)."""
+    corpus (appended after the main corpus's, so mined-pool indices stay stable). With
+    `val_manifest`, validation comes from that corpus's val split instead. `field_rooms`
+    room responses are made for the field augmentation."""
     from wakefl.sdk.manifest import read_manifest
 
     rows = read_manifest(manifest)
-    clips = [r for r in rows if r.kind == "clip" and r.split in ("train", "val")]
+    val_split = ("val",) if val_manifest is None else ()
+    clips = [r for r in rows if r.kind == "clip" and r.split in ("train", *val_split)]
     if not any(r.split == "train" and r.label == 1 for r in clips):
         raise ConfigError(f"{manifest}: no wake-phrase clips in the train split")
-    if not any(r.split == "val" and r.label == 1 for r in clips):
+    if val_manifest is None and not any(r.split == "val" and r.label == 1 for r in clips):
         raise ConfigError(f"{manifest}: no wake-phrase clips in the val split")
     extra_rows = [_extra_rows(manifest, path) for path in extra]
     arr = _decode_clips(clips, manifest, window, progress)
@@ -135,30 +165,48 @@ def load_pretrain_data(
     train = np.array([r.split == "train" for r in clips])
     streams = {
         sp: [_decode(r.resolve(manifest)) for r in rows if r.kind == "stream" and r.split == sp]
-        for sp in ("train", "val")
+        for sp in ("train", *val_split)
     }
     cap = int(val_stream_seconds * 16000)
+    val_clips, val_labels = arr[~train], labels[~train]
+    val_streams = [s[:cap] for s in streams.get("val", []) if s.size >= window]
+    if val_manifest is not None:
+        val_clips, val_labels, val_streams = _validation_audio(
+            manifest, val_manifest, window, cap, progress
+        )
     from wakefl.tools.wave_augment import AugmentBank
 
     data = PretrainData(
         pos=arr[train & (labels == 1)],
         neg=arr[train & (labels == 0)],
         train_streams=[s for s in streams["train"] if s.size >= window],
-        val_clips=arr[~train],
-        val_labels=labels[~train],
-        val_streams=[s[:cap] for s in streams["val"] if s.size >= window],
+        val_clips=val_clips,
+        val_labels=val_labels,
+        val_streams=val_streams,
         bank=AugmentBank.make(seed),
     )
+    if field_rooms:
+        from wakefl.tools.field_acoustics import training_rooms
+
+        data.field_rirs = training_rooms(seed, field_rooms)
     train_rows = [(r, manifest) for r in clips if r.split == "train"]
     for path, more_rows in zip(extra, extra_rows, strict=True):
-        x, more_clips, more = _extra_training_audio(path, more_rows, window, progress)
-        y = np.array([r.label for r in more_clips])
-        data.pos = np.concatenate([data.pos, x[y == 1]])
-        data.neg = np.concatenate([data.neg, x[y == 0]])
-        data.train_streams += more
-        train_rows += [(r, path) for r in more_clips]
+        train_rows += _append_extra(data, path, more_rows, progress)
     _set_groups(data, train_rows)
     return data
+
+
+def _append_extra(
+    data: PretrainData, path: Path, rows: list[Any], progress: bool
+) -> list[tuple[Any, Path]]:
+    """Add an add-on corpus's training clips and streams to `data`; returns its clip rows
+    with their manifest."""
+    x, more_clips, more = _extra_training_audio(path, rows, data.window, progress)
+    y = np.array([r.label for r in more_clips])
+    data.pos = np.concatenate([data.pos, x[y == 1]])
+    data.neg = np.concatenate([data.neg, x[y == 0]])
+    data.train_streams += more
+    return [(r, path) for r in more_clips]
 
 
 def _draw(rng: np.random.Generator, n: int, groups: list[np.ndarray] | None) -> int:
@@ -195,6 +243,11 @@ def make_batch(data: PretrainData, step: int, s: PretrainSettings) -> tuple[np.n
         else:
             src = data.neg[_draw(rng, len(data.neg), neg_groups)]
         out[i] = augment_window(src, int(labels[i]), rng, data.bank)
+        # Drawn only when asked for, so runs without it keep their batches.
+        if s.field_augment > 0 and rng.random() < s.field_augment:
+            from wakefl.tools.field_acoustics import field_augment
+
+            out[i] = field_augment(out[i], rng, data.field_rirs)
     return out, labels
 
 

@@ -56,6 +56,15 @@ class PretrainSettings:
     distill_from: str = ""
     distill_weight: float = 0.0
     distill_temperature: float = 2.0
+    # Share of the training windows also passed through the second acoustic simulation's
+    # training stages (tools/field_acoustics.py field_augment: image-source rooms apart from
+    # the held-out ones, noise suppression, AGC, clipping, a narrowband link, a coarse
+    # converter); 0 = off.
+    field_augment: float = 0.0
+    # A manifest whose validation split (clips and streams) picks the best checkpoint
+    # instead of the training corpus's, e.g. a `pretrain-acoustics` build: held-out acoustics
+    # that training never simulates. "" = the training corpus's validation split.
+    val_corpus: str = ""
     mine_every_steps: int = 1500
     mine_candidates: int = 6000
     hard_pool: int = 600
