@@ -267,11 +267,11 @@ def _confusables_addon(base: str, name: str, train_unit: int, per_speaker: int) 
 # phrases. Build it with the main corpus's seed.
 PROFILES["pretrain-carrier"] = _addon(
     "pretrain", "pretrain-carrier", train_unit=300, val_clips=100, test_clips=200,
-    contents=("pos_run", "conf_run"), draw_offset=60,
+    contents=("pos_run", "conf_run"), draw_offset=70,
 )  # fmt: skip
 PROFILES["pretrain-carrier-micro"] = _addon(
     "pretrain-micro", "pretrain-carrier-micro", train_unit=4, val_clips=6, test_clips=6,
-    contents=("pos_run", "conf_run"), draw_offset=60,
+    contents=("pos_run", "conf_run"), draw_offset=70,
 )  # fmt: skip
 _ALL_CONTENTS = ("pos", "conf", "other", "bg", "pos_run", "conf_run")
 # An add-on for `wakefl model pretrain --extra-corpus`: 240 speakers of RHVoice, MBROLA and
