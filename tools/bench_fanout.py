@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from wakefl.server.broker import ManagedBroker
-from wakefl.tools.bench_federation import _cpu_s
+from wakefl.tools.bench_process_stats import cpu_seconds
 from wakefl.tools.load_fleet import MqttConn, connect_packet
 
 TOPIC = "bench/fanout"
@@ -114,7 +114,7 @@ async def fan_out(port: int, pid: int, k: int, args: argparse.Namespace) -> list
         received[0] = 0
         stop = threading.Event()
         sampler = MemorySampler(pid, int(args.min_available_gb * 1024 * 1024), stop)
-        rss0, cpu_b, cpu_s = sampler.peak_rss_kb, _cpu_s(pid), _cpu_s()
+        rss0, cpu_b, cpu_s = sampler.peak_rss_kb, cpu_seconds(pid), cpu_seconds()
         sampler.start()
         seconds = await _one_message(pub, payload, received, k, sampler)
         stop.set()
@@ -129,8 +129,8 @@ async def fan_out(port: int, pid: int, k: int, args: argparse.Namespace) -> list
                 "broker_rss_mb_before": round(rss0 / 1024),
                 "broker_rss_mb_peak": round(sampler.peak_rss_kb / 1024),
                 "copies_held_at_peak": round((sampler.peak_rss_kb - rss0) * 1024 / args.bytes, 1),
-                "broker_cpu_s": round(_cpu_s(pid) - cpu_b, 2),
-                "subscribers_cpu_s": round(_cpu_s() - cpu_s, 2),
+                "broker_cpu_s": round(cpu_seconds(pid) - cpu_b, 2),
+                "subscribers_cpu_s": round(cpu_seconds() - cpu_s, 2),
                 "lowest_available_gb": round(sampler.low_available_kb / 1024**2, 1),
                 "aborted": sampler.aborted,
             }

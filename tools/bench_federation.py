@@ -40,6 +40,7 @@ from tqdm import tqdm
 from wakefl.sdk import messages as M
 from wakefl.sdk import topics
 from wakefl.sdk.mqtt_link import MqttLink
+from wakefl.tools.bench_process_stats import broker_pid, cpu_seconds
 
 # A Self-FL uplink record (what SelfFL.uplink_schema asks for).
 _RECORD = {"sigma_sq": 0.1, "has_variance": 1.0, "local_steps": 1.0}
@@ -61,22 +62,6 @@ def _peek_downlink(payload: bytes) -> dict:
     hlen = int.from_bytes(payload[_FRAME_HEADER_AT : _FRAME_HEADER_AT + 8], "little")
     header = json.loads(payload[_FRAME_HEADER_AT + 8 : _FRAME_HEADER_AT + 8 + hlen])
     return json.loads(header["__metadata__"]["wakefl"])
-
-
-def _broker_pid(broker: Any) -> int:
-    """The process id of a started ManagedBroker."""
-    if broker.proc is None:
-        raise RuntimeError("the broker is not running")
-    return int(broker.proc.pid)
-
-
-def _cpu_s(pid: int | None = None) -> float:
-    """User + system CPU seconds of this process (all threads) or of process `pid`."""
-    if pid is None:
-        t = os.times()
-        return t.user + t.system
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 def _device_process(
@@ -124,10 +109,10 @@ def _device_process(
     link.subscribe(topics.ack(fleet, dev), lambda t, p: None)
     link.connect()
     link.publish(topics.hello(fleet, dev), M.encode(M.Hello(fleet, dev, typ)), retain=True)
-    cpu0 = _cpu_s()
+    cpu0 = cpu_seconds()
     ready.release()
     done.wait(600)
-    cpu = _cpu_s() - cpu0
+    cpu = cpu_seconds() - cpu0
     link.close()
     results.put((dev, compute_s, cpu))
 
@@ -249,15 +234,12 @@ def bench_rounds(
             )
             cfg = _bench_config(broker.url, tmp, params, model_cfg, rounds, reg, wire_dtype)
             server = AggregationServer(cfg, make_strategy("selffl"), progress=lambda s: None)
-            broker_cpu0, server_cpu0, wall0 = (
-                _cpu_s(_broker_pid(broker)),
-                _cpu_s(),
-                time.monotonic(),
-            )
+            pid = broker_pid(broker)
+            broker_cpu0, server_cpu0, wall0 = cpu_seconds(pid), cpu_seconds(), time.monotonic()
             server.run()
             cpu = {
-                "broker": _cpu_s(_broker_pid(broker)) - broker_cpu0,
-                "server": _cpu_s() - server_cpu0,
+                "broker": cpu_seconds(pid) - broker_cpu0,
+                "server": cpu_seconds() - server_cpu0,
             }
             wall = time.monotonic() - wall0
             compute = _collect_devices(results, procs, cpu)
@@ -484,13 +466,13 @@ def bench_rounds_loadgen(
                 uplink_codec=codec,
             )
             server = AggregationServer(cfg, make_strategy("selffl"), progress=lambda s: None)
-            pid = _broker_pid(broker)
-            broker_cpu0, server_cpu0, wall0 = _cpu_s(pid), _cpu_s(), time.monotonic()
+            pid = broker_pid(broker)
+            broker_cpu0, server_cpu0, wall0 = cpu_seconds(pid), cpu_seconds(), time.monotonic()
             server.run()
             out, _ = gen.communicate(timeout=600)
             cpu = {
-                "broker": _cpu_s(pid) - broker_cpu0,
-                "server": _cpu_s() - server_cpu0,
+                "broker": cpu_seconds(pid) - broker_cpu0,
+                "server": cpu_seconds() - server_cpu0,
             }
             wall = time.monotonic() - wall0
         finally:

@@ -33,7 +33,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -51,6 +51,12 @@ from wakefl.tools.pretrain_settings import (
 )
 from wakefl.tools.pretrain_validation import better, score_batches, validate
 
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
+
+    from wakefl.models.kws_cnn import KwsCnn
+
 
 def _settings_match(saved: dict[str, Any], s: PretrainSettings) -> None:
     for key in ("width", "phrase", "seed", "batch_size"):
@@ -61,7 +67,7 @@ def _settings_match(saved: dict[str, Any], s: PretrainSettings) -> None:
             )
 
 
-def spec_mask(feats: Any, generator: Any) -> Any:
+def spec_mask(feats: Tensor, generator: torch.Generator) -> Tensor:
     """Two frequency bands (up to 6 mel bins) and two time spans (up to 12 frames) per
     example, set to the example's mean log-mel."""
     import torch
@@ -83,13 +89,13 @@ def spec_mask(feats: Any, generator: Any) -> Any:
 
 
 def augmented_log_mel(
-    model: Any,
-    wave: Any,
-    generator: Any,
+    model: KwsCnn,
+    wave: Tensor,
+    generator: torch.Generator,
     masks: bool,
     mel_warp: float = 0.0,
     time_warp: float = 0.0,
-) -> Any:
+) -> Tensor:
     """The model's log-mel input of `wave`, warped in frequency and time and masked. Each
     draws from `generator` only when it is on, so a run without the time warp is the run
     it was before that option existed."""
@@ -171,14 +177,14 @@ def _start_weights(start: Any, model: Any, init_from: Path, s: PretrainSettings)
 
 
 def train_step(
-    model: Any,
-    opt: Any,
-    x: Any,
-    y: Any,
+    model: KwsCnn,
+    opt: torch.optim.Optimizer,
+    x: Tensor,
+    y: Tensor,
     step: int,
-    gen: Any,
+    gen: torch.Generator,
     s: PretrainSettings,
-    teacher: Any = None,
+    teacher: KwsCnn | None = None,
 ) -> float:
     """One optimizer step at the schedule's learning rate; returns the batch loss."""
     import torch
@@ -206,7 +212,7 @@ def train_step(
     return loss.item()
 
 
-def distill_loss(student: Any, teacher: Any, temperature: float) -> Any:
+def distill_loss(student: Tensor, teacher: Tensor, temperature: float) -> Tensor:
     """KL divergence from the teacher's class probabilities to the student's, both at
     `temperature`, scaled by its square so that its gradients keep the size of the label
     loss's whatever the temperature (Hinton et al., 2015)."""
@@ -221,7 +227,9 @@ def distill_loss(student: Any, teacher: Any, temperature: float) -> Any:
     )
 
 
-def load_teacher(s: PretrainSettings, model: Any, info: dict[str, Any], out: Path) -> Any:
+def load_teacher(
+    s: PretrainSettings, model: KwsCnn, info: dict[str, Any], out: Path
+) -> KwsCnn | None:
     """The run's teacher (frozen, on the run's device), or None without distillation. Its
     weights digest goes into the run's state; a resumed run must name the same teacher."""
     if not s.distill_from:
@@ -247,8 +255,8 @@ def load_teacher(s: PretrainSettings, model: Any, info: dict[str, Any], out: Pat
 
 def _validate_and_record(
     out: Path,
-    model: Any,
-    data: Any,
+    model: KwsCnn,
+    data: PretrainData,
     s: PretrainSettings,
     info: dict[str, Any],
     step: int,
@@ -277,7 +285,7 @@ def _validate_and_record(
     return metrics
 
 
-def seeded_model(s: PretrainSettings) -> tuple[Any, Any]:
+def seeded_model(s: PretrainSettings) -> tuple[KwsCnn, torch.optim.AdamW]:
     """The model of `s.width` seeded by `s.seed` on `s.device`, and its AdamW optimizer."""
     import torch
 
@@ -289,7 +297,7 @@ def seeded_model(s: PretrainSettings) -> tuple[Any, Any]:
     return model, opt
 
 
-def _new_run(out: Path, s: PretrainSettings, resume: bool) -> tuple[Any, Any]:
+def _new_run(out: Path, s: PretrainSettings, resume: bool) -> tuple[KwsCnn, torch.optim.AdamW]:
     """The seeded model and its AdamW optimizer, for a new run in `out` (refused when `out`
     holds one and `resume` is off, or the settings name an unknown balance or an impossible
     distillation) or one to resume."""
@@ -329,12 +337,12 @@ class _Run:
     objects, its clock and its running loss."""
 
     out: Path
-    model: Any
-    opt: Any
+    model: KwsCnn
+    opt: torch.optim.AdamW
     data: PretrainData
     s: PretrainSettings
     info: dict[str, Any]
-    gen: Any  # torch.Generator of the spectrogram masks and the warp
+    gen: torch.Generator  # of the spectrogram masks and the warp
     bar: Any  # tqdm progress bar
     t0: float
     last_ckpt: float
@@ -343,7 +351,7 @@ class _Run:
     max_minutes: float | None
     max_steps: int | None
     running: float | None = None
-    teacher: Any = None  # the frozen teacher model when distilling
+    teacher: KwsCnn | None = None  # the frozen teacher model when distilling
 
 
 def _mine_pool(run: _Run, step: int) -> None:

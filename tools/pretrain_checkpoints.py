@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from wakefl.edge_runtime.detection_rule import (
     DEFAULT_HOP_S,
@@ -16,8 +16,14 @@ from wakefl.edge_runtime.detection_rule import (
 from wakefl.errors import ConfigError
 from wakefl.tools.pretrain_settings import BEST, BEST_CARD, STATE_INFO, STATE_WEIGHTS
 
+if TYPE_CHECKING:
+    import torch
+    from torch import Tensor
 
-def save_state(out: Path, model: Any, opt: Any, info: dict[str, Any]) -> None:
+    from wakefl.models.kws_cnn import KwsCnn
+
+
+def save_state(out: Path, model: KwsCnn, opt: torch.optim.Optimizer, info: dict[str, Any]) -> None:
     """Weights and AdamW moments in safetensors, the rest as JSON; both written atomically,
     the JSON last (it names the step the weights belong to)."""
     from safetensors.torch import save_file
@@ -38,7 +44,7 @@ def save_state(out: Path, model: Any, opt: Any, info: dict[str, Any]) -> None:
     write_atomic(out / STATE_INFO, (json.dumps(info, indent=1) + "\n").encode())
 
 
-def copy_weights(model: Any, tensors: dict[str, Any], error: str) -> None:
+def copy_weights(model: KwsCnn, tensors: dict[str, Tensor], error: str) -> None:
     """Copy a checkpoint's `model.<name>` tensors into `model`; ConfigError(`error`) naming
     the first parameter that is missing or of another shape."""
     import torch
@@ -51,7 +57,7 @@ def copy_weights(model: Any, tensors: dict[str, Any], error: str) -> None:
             p.copy_(t)
 
 
-def load_state(out: Path, model: Any, opt: Any) -> dict[str, Any]:
+def load_state(out: Path, model: KwsCnn, opt: torch.optim.Optimizer) -> dict[str, Any]:
     from safetensors.torch import load_file
 
     try:
@@ -72,7 +78,7 @@ def load_state(out: Path, model: Any, opt: Any) -> dict[str, Any]:
     return info
 
 
-def save_best(out: Path, model: Any, metrics: dict[str, float], info: dict[str, Any]) -> None:
+def save_best(out: Path, model: KwsCnn, metrics: dict[str, float], info: dict[str, Any]) -> None:
     from wakefl.models.kws_cnn import save_model
     from wakefl.sdk.atomic_files import write_atomic
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -16,8 +16,13 @@ from wakefl.tools.pretrain_checkpoints import copy_weights
 from wakefl.tools.pretrain_settings import BEST, BEST_CARD, HISTORY, STATE_INFO, STATE_WEIGHTS
 from wakefl.tools.pretrain_validation import score_batches
 
+if TYPE_CHECKING:
+    from torch import Tensor
 
-def shipped_operating_point(model: Any, manifest: Path, target_frr: float) -> dict[str, float]:
+    from wakefl.models.kws_cnn import KwsCnn
+
+
+def shipped_operating_point(model: KwsCnn, manifest: Path, target_frr: float) -> dict[str, float]:
     """The shipped threshold: where the validation clips' false-reject rate is `target_frr`
     (a device maker ships a detector that hears its owner), with the clip false-accept rate
     there. The stream false accepts per hour at it are what the detection benchmark reports."""
@@ -40,7 +45,7 @@ def shipped_operating_point(model: Any, manifest: Path, target_frr: float) -> di
     }
 
 
-def _last_checkpoint(run: Path, model: Any, best_card: dict[str, Any]) -> dict[str, Any]:
+def _last_checkpoint(run: Path, model: KwsCnn, best_card: dict[str, Any]) -> dict[str, Any]:
     """Load the run's last checkpoint into `model` (the best model's architecture) and
     return its card: the best card's settings with the validation figures of that step.
     The validation criterion is noisy on a few validation streams; a benchmark on more
@@ -138,7 +143,7 @@ def _run_manifest(run: Path) -> Path | None:
     return Path(saved) if saved and Path(saved).exists() else None
 
 
-def _round_to_fp16(model: Any) -> dict[str, Any]:
+def _round_to_fp16(model: KwsCnn) -> dict[str, Tensor]:
     """The model's parameters in fp16, as they ship. The model takes the rounded values
     too, so that a threshold set with it holds for the shipped file."""
     import torch

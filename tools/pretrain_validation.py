@@ -6,7 +6,7 @@ of two models is better by it."""
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -22,6 +22,9 @@ from wakefl.edge_runtime.detection_rule import (
 )
 from wakefl.tools.pretrain_data import PretrainData
 from wakefl.tools.pretrain_settings import PretrainSettings
+
+if TYPE_CHECKING:
+    from wakefl.models.kws_cnn import KwsCnn
 
 
 def threshold_for_fa(
@@ -46,7 +49,7 @@ def threshold_for_fa(
     return hi
 
 
-def score_batches(model: Any, windows: np.ndarray, batch: int = 256) -> np.ndarray:
+def score_batches(model: KwsCnn, windows: np.ndarray, batch: int = 256) -> np.ndarray:
     import torch
 
     out = []
@@ -57,7 +60,7 @@ def score_batches(model: Any, windows: np.ndarray, batch: int = 256) -> np.ndarr
     return np.concatenate(out) if out else np.zeros(0)
 
 
-def validate(model: Any, data: PretrainData, s: PretrainSettings) -> dict[str, float]:
+def validate(model: KwsCnn, data: PretrainData, s: PretrainSettings) -> dict[str, float]:
     """FRR on validation clips at the threshold giving `val_fa_per_hour` on the validation
     streams, plus clip-level figures that stay informative before any stream fires."""
     was = model.training
