@@ -373,6 +373,11 @@ class StateStore:
                 (status, round_id),
             )
 
+    def unseal_rounds(self) -> None:
+        """Open again a round left sealed (its coordinator was killed while aggregating)."""
+        with self._tx() as db:
+            db.execute("UPDATE rounds SET status='open' WHERE status='sealed'")
+
     def open_round_record(self) -> RoundRecord | None:
         """The round now taking updates, if any (the newest one marked open)."""
         with self._lock:
