@@ -85,7 +85,7 @@ class LocalAggregation:
     def __call__(self, state: ServerState, round_id: int, view: UpdateView) -> Aggregated:
         if not len(view):
             return self.strategy.skip_round(state), [], {}
-        norms = [delta_norm(res.params, state.global_params) for res in view]
+        norms = self._distances(round_id, view, state.global_params)
         screening = screen_norms(
             self.s, self.strategy, round_id, view.rows, norms, state.global_params, self._refuse
         )
@@ -97,6 +97,20 @@ class LocalAggregation:
             return self.strategy.skip_round(state), [], screened
         rate = self.strategy.activity_share(len(keep.rows), len(self.s.registry()))
         return self.strategy.aggregate(state, keep, rate), keep.rows, screened
+
+    def _distances(self, round_id: int, view: UpdateView, global_params: Tensor) -> list[float]:
+        """Each update's distance to the global model: taken at ingest when this process
+        accepted it (`ServerSession.norms`), read from its file otherwise (a restart)."""
+        noted = self.s.norms
+        with self.s.lock:
+            found = {d: noted.pop((r, d)) for r, d in list(noted) if r == round_id}
+            for key in [k for k in noted if k[0] < round_id]:
+                del noted[key]  # rounds aggregated without them
+        rows = view.rows
+        missing = [i for i, row in enumerate(rows) if row["device_id"] not in found]
+        for i, res in zip(missing, view.only(missing), strict=True):
+            found[rows[i]["device_id"]] = delta_norm(res.params, global_params)
+        return [found[row["device_id"]] for row in rows]
 
 
 class ScreenedUpdates:

@@ -30,6 +30,7 @@ from wakefl.sdk.messages import (
     unpack_uplink,
 )
 from wakefl.sdk.selffl.strategy import Strategy
+from wakefl.sdk.selffl.update_screening import delta_norm
 from wakefl.sdk.served_model_gate import with_gate_schema
 from wakefl.server.admission import (
     AckKind,
@@ -248,6 +249,7 @@ class Ingest:
             self.carry_out(after_admission(refused, detail, dev, rid), mid)
             return
         self.send_ack(dev, rid, True, "", mid)
+        self._note_distance(msg)
         log.info(
             "round %d: update from %s accepted (%s)",
             rid,
@@ -255,6 +257,13 @@ class Ingest:
             self.strategy.describe_result(msg.record),
         )
         self.s.changed.notify_all()
+
+    def _note_distance(self, msg: Uplink) -> None:
+        """The update's screening distance to the round's global model, kept for the
+        aggregation (server/aggregation.py) when this process runs the round."""
+        g = self.s.global_params
+        if g is not None and msg.params.shape == g.shape:
+            self.s.norms[(msg.round_id, msg.device_id)] = delta_norm(msg.params, g)
 
     # ------------------------------------------------------------------ hellos
     def _handle_hello(self, topic: str, payload: bytes) -> None:

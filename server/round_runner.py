@@ -253,6 +253,7 @@ class RoundRunner:
         payload = self._build_downlink(state, round_id, sampled, deadline)
         with self.s.lock:
             self.s.open_round = OpenRound.of(round_id, sampled, deadline)
+            self.s.global_params = state.global_params
             self.s.downlink = payload
             self.s.republish = False
         self._publish_downlink(payload)
@@ -297,6 +298,7 @@ class RoundRunner:
         self.s.store.extend_deadline(rid, deadline)
         with self.s.lock:
             self.s.open_round = OpenRound.of(rid, rec.sampled, deadline)
+            self.s.global_params = state.global_params
 
     def run(self) -> ServerState:
         state = self.s.store.load_server_state()

@@ -41,6 +41,12 @@ class ServerSession:
         self.stop_event = threading.Event()
         self.static = config.devices is not None
         self._base: tuple[bytes, Tensor] | None = None  # a downlink and its global model
+        # The open round's global model (the server's float32 copy, not the downlink's),
+        # and each accepted update's screening distance to it, taken at ingest while the
+        # decoded update is in memory: aggregation then reads no update just to screen it.
+        # In memory only: after a restart the distances are taken again from the files.
+        self.global_params: Tensor | None = None
+        self.norms: dict[tuple[int, str], float] = {}
         for dev, typ in (config.devices or {}).items():
             topics.check_name(dev, "device id")
             topics.check_name(typ, "device type")

@@ -29,7 +29,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -214,7 +214,11 @@ class UpdateView:
         return len(self.rows)
 
     def __iter__(self) -> Iterator[ClientResult]:
-        for row in self.rows:
+        return self.only(range(len(self.rows)))
+
+    def only(self, indices: Iterable[int]) -> Iterator[ClientResult]:
+        """The updates of the rows at `indices`, read one at a time."""
+        for row in (self.rows[i] for i in indices):
             msg = read_recorded_update(self._root / row["path"], self._expected, self._base)
             scalars = dict(msg.record)
             yield ClientResult(
