@@ -932,3 +932,32 @@ def test_server_samples_the_paper_count_raised_to_its_quorum(
         assert len(srv._sample(1, ["d0", "d1"], registry)) == min(want, 2)  # among the online
     finally:
         srv.store.close()
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (
+            ["--strategy", "fedavg-w", "--group-by", "device_type"],
+            "does not take one of --group-by",
+        ),
+        (["--strategy-arg", "lrr=0.1"], "does not take one of --strategy-arg lrr"),
+        (["--strategy-arg", "lr=abc"], "bad --strategy-arg value"),
+        (["--strategy-arg", "lr=[1]"], "bad --strategy-arg value"),
+        (["--strategy-arg", "l_max=-3"], "l_max"),
+        (["--strategy-arg", "lr=1e999"], "learning rate"),
+        (["--strategy-arg", "lr"], "KEY=VALUE"),
+        (["--strategy", "nope"], "unknown strategy"),
+        (["--strategy", "fedavg-w", "--role", "coordinator"], "Self-FL strategies only"),
+        (["--role", "coordinator", "--group-by", "device_type"], "cluster mode"),
+    ],
+)
+def test_the_cli_turns_every_bad_strategy_argument_into_one_line(tmp_path, capsys, extra, says):
+    from wakefl.tools.cli import main
+
+    # Refused before any broker is contacted: the URL is never dialled.
+    argv = ["server", "--broker", "mqtt://127.0.0.1:1", "--state", str(tmp_path / "s")]
+    assert main(argv + ["--rounds", "1", "--devices", "a:x", *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("wakefl: error: ") and "\n" not in err and "Traceback" not in err
+    assert says in err, err
