@@ -15,8 +15,8 @@ from torch import Tensor
 from wakefl.sdk.selffl.strategy import ClientResult, ServerState, Strategy
 from wakefl.sdk.selffl.update_screening import Screening, apply_scale, delta_norm, screen_updates
 from wakefl.server.admission import Decision, refused_at_screening
+from wakefl.server.recorded_updates import UpdateView
 from wakefl.server.server_session import ServerSession
-from wakefl.server.state_store import UpdateView
 
 log = logging.getLogger("wakefl.server")
 

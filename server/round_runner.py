@@ -24,9 +24,9 @@ from wakefl.server.admission import OpenRound
 from wakefl.server.aggregation import Aggregated
 from wakefl.server.downlink import build_downlink
 from wakefl.server.ingest import Ingest
+from wakefl.server.recorded_updates import UpdateView
 from wakefl.server.server_config import RoundReport
 from wakefl.server.server_session import ServerSession
-from wakefl.server.state_store import UpdateView
 
 log = logging.getLogger("wakefl.server")
 

@@ -41,11 +41,11 @@ from wakefl.server.partial_aggregate import (
     reported_uncertainties,
     require_shardable,
 )
+from wakefl.server.recorded_updates import UpdateView
 from wakefl.server.round_runner import RoundRunner
 from wakefl.server.server_config import RoundReport, ServerConfig
 from wakefl.server.server_session import ServerSession
 from wakefl.server.shard_tasks import ShardReader, ShardResult, ShardTask, downlink_file
-from wakefl.server.state_store import UpdateView
 
 log = logging.getLogger("wakefl.server.coordinator")
 

@@ -446,7 +446,7 @@ def test_hundred_devices_every_update_accounted_for(mqtt_broker, tmp_path):
 @pytest.mark.parametrize("wire_dtype", ["fp32", "fp16"])
 def test_recorded_update_reads_back_what_was_received(tmp_path, wire_dtype):
     from wakefl.errors import ConfigError
-    from wakefl.server.state_store import read_recorded_update
+    from wakefl.server.recorded_updates import read_recorded_update
 
     g = torch.Generator().manual_seed(3)
     up = M.Uplink(
@@ -792,10 +792,10 @@ def test_refusals_are_counted_in_memory_and_committed_in_batches(tmp_path):
 
 
 def test_rejections_pending_at_close_are_written_and_the_log_is_bounded(tmp_path, monkeypatch):
-    from wakefl.server import state_store
+    from wakefl.server import rejection_log
 
-    monkeypatch.setattr(state_store, "MAX_LOG_ROWS_PER_FLUSH", 10)
-    monkeypatch.setattr(state_store, "REJECTION_FLUSH_S", 60.0)  # only close() writes
+    monkeypatch.setattr(rejection_log, "MAX_LOG_ROWS_PER_FLUSH", 10)
+    monkeypatch.setattr(rejection_log, "REJECTION_FLUSH_S", 60.0)  # only close() writes
     store = StateStore(tmp_path / "s")
     for i in range(25):
         store.count_rejection("garbage" if i % 2 else "malformed", f"ghost{i}", None, "x")
