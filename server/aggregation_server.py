@@ -19,7 +19,6 @@ from collections import Counter
 from collections.abc import Callable
 
 from wakefl.sdk import topics
-from wakefl.sdk.messages import Uplink
 from wakefl.sdk.mqtt_link import MqttLink
 from wakefl.sdk.selffl.strategy import ServerState, Strategy
 from wakefl.server.aggregation import LocalAggregation, ScreenedUpdates
@@ -27,6 +26,7 @@ from wakefl.server.ingest import REFUSAL_ACK_BURST, REFUSAL_ACKS_PER_S, Ingest
 from wakefl.server.round_runner import RoundRunner
 from wakefl.server.server_config import RoundReport, ServerConfig
 from wakefl.server.server_session import ServerSession
+from wakefl.server.update_batches import BatchRecorder
 
 __all__ = [
     "AggregationServer",
@@ -57,17 +57,16 @@ class AggregationServer:
         self.strategy = strategy
         self.session = ServerSession(config, progress)
         self.store = self.session.store
-        self.ingest = Ingest(self.session, strategy, self._record)
+        self.recorder = BatchRecorder(self.session)
+        self.ingest = Ingest(self.session, strategy, self.recorder)
         self.runner = RoundRunner(
             self.session,
             strategy,
             self.ingest,
             LocalAggregation(self.session, strategy, self.ingest.carry_out),
             self._subscribe,
+            on_close=self.recorder.close,
         )
-
-    def _record(self, msg: Uplink, payload: bytes) -> str:
-        return "" if self.store.record_update(msg, payload) else "duplicate"
 
     def _subscribe(self, link: MqttLink) -> None:
         """Devices' hellos and uplinks, and the broker's count of dropped messages."""

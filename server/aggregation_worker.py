@@ -124,11 +124,11 @@ class AggregationWorker:
             self._base_round = (rid, base)
         return self._base_round[1]
 
-    def _record(self, msg: Uplink, payload: bytes) -> str:
+    def _record(self, msg: Uplink, payload: bytes, done: Callable[[str], None]) -> None:
         refused = self.store.record_update_if_open(msg, payload, self.worker_id)
         if not refused:
             self.recorded += 1
-        return refused
+        done(refused)
 
     # ------------------------------------------------------------------ shard tasks
     def _on_task(self, topic: str, payload: bytes) -> None:

@@ -56,9 +56,11 @@ REFUSAL_ACKS_PER_S = 2.0
 REFUSAL_LOG_BURST = 20
 REFUSAL_LOGS_PER_S = 1.0
 
-# Records an accepted, checked update durably: "" once on record, else the reason it was
-# not ("duplicate": another copy came first; "stale_round": the round closed meanwhile).
-Recorder = Callable[[Uplink, bytes], str]
+# Records an accepted, checked update durably, then calls its third argument with "" once
+# on record, else with the reason it was not ("duplicate": another copy came first;
+# "stale_round": the round closed meanwhile). It may do so later, on another thread
+# (server/update_batches.py): the update's ack and PUBACK wait for it.
+Recorder = Callable[[Uplink, bytes, Callable[[str], None]], None]
 
 
 def topic_device(topic: str) -> str | None:
@@ -239,24 +241,37 @@ class Ingest:
         except MessageRejected as exc:
             self.carry_out(after_admission(exc.reason, exc.detail, dev, rid), mid)
             return
-        refused = self._record(msg, payload)
-        if refused:
-            detail = (
-                f"round {rid} already has an update from {dev}"
-                if refused == "duplicate"
-                else f"round {rid} closed before the update was recorded"
+        assert self.s.link is not None
+        puback = self.s.link.defer_ack()
+        self._record(msg, payload, lambda refused: self._recorded(msg, mid, refused, puback))
+
+    def _recorded(self, msg: Uplink, mid: LazyId, refused: str, puback: Callable[[], None]) -> None:
+        """The update's fate is known: ack it (or refuse it), then let the broker drop its
+        copy (PUBACK): only now is an accepted update durable."""
+        dev, rid = msg.device_id, msg.round_id
+        try:
+            if refused:
+                detail = (
+                    f"round {rid} already has an update from {dev}"
+                    if refused == "duplicate"
+                    else f"round {rid} closed before the update was recorded"
+                    if refused == "stale_round"
+                    else "the server could not record it"
+                )
+                self.carry_out(after_admission(refused, detail, dev, rid), mid)
+                return
+            self.send_ack(dev, rid, True, "", mid)
+            self._note_distance(msg)
+            log.info(
+                "round %d: update from %s accepted (%s)",
+                rid,
+                dev,
+                self.strategy.describe_result(msg.record),
             )
-            self.carry_out(after_admission(refused, detail, dev, rid), mid)
-            return
-        self.send_ack(dev, rid, True, "", mid)
-        self._note_distance(msg)
-        log.info(
-            "round %d: update from %s accepted (%s)",
-            rid,
-            dev,
-            self.strategy.describe_result(msg.record),
-        )
-        self.s.changed.notify_all()
+            with self.s.lock:
+                self.s.changed.notify_all()
+        finally:
+            puback()
 
     def _note_distance(self, msg: Uplink) -> None:
         """The update's screening distance to the round's global model, kept for the

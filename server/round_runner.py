@@ -50,6 +50,7 @@ class RoundRunner:
         published: Callable[[int, bytes], None] | None = None,
         rejections: Callable[[], Mapping[str, int]] | None = None,
         collect_poll_s: float = 0.5,
+        on_close: Callable[[], None] | None = None,
     ) -> None:
         self.s = session
         self.strategy = strategy
@@ -61,6 +62,7 @@ class RoundRunner:
         self._rejections = rejections or (lambda: ingest.rejections)
         # How often the collecting loop looks at the store when no in-process event woke it.
         self.collect_poll_s = collect_poll_s
+        self._on_close = on_close  # before the link and the store close
         self.reports: list[RoundReport] = []
         self._started_rounds = False  # the start grace period applies before the first round
 
@@ -316,6 +318,7 @@ class RoundRunner:
             f"wakefl-server-{self.s.cfg.fleet}",
             max_payload=self.s.cfg.max_bytes,
             resubscribe=True,  # the session may come from the other role (sharded or not)
+            manual_ack=True,  # an update's PUBACK waits until it is on record
         )
         self.s.link.on_connect_hooks.append(self._on_connect)
         self._subscribe(self.s.link)
@@ -341,6 +344,8 @@ class RoundRunner:
                 )
             return state
         finally:
+            if self._on_close is not None:
+                self._on_close()
             self.s.link.close()
             self.ingest.report_throttled()
             self.s.store.close()

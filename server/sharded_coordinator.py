@@ -323,6 +323,6 @@ class ShardedCoordinator:
             self._dispatch(i, tasks, out, pending, others[i % len(others)] if others else None)
 
 
-def _records_nothing(msg: Uplink, payload: bytes) -> str:
+def _records_nothing(msg: Uplink, payload: bytes, done: Callable[[str], None]) -> None:
     """The coordinator subscribes no uplinks: its workers record them."""
     raise AssertionError("the sharded coordinator records no uplink")

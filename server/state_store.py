@@ -20,16 +20,17 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from wakefl.sdk.atomic_files import write_atomic
+from wakefl.sdk.atomic_files import fsync_dir, write_atomic
 from wakefl.sdk.messages import DEFAULT_MAX_BYTES, Uplink
 from wakefl.sdk.selffl.strategy import ServerState
 from wakefl.server.recorded_updates import (
@@ -234,6 +235,49 @@ class StateStore:
             with self._tx() as db:
                 self._insert_update(db, msg, rel, len(payload))
         return True
+
+    def write_update_file(self, msg: Uplink, payload: bytes) -> str:
+        """Write an update's frame under a name of its own and fsync it (its directory is
+        synced by `sync_update_dirs`, once per batch); the path relative to the store.
+        Nothing reads the file until a row names it (`record_written`), and a recorded file
+        is never overwritten."""
+        rel = f"updates/r{msg.round_id:06d}/{msg.device_id}.{uuid.uuid4().hex[:12]}.wkfl"
+        path = self.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        return rel
+
+    def sync_update_dirs(self, round_ids: Iterable[int]) -> None:
+        """Make the names of the files just written durable: their round folders, and the
+        folder holding those."""
+        for rid in sorted(set(round_ids)):
+            fsync_dir(self.root / f"updates/r{rid:06d}")
+        fsync_dir(self.root / "updates")
+
+    def record_written(
+        self, batch: list[tuple[Uplink, str, int]], open_round: int | None
+    ) -> list[str]:
+        """Commit the rows of updates whose files are written and synced (update, path,
+        bytes), in one transaction: per update "" (recorded), "stale_round" (its round is
+        not `open_round`) or "duplicate" (on record already, this batch included)."""
+        out = []
+        with self._tx() as db:
+            for msg, rel, nbytes in batch:
+                if msg.round_id != open_round:
+                    out.append("stale_round")
+                elif db.execute(
+                    "SELECT 1 FROM updates WHERE round_id=? AND device_id=?",
+                    (msg.round_id, msg.device_id),
+                ).fetchone():
+                    out.append("duplicate")
+                else:
+                    self._insert_update(db, msg, rel, nbytes)
+                    out.append("")
+        return out
 
     def record_update_if_open(self, msg: Uplink, payload: bytes, writer: str) -> str:
         """`record_update` for one of several processes sharing this store (aggregation
