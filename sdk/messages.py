@@ -31,6 +31,7 @@ from torch import Tensor
 from wakefl.errors import ProtocolError
 from wakefl.finite import all_finite
 from wakefl.sdk import update_codec
+from wakefl.sdk.round_settings import RoundSettings, SettingsError
 from wakefl.sdk.selffl.records import (
     MAX_RECORD_ABS,
     MAX_STEPS,
@@ -48,8 +49,9 @@ from wakefl.sdk.update_codec import DELTA_CODECS, CodecError, Packed
 # (docs/PROTOCOL.md). Version 4: an uplink may carry its parameters compressed relative to
 # the round's global model (`codec`: fp16 or int8 deltas with per-block scales, int8
 # tensors on the wire, a checksum of the decoded vector; sdk/update_codec.py), and the
-# downlink announces the fleet's `uplink_codec`.
-PROTOCOL_VERSION = 4
+# downlink announces the fleet's `uplink_codec`. Version 5: the downlink's unchecked
+# `hyperparameters` object is replaced by typed, checked `settings` (sdk/round_settings.py).
+PROTOCOL_VERSION = 5
 MAGIC = b"WKFL"
 _HASH_LEN = 32
 _PREFIX_LEN = len(MAGIC) + _HASH_LEN
@@ -130,7 +132,7 @@ class Downlink:
     global_params: Tensor
     model_config: dict[str, Any]
     instructions: dict[str, dict[str, float]]
-    hyperparameters: dict[str, Any]
+    settings: RoundSettings
     deadline: float
     final: bool = False
     strategy: str = "selffl"
@@ -339,7 +341,7 @@ def _downlink_meta(msg: Downlink, wire_dtype: str) -> tuple[dict[str, Any], dict
         "round_id": msg.round_id,
         "model_config": msg.model_config,
         "instructions": msg.instructions,
-        "hyperparameters": msg.hyperparameters,
+        "settings": msg.settings.to_wire(),
         "deadline": msg.deadline,
         "final": msg.final,
         "strategy": msg.strategy,
@@ -540,8 +542,14 @@ def _unframe(data: bytes, max_bytes: int) -> tuple[dict[str, Any], dict[str, Ten
     meta, tensors, _ = _parse_body(body)
     version = meta.get("v")
     if version != PROTOCOL_VERSION:
+        older = (
+            " (a peer from before the typed round settings of v5: update it)"
+            if version == PROTOCOL_VERSION - 1
+            else ""
+        )
         raise MessageRejected(
-            "version", f"protocol version {_short(version)}, this build speaks {PROTOCOL_VERSION}"
+            "version",
+            f"protocol version {_short(version)}, this build speaks {PROTOCOL_VERSION}{older}",
         )
     return meta, tensors
 
@@ -699,8 +707,12 @@ def _decode_downlink(meta: dict[str, Any], tensors: dict[str, Tensor], expect: E
         _check_id(d, "device id"): _scalar_map(s, f"instructions.{d}", expect.downlink_schema)
         for d, s in instr.items()
     }
-    if not isinstance(meta["model_config"], dict) or not isinstance(meta["hyperparameters"], dict):
-        raise MessageRejected("malformed", "model_config and hyperparameters must be objects")
+    if not isinstance(meta["model_config"], dict):
+        raise MessageRejected("malformed", "model_config must be an object")
+    try:
+        settings = RoundSettings.from_wire(meta["settings"])
+    except SettingsError as exc:
+        raise MessageRejected(exc.reason, exc.detail) from None
     if not isinstance(meta["final"], bool):
         raise MessageRejected("malformed", "final must be a boolean")
     extras = _extras(tensors, "global_params")
@@ -715,7 +727,7 @@ def _decode_downlink(meta: dict[str, Any], tensors: dict[str, Tensor], expect: E
         global_params=_main_tensor(tensors, "global_params", expected_numel),
         model_config=meta["model_config"],
         instructions=instructions,
-        hyperparameters=meta["hyperparameters"],
+        settings=settings,
         deadline=_finite_float(meta["deadline"], "deadline", low=0.0, high=MAX_DEADLINE),
         final=meta["final"],
         strategy=_text(meta.get("strategy", "selffl"), "strategy", MAX_ID_LEN),

@@ -3,7 +3,7 @@ to the round's global model (no I/O; numpy for the arithmetic, so both ends comp
 same float32 results bit for bit).
 
 Codecs (chosen per fleet by the server, announced in the downlink's
-`hyperparameters.uplink_codec`; docs/PROTOCOL.md):
+`settings.uplink_codec`; docs/PROTOCOL.md):
 
 - `fp32`, `fp16`: the parameters themselves in that dtype (no base needed).
 - `fp16-delta`: delta = params - base in float16; decoded = base + float32(delta).

@@ -35,14 +35,6 @@ def build_downlink(
                     f"{k!r}; protocol v1 carries shared tensors only"
                 )
             shared[k] = v
-    hp = {
-        "strategy": session.cfg.strategy_name,
-        "strategy_args": session.cfg.strategy_args,
-        "ack_timeout_s": session.cfg.ack_timeout_s,
-        "wire_dtype": session.cfg.wire_dtype,
-        "uplink_codec": session.cfg.uplink_codec or session.cfg.wire_dtype,
-        "rounds": session.cfg.rounds,
-    }
     msg = Downlink(
         fleet=session.cfg.fleet,
         run_id=session.run_id,
@@ -50,7 +42,7 @@ def build_downlink(
         global_params=params,
         model_config=session.cfg.model_config,
         instructions=instructions,
-        hyperparameters=hp,
+        settings=session.cfg.round_settings(),
         deadline=deadline,
         final=final,
         strategy=strategy.name,

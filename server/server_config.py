@@ -13,6 +13,7 @@ from wakefl.errors import ConfigError
 from wakefl.finite import all_finite
 from wakefl.sdk import topics
 from wakefl.sdk.messages import DEFAULT_MAX_BYTES
+from wakefl.sdk.round_settings import RoundSettings, SettingsError
 from wakefl.sdk.selffl.update_screening import ScreeningRules
 from wakefl.sdk.update_codec import CODECS
 
@@ -60,6 +61,21 @@ class ServerConfig:
             raise ConfigError(f"uplink codec must be one of {CODECS}, got {self.uplink_codec!r}")
         if self.initial_params.dim() != 1 or not all_finite(self.initial_params):
             raise ConfigError("initial parameters must be a finite flat vector")
+        try:
+            self.round_settings()
+        except SettingsError as exc:
+            raise ConfigError(f"the round settings devices would get are refused: {exc}") from None
+
+    def round_settings(self) -> RoundSettings:
+        """What every downlink of the run announces (docs/PROTOCOL.md, "Downlink")."""
+        return RoundSettings(
+            strategy=self.strategy_name,
+            strategy_args=self.strategy_args,
+            ack_timeout_s=self.ack_timeout_s,
+            wire_dtype=self.wire_dtype,
+            uplink_codec=self.uplink_codec or self.wire_dtype,
+            rounds=self.rounds,
+        )
 
 
 @dataclass
