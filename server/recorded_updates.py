@@ -3,7 +3,6 @@ straight into tensors, a round's updates as a lazy view, and the server state fi
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -14,8 +13,8 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from wakefl.errors import ConfigError
-from wakefl.sdk import update_codec
-from wakefl.sdk.messages import MAGIC, Uplink
+from wakefl.sdk import frames, update_codec
+from wakefl.sdk.messages import Uplink
 from wakefl.sdk.selffl.strategy import ClientResult, ServerState
 
 
@@ -41,8 +40,6 @@ def server_state_from_bytes(data: bytes) -> ServerState:
     )
 
 
-# The wire frame: MAGIC | sha256(body) | body, body = u64 header length | JSON header | data.
-_FRAME_PREFIX = len(MAGIC) + hashlib.sha256().digest_size
 _FILE_DTYPES = {"F32": torch.float32, "F16": torch.float16, "I8": torch.int8}
 BaseFn = Callable[[], torch.Tensor]
 
@@ -77,15 +74,15 @@ def read_recorded_update(
     round's global model. A truncated or foreign file raises ConfigError."""
     try:
         with open(path, "rb") as f:
-            head = f.read(_FRAME_PREFIX + 8)
-            if len(head) != _FRAME_PREFIX + 8 or head[: len(MAGIC)] != MAGIC:
+            head = f.read(frames.PREFIX_LEN + 8)
+            if len(head) != frames.PREFIX_LEN + 8 or head[: len(frames.MAGIC)] != frames.MAGIC:
                 raise ValueError("not a wakefl frame")
-            hlen = int.from_bytes(head[_FRAME_PREFIX:], "little")
-            header = json.loads(f.read(hlen))
-            meta = json.loads(header.pop("__metadata__")["wakefl"])
-            data_start = _FRAME_PREFIX + 8 + hlen
+            hlen = frames.header_length(head[frames.PREFIX_LEN :])
+            header = frames.read_header(f.read(hlen), hlen)
+            meta = header.meta
+            data_start = frames.PREFIX_LEN + header.data_start
             tensors: dict[str, torch.Tensor] = {}
-            for name, entry in header.items():
+            for name, entry in header.entries.items():
                 t = torch.empty(entry["shape"], dtype=_FILE_DTYPES[entry["dtype"]])
                 start, end = entry["data_offsets"]
                 f.seek(data_start + start)
