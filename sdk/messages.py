@@ -30,7 +30,8 @@ from torch import Tensor
 
 from wakefl.errors import ProtocolError
 from wakefl.finite import all_finite
-from wakefl.sdk import update_codec
+from wakefl.sdk import frames, update_codec
+from wakefl.sdk.round_settings import RoundSettings, SettingsError
 from wakefl.sdk.selffl.records import (
     MAX_RECORD_ABS,
     MAX_STEPS,
@@ -48,16 +49,15 @@ from wakefl.sdk.update_codec import DELTA_CODECS, CodecError, Packed
 # (docs/PROTOCOL.md). Version 4: an uplink may carry its parameters compressed relative to
 # the round's global model (`codec`: fp16 or int8 deltas with per-block scales, int8
 # tensors on the wire, a checksum of the decoded vector; sdk/update_codec.py), and the
-# downlink announces the fleet's `uplink_codec`.
-PROTOCOL_VERSION = 4
-MAGIC = b"WKFL"
-_HASH_LEN = 32
-_PREFIX_LEN = len(MAGIC) + _HASH_LEN
+# downlink announces the fleet's `uplink_codec`. Version 5: the downlink's unchecked
+# `hyperparameters` object is replaced by typed, checked `settings` (sdk/round_settings.py).
+PROTOCOL_VERSION = 5
+MAGIC = frames.MAGIC
+_PREFIX_LEN = frames.PREFIX_LEN
 # 64 MiB: a 3M-parameter fp32 model is ~12 MB, so this leaves room for Algorithm 2's second
 # model and larger widths while staying below the shipped broker's packet limit.
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
-# The JSON header holds per-device scalars for every sampled device of a downlink.
-MAX_HEADER_BYTES = 8 * 1024 * 1024
+MAX_HEADER_BYTES = frames.MAX_HEADER_BYTES
 MAX_ID_LEN = 128
 # Bounds on scalar fields, far above any real fleet's values but small enough that every
 # integer fits a SQLite INTEGER (signed 64 bit) and every float stays far from overflow
@@ -130,7 +130,7 @@ class Downlink:
     global_params: Tensor
     model_config: dict[str, Any]
     instructions: dict[str, dict[str, float]]
-    hyperparameters: dict[str, Any]
+    settings: RoundSettings
     deadline: float
     final: bool = False
     strategy: str = "selffl"
@@ -339,7 +339,7 @@ def _downlink_meta(msg: Downlink, wire_dtype: str) -> tuple[dict[str, Any], dict
         "round_id": msg.round_id,
         "model_config": msg.model_config,
         "instructions": msg.instructions,
-        "hyperparameters": msg.hyperparameters,
+        "settings": msg.settings.to_wire(),
         "deadline": msg.deadline,
         "final": msg.final,
         "strategy": msg.strategy,
@@ -443,17 +443,6 @@ def encode(
 # ----------------------------------------------------------------------------- decoding
 
 
-def _json(text: bytes | str, what: str) -> Any:
-    # Besides JSONDecodeError, json.loads raises ValueError for integers of more than 4300
-    # digits and RecursionError for deeply nested arrays: all are the sender's fault.
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        raise MessageRejected(
-            "malformed", f"{what} is not acceptable JSON: {str(exc)[:200]}"
-        ) from None
-
-
 def _check_tensor_entry(name: str, entry: Any, data_len: int) -> str:
     """One tensor's header entry: dtype F32/F16, a shape of non-negative ints, offsets
     inside the data that match the shape. Returns the dtype."""
@@ -482,17 +471,12 @@ def _check_tensor_entry(name: str, entry: Any, data_len: int) -> str:
 
 def _parse_body(body: bytes) -> tuple[dict[str, Any], dict[str, Tensor], str]:
     """Validate the safetensors header by hand, then let safetensors read the tensors."""
-    if len(body) < 8:
-        raise MessageRejected("malformed", "body shorter than a safetensors header")
-    (hlen,) = struct.unpack("<Q", body[:8])
-    if hlen > MAX_HEADER_BYTES or 8 + hlen > len(body):
-        raise MessageRejected("malformed", f"safetensors header length {hlen} out of bounds")
-    header = _json(body[8 : 8 + hlen], "safetensors header")
-    if not isinstance(header, dict):
-        raise MessageRejected("malformed", "safetensors header is not an object")
-    st_meta = header.pop("__metadata__", None)
-    if not isinstance(st_meta, dict) or not isinstance(st_meta.get("wakefl"), str):
-        raise MessageRejected("malformed", "no wakefl metadata in the safetensors header")
+    try:
+        hlen = frames.header_length(body[:8], len(body))
+        parsed = frames.read_header(memoryview(body)[8:], hlen)
+    except frames.FrameError as exc:
+        raise MessageRejected(exc.reason, exc.detail) from None
+    header, meta = parsed.entries, parsed.meta
     data_len = len(body) - 8 - hlen
     all_dtypes = {_check_tensor_entry(name, entry, data_len) for name, entry in header.items()}
     dtypes = all_dtypes - {"I8"}  # the float tensors are all of one dtype
@@ -500,9 +484,6 @@ def _parse_body(body: bytes) -> tuple[dict[str, Any], dict[str, Tensor], str]:
         raise MessageRejected("dtype", f"mixed tensor dtypes {sorted(dtypes)}")
     if "I8" in all_dtypes:
         dtypes = {"I8"}
-    meta = _json(st_meta["wakefl"], "wakefl metadata")
-    if not isinstance(meta, dict):
-        raise MessageRejected("malformed", "wakefl metadata is not an object")
     try:
         tensors = st_load(body) if header else {}
     except Exception as exc:  # the library's own checks (overlaps, alignment...)
@@ -540,8 +521,14 @@ def _unframe(data: bytes, max_bytes: int) -> tuple[dict[str, Any], dict[str, Ten
     meta, tensors, _ = _parse_body(body)
     version = meta.get("v")
     if version != PROTOCOL_VERSION:
+        older = (
+            " (a peer from before the typed round settings of v5: update it)"
+            if version == PROTOCOL_VERSION - 1
+            else ""
+        )
         raise MessageRejected(
-            "version", f"protocol version {_short(version)}, this build speaks {PROTOCOL_VERSION}"
+            "version",
+            f"protocol version {_short(version)}, this build speaks {PROTOCOL_VERSION}{older}",
         )
     return meta, tensors
 
@@ -699,8 +686,12 @@ def _decode_downlink(meta: dict[str, Any], tensors: dict[str, Tensor], expect: E
         _check_id(d, "device id"): _scalar_map(s, f"instructions.{d}", expect.downlink_schema)
         for d, s in instr.items()
     }
-    if not isinstance(meta["model_config"], dict) or not isinstance(meta["hyperparameters"], dict):
-        raise MessageRejected("malformed", "model_config and hyperparameters must be objects")
+    if not isinstance(meta["model_config"], dict):
+        raise MessageRejected("malformed", "model_config must be an object")
+    try:
+        settings = RoundSettings.from_wire(meta["settings"])
+    except SettingsError as exc:
+        raise MessageRejected(exc.reason, exc.detail) from None
     if not isinstance(meta["final"], bool):
         raise MessageRejected("malformed", "final must be a boolean")
     extras = _extras(tensors, "global_params")
@@ -715,7 +706,7 @@ def _decode_downlink(meta: dict[str, Any], tensors: dict[str, Tensor], expect: E
         global_params=_main_tensor(tensors, "global_params", expected_numel),
         model_config=meta["model_config"],
         instructions=instructions,
-        hyperparameters=meta["hyperparameters"],
+        settings=settings,
         deadline=_finite_float(meta["deadline"], "deadline", low=0.0, high=MAX_DEADLINE),
         final=meta["final"],
         strategy=_text(meta.get("strategy", "selffl"), "strategy", MAX_ID_LEN),

@@ -123,10 +123,14 @@ class MqttLink:
         will_retain: bool = True,
         clean_start: bool = False,
         resubscribe: bool = False,
+        manual_ack: bool = False,
     ) -> None:
         """`resubscribe`: subscribe again on every connection, even when the broker kept the
         session: a session another role of the same client id left behind (one server
-        process, then a sharded coordinator) may lack this role's subscriptions."""
+        process, then a sharded coordinator) may lack this role's subscriptions.
+        `manual_ack`: a handler may take a received QoS 1 message's PUBACK with
+        `defer_ack()` and send it later (once what the message carries is durable); the
+        PUBACK of any other message goes out when its handlers return, as without it."""
         self.url = parse_broker_url(url) if isinstance(url, str) else url
         self.client_id = client_id
         self.keepalive = keepalive
@@ -146,12 +150,18 @@ class MqttLink:
         self._connect_error: str | None = None
         self.connects = 0  # number of successful (re)connections
         self.on_connect_hooks: list[Callable[[bool], None]] = []
+        self._manual_ack = manual_ack
+        self._delivery = threading.local()  # the message paho's thread is handing over
 
+        self._client = self._paho_client(will, will_retain)
+
+    def _paho_client(self, will: tuple[str, bytes] | None, will_retain: bool) -> paho.Client:
         c = paho.Client(
             CallbackAPIVersion.VERSION2,
-            client_id=client_id,
+            client_id=self.client_id,
             protocol=paho.MQTTv5,
             reconnect_on_failure=True,
+            manual_ack=self._manual_ack,
         )
         if self.url.username:
             c.username_pw_set(self.url.username, self.url.password)
@@ -167,7 +177,7 @@ class MqttLink:
         c.on_disconnect = self._on_disconnect
         c.on_publish = self._on_publish
         c.on_message = self._on_message
-        self._client = c
+        return c
 
     # ------------------------------------------------------------------ connection
     def connect(self, timeout: float = 30.0) -> MqttLink:
@@ -264,12 +274,33 @@ class MqttLink:
                 for f, (_, h) in self._subs.items()
                 if paho.topic_matches_sub(_without_share(f), message.topic)
             ]
+        self._delivery.current = (message.mid, message.qos)
+        self._delivery.deferred = False
         for h in handlers:
             try:
                 h(message.topic, message.payload)
             except Exception:
                 # An exception escaping here would stop paho's network thread.
                 log.exception("handler for %s failed", message.topic)
+        self._delivery.current = None
+        if self._manual_ack and not self._delivery.deferred:
+            self._client.ack(message.mid, message.qos)
+
+    def defer_ack(self) -> Callable[[], None]:
+        """Called by a handler (on paho's thread, with `manual_ack`): the message being
+        handled is not acknowledged to the broker when the handler returns; calling the
+        returned function (from any thread) acknowledges it. The broker re-delivers a
+        message never acknowledged to this session when it reconnects."""
+        current = getattr(self._delivery, "current", None)
+        if not self._manual_ack or current is None:
+            return lambda: None
+        self._delivery.deferred = True
+        mid, qos = current
+
+        def acknowledge() -> None:
+            self._client.ack(mid, qos)
+
+        return acknowledge
 
     def _on_publish(self, client, userdata, mid, reason_code, properties) -> None:
         # paho calls this holding its own message lock, which `publish` also needs: the

@@ -32,19 +32,6 @@ from wakefl.sdk.selffl.strategy import ClientInstructions, ClientState, LocalPro
 
 log = logging.getLogger("wakefl.device")
 
-# Keys of the downlink's hyperparameters that configure the transport or the device, not
-# the strategy's constructor.
-_NON_STRATEGY_KEYS = frozenset(
-    {
-        "wire_dtype",
-        "ack_timeout_s",
-        "strategy",
-        "rounds",
-        "target_fr",
-        "max_bytes",
-    }
-)
-
 
 def looks_like_problem(obj: Any) -> TypeGuard[LocalProblem]:
     return isinstance(obj, LocalProblem) and not isinstance(obj, Dataset)
@@ -146,17 +133,11 @@ class RoundTrainer:
         return self._model
 
     def _strategy_for(self, down: messages.Downlink) -> Strategy:
-        """The strategy the server runs: `hyperparameters["strategy"]` with
-        `hyperparameters["strategy_args"]` (docs/PROTOCOL.md); a flat hyperparameter dict
-        without `strategy_args` is taken as the arguments themselves."""
+        """The strategy the server runs: `settings.strategy` with `settings.strategy_args`
+        (docs/PROTOCOL.md)."""
         from wakefl.sdk.selffl.registry import make_strategy
 
-        hp = down.hyperparameters
-        name = str(hp.get("strategy", down.strategy))
-        if isinstance(hp.get("strategy_args"), dict):
-            args = dict(hp["strategy_args"])
-        else:
-            args = {k: v for k, v in hp.items() if k not in _NON_STRATEGY_KEYS}
+        name, args = down.settings.strategy, dict(down.settings.strategy_args)
         key = json.dumps([name, args], sort_keys=True, default=str)
         if self._strategy is None or key != self._strategy_key:
             try:
@@ -235,7 +216,7 @@ class RoundTrainer:
             scalars=dict(result.scalars),
             tensors={"params": result.params, **result.tensors},
             report=report,
-            wire_dtype=_known_wire_dtype(down.hyperparameters.get("wire_dtype")),
+            wire_dtype=down.settings.wire_dtype,
         )
 
     # ------------------------------------------------------------------ validation
@@ -309,10 +290,6 @@ def _json_safe(value: Any) -> Any:
         v = float(value)
         return v if math.isfinite(v) else None
     return str(value)
-
-
-def _known_wire_dtype(value: Any) -> str:
-    return value if isinstance(value, str) and value in messages.WIRE_DTYPES else ""
 
 
 def json_safe(value: Any) -> Any:

@@ -3,7 +3,7 @@ to the round's global model (no I/O; numpy for the arithmetic, so both ends comp
 same float32 results bit for bit).
 
 Codecs (chosen per fleet by the server, announced in the downlink's
-`hyperparameters.uplink_codec`; docs/PROTOCOL.md):
+`settings.uplink_codec`; docs/PROTOCOL.md):
 
 - `fp32`, `fp16`: the parameters themselves in that dtype (no base needed).
 - `fp16-delta`: delta = params - base in float16; decoded = base + float32(delta).
@@ -98,9 +98,19 @@ def quantize_int8(delta: np.ndarray, block: int = BLOCK) -> tuple[np.ndarray, np
 
 
 def dequantize_int8(q: np.ndarray, scale: np.ndarray, block: int) -> np.ndarray:
-    """float32(q) * scale of its block, one rounding per entry."""
-    per_entry = np.repeat(scale, block)[: q.size]
-    return np.multiply(q.astype(np.float32), per_entry, dtype=np.float32)
+    """float32(q) * scale of its block, one rounding per entry. Whole blocks broadcast
+    their scale (no per-entry copy of the scales); the last, partial block uses its own."""
+    out = np.empty(q.size, dtype=np.float32)
+    full = (q.size // block) * block
+    np.multiply(
+        q[:full].reshape(-1, block),
+        scale[: full // block, None],
+        out=out[:full].reshape(-1, block),
+        dtype=np.float32,
+    )
+    if full < q.size:
+        np.multiply(q[full:], scale[full // block], out=out[full:], dtype=np.float32)
+    return out
 
 
 def _decode_delta(packed: Packed) -> np.ndarray:
@@ -117,7 +127,8 @@ def decode(packed: Packed, base: Tensor) -> Tensor:
     b = _f32(base)
     if b.size != packed.numel:
         raise CodecError("shape", f"the base has {b.size} entries, the update {packed.numel}")
-    return torch.from_numpy(np.add(b, _decode_delta(packed), dtype=np.float32))
+    delta = _decode_delta(packed)  # a fresh float32 array: the sum goes into it
+    return torch.from_numpy(np.add(b, delta, out=delta, dtype=np.float32))
 
 
 def verified_decode(packed: Packed, base: Tensor) -> Tensor:

@@ -107,7 +107,7 @@ class UpdateDelivery:
         assert params is not None, "a pending update always carries its parameters"
         wire = (
             self.wire_dtype
-            or (down.hyperparameters.get("wire_dtype") if down else None)
+            or (down.settings.wire_dtype if down else None)
             or pending.wire_dtype
             or "fp32"
         )
@@ -124,7 +124,7 @@ class UpdateDelivery:
             relative_fr=pending.report.get("relative_fr"),
             tensors=tensors,
         )
-        codec = str(down.hyperparameters.get("uplink_codec", "")) if down is not None else ""
+        codec = down.settings.uplink_codec if down is not None else ""
         if down is not None and codec in update_codec.DELTA_CODECS:
             # relative to the round's global model as decoded; a re-send after a restart
             # (no downlink at hand) goes plain, which the server accepts as well
@@ -145,7 +145,7 @@ class UpdateDelivery:
         mid = messages.message_id(payload)
         ack_timeout, deadline = self.ack_timeout_s, math.inf
         if down is not None:
-            ack_timeout = float(down.hyperparameters.get("ack_timeout_s", ack_timeout))
+            ack_timeout = down.settings.ack_timeout_s
             deadline = down.deadline
         while outcome.sends < self.max_sends and not self.stop.is_set():
             if outcome.sends > 0 and time.time() > deadline:

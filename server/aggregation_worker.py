@@ -2,8 +2,8 @@
 
 Several workers share the uplinks through an MQTT v5 shared subscription
 (`$share/<group>/wakefl/<fleet>/up/+`): the broker hands each uplink to one of them. A
-worker validates it exactly as the single-process server does (the same code: this class
-is an `AggregationServer` that runs no rounds), records it in the state folder it shares
+worker validates it exactly as the single-process server does (the same part,
+server/ingest.py, with its own recorder and its round read from the store), records it in the state folder it shares
 with the coordinator (server/state_store.py: the row only while the round is open, in the
 same transaction) and acknowledges it. When the coordinator closes a round it sends each
 worker a pass over some recorded updates (server/shard_tasks.py); the worker answers with
@@ -34,8 +34,11 @@ from wakefl.sdk import topics
 from wakefl.sdk.messages import MessageRejected, Uplink
 from wakefl.sdk.mqtt_link import MqttLink
 from wakefl.sdk.selffl.strategy import ServerState, Strategy
-from wakefl.server.aggregation_server import AggregationServer, ServerConfig
+from wakefl.server.admission import OpenRound
+from wakefl.server.ingest import Ingest
 from wakefl.server.partial_aggregate import require_shardable
+from wakefl.server.server_config import ServerConfig
+from wakefl.server.server_session import ServerSession
 from wakefl.server.shard_tasks import ShardReader, ShardTask, downlink_file
 from wakefl.server.state_store import StateStore
 
@@ -62,7 +65,7 @@ def wait_for_store(state_dir: Path, timeout: float | None = None) -> ServerState
         time.sleep(0.2)
 
 
-class AggregationWorker(AggregationServer):
+class AggregationWorker:
     """`run()` records and acknowledges uplinks and answers the coordinator's shard tasks
     until the run's last round is aggregated or `stop_event` is set."""
 
@@ -77,27 +80,42 @@ class AggregationWorker(AggregationServer):
     ) -> None:
         require_shardable(strategy)
         wait_for_store(config.state_dir, config.start_timeout)
-        super().__init__(config, strategy, progress)
+        self.cfg = config
+        self.session = ServerSession(config, progress)
+        self.store = self.session.store
+        self.stop_event = self.session.stop_event
         self.worker_id = topics.check_name(worker_id, "worker id")
         self.group = topics.check_name(group, "share group")
-        self.reader = ShardReader(self.store.root, self.numel, config.max_bytes, self.worker_id)
+        self.ingest = Ingest(
+            self.session, strategy, self._record, base=self._round_base, refresh=self._refresh
+        )
+        self.reader = ShardReader(
+            self.store.root, self.session.numel, config.max_bytes, self.worker_id
+        )
         self._tasks: queue.Queue[bytes] = queue.Queue()
         self._base_round: tuple[int, Tensor] | None = None
         self.recorded = 0  # updates this worker recorded and acknowledged
         self.tasks_done = 0
 
-    # ------------------------------------------------------------------ uplinks
-    def _handle_uplink(self, topic: str, payload: bytes) -> None:
-        rec = self.store.open_round_record()
-        with self._lock:
-            self._open = None if rec is None else (rec.round_id, set(rec.sampled), rec.deadline)
-        super()._handle_uplink(topic, payload)
+    @property
+    def link(self) -> MqttLink | None:
+        return self.session.link
 
-    def _round_base(self, payload: bytes | None = None) -> Tensor:
+    # ------------------------------------------------------------------ uplinks
+    def _refresh(self) -> None:
+        """The open round as the coordinator recorded it in the shared store."""
+        rec = self.store.open_round_record()
+        with self.session.lock:
+            self.session.open_round = (
+                None if rec is None else OpenRound.of(rec.round_id, rec.sampled, rec.deadline)
+            )
+
+    def _round_base(self) -> Tensor:
         """The open round's global model as the devices decoded it, from the downlink the
         coordinator wrote before publishing it."""
-        assert self._open is not None
-        rid = self._open[0]
+        held = self.session.open_round
+        assert held is not None
+        rid = held.round_id
         if self._base_round is None or self._base_round[0] != rid:
             try:
                 base = self.reader.base(downlink_file(rid))
@@ -106,11 +124,11 @@ class AggregationWorker(AggregationServer):
             self._base_round = (rid, base)
         return self._base_round[1]
 
-    def _record(self, msg: Uplink, payload: bytes) -> str:
+    def _record(self, msg: Uplink, payload: bytes, done: Callable[[str], None]) -> None:
         refused = self.store.record_update_if_open(msg, payload, self.worker_id)
         if not refused:
             self.recorded += 1
-        return refused
+        done(refused)
 
     # ------------------------------------------------------------------ shard tasks
     def _on_task(self, topic: str, payload: bytes) -> None:
@@ -153,9 +171,9 @@ class AggregationWorker(AggregationServer):
         done = int(name.removeprefix("state_r").removesuffix(".st"))  # StateStore's naming
         return done >= self.cfg.rounds and self.store.open_round_record() is None
 
-    def run(self) -> None:  # type: ignore[override]
+    def run(self) -> None:
         status_topic = topics.agg_worker(self.cfg.fleet, self.worker_id)
-        self.link = MqttLink(
+        link = self.session.link = MqttLink(
             self.cfg.broker_url,
             f"wakefl-agg-{self.cfg.fleet}-{self.worker_id}",
             max_payload=self.cfg.max_bytes,
@@ -164,24 +182,24 @@ class AggregationWorker(AggregationServer):
             # A dead worker's status is cleared: the coordinator hands its passes on.
             will=(status_topic, b""),
         )
-        self.link.on_connect_hooks.append(self._announce)
-        self.link.subscribe(topics.agg_task(self.cfg.fleet, self.worker_id), self._on_task)
-        self.link.subscribe(
-            topics.shared_uplink_filter(self.cfg.fleet, self.group), self._on_uplink
+        link.on_connect_hooks.append(self._announce)
+        link.subscribe(topics.agg_task(self.cfg.fleet, self.worker_id), self._on_task)
+        link.subscribe(
+            topics.shared_uplink_filter(self.cfg.fleet, self.group), self.ingest.on_uplink
         )
-        self.link.connect()
-        self.progress(
+        link.connect()
+        self.session.progress(
             f"aggregation worker {self.worker_id} for fleet '{self.cfg.fleet}' (run "
-            f"{self.run_id}) at {self.link.url.redacted()}; state {self.cfg.state_dir}"
+            f"{self.session.run_id}) at {link.url.redacted()}; state {self.cfg.state_dir}"
         )
         try:
             self._serve()
-            self.link.publish(status_topic, b"", retain=True, timeout=10)
+            link.publish(status_topic, b"", retain=True, timeout=10)
         finally:
-            self.link.close()
-            self._report_throttled()
+            link.close()
+            self.ingest.report_throttled()
             self.store.close()
-        self.progress(
+        self.session.progress(
             f"aggregation worker {self.worker_id} done: {self.recorded} update(s) recorded, "
             f"{self.tasks_done} pass(es) computed"
         )

@@ -25,7 +25,7 @@ from wakefl.errors import ConfigError
 from wakefl.sdk.messages import Downlink, decode_as
 from wakefl.sdk.selffl.aggregation import PrecisionSum
 from wakefl.server.partial_aggregate import Spread, shard_norms, shard_spread, shard_sum
-from wakefl.server.state_store import read_recorded_update, server_state_from_bytes
+from wakefl.server.recorded_updates import read_recorded_update, server_state_from_bytes
 
 PHASES = ("norms", "spread", "sum")
 

@@ -1,7 +1,8 @@
 """The coordinator of a sharded server (`wakefl server --role coordinator`).
 
-It runs the rounds as the single-process server does (sampling, the retained downlink,
-hellos, quorum and deadline, SIGKILL resume: the same code), but records no uplink: the
+It runs the rounds with the single-process server's parts (server/round_runner.py:
+sampling, the retained downlink, quorum and deadline, SIGKILL resume; server/ingest.py for
+hellos), but records no uplink: the
 aggregation workers (server/aggregation_worker.py) do, in the state folder they share with
 it. At round close it seals the round in the store (no worker can record, hence
 acknowledge, an update the aggregation would miss), then merges the workers' partial sums
@@ -28,22 +29,23 @@ from torch import Tensor
 from wakefl.errors import ConfigError
 from wakefl.sdk import topics
 from wakefl.sdk.atomic_files import write_atomic
+from wakefl.sdk.messages import Uplink
 from wakefl.sdk.mqtt_link import MqttLink
 from wakefl.sdk.selffl.strategy import ServerState, Strategy
-from wakefl.server.aggregation_server import (
-    BROKER_DROPPED_TOPIC,
-    AggregationServer,
-    RoundReport,
-    ServerConfig,
-)
+from wakefl.server.aggregation import Aggregated, screen_norms, screened_devices
+from wakefl.server.aggregation_server import BROKER_DROPPED_TOPIC
+from wakefl.server.ingest import Ingest
 from wakefl.server.partial_aggregate import (
     merge_spreads,
     merge_sums,
     reported_uncertainties,
     require_shardable,
 )
+from wakefl.server.recorded_updates import UpdateView
+from wakefl.server.round_runner import RoundRunner
+from wakefl.server.server_config import RoundReport, ServerConfig
+from wakefl.server.server_session import ServerSession
 from wakefl.server.shard_tasks import ShardReader, ShardResult, ShardTask, downlink_file
-from wakefl.server.state_store import UpdateView
 
 log = logging.getLogger("wakefl.server.coordinator")
 
@@ -51,9 +53,10 @@ log = logging.getLogger("wakefl.server.coordinator")
 Item = tuple[str, float, float]
 
 
-class ShardedCoordinator(AggregationServer):
-    # Updates are recorded by other processes, which cannot wake this one's condition.
-    collect_poll_s = 0.05
+class ShardedCoordinator:
+    """`run()` drives the rounds; their updates come from the workers' records, their
+    aggregation from the workers' partial sums."""
+
     # Passes within this long of connecting wait for a worker's retained status to arrive
     # before the coordinator does them itself.
     worker_wait_s = 2.0
@@ -66,20 +69,63 @@ class ShardedCoordinator(AggregationServer):
         task_timeout_s: float | None = None,
     ) -> None:
         self.selffl = require_shardable(strategy)
-        super().__init__(config, strategy, progress)
+        self.cfg = config
+        self.strategy = strategy
+        self.session = ServerSession(config, progress)
+        self.store = self.session.store
+        self.stop_event = self.session.stop_event
+        self.ingest = Ingest(self.session, strategy, _records_nothing)
+        self.runner = RoundRunner(
+            self.session,
+            strategy,
+            self.ingest,
+            self._aggregate_round,
+            self._subscribe,
+            seal=lambda rid: self.store.set_round_status(rid, "sealed"),
+            published=self._keep_downlink,
+            rejections=self._rejections,
+            # Updates are recorded by other processes, which cannot wake this one's condition.
+            collect_poll_s=0.05,
+        )
         self.task_timeout_s = task_timeout_s or max(60.0, config.round_timeout)
         self._agg = threading.Condition()
         self._workers: set[str] = set()
         self._results: dict[str, ShardResult] = {}
-        self._reader = ShardReader(self.store.root, self.numel, config.max_bytes, "coordinator")
+        self._reader = ShardReader(
+            self.store.root, self.session.numel, config.max_bytes, "coordinator"
+        )
         self._connected_at = 0.0
         self.passes_reassigned = 0  # passes handed on from a dead or silent worker
         self.passes_local = 0  # passes the coordinator computed itself
 
+    def run(self) -> ServerState:
+        # A round left sealed was being aggregated when the coordinator was killed: it is
+        # resumed as an open round (its recorded updates stay).
+        self.store.unseal_rounds()
+        return self.runner.run()
+
+    @property
+    def reports(self) -> list[RoundReport]:
+        return self.runner.reports
+
+    @property
+    def rejections(self) -> Counter[str]:
+        return self.ingest.rejections
+
+    @property
+    def link(self) -> MqttLink | None:
+        return self.session.link
+
+    def _rejections(self) -> Counter[str]:
+        """The workers count their refusals in the shared store, not in this process."""
+        self.store.flush_rejections()
+        self.ingest.rejections = Counter(self.store.rejection_counts())
+        return self.ingest.rejections
+
     # ------------------------------------------------------------------ messages
     def _subscribe(self, link: MqttLink) -> None:
-        link.subscribe(topics.hello_filter(self.cfg.fleet), self._on_hello)
-        link.subscribe(BROKER_DROPPED_TOPIC, self._on_broker_dropped, qos=0)
+        link.subscribe(topics.hello_filter(self.cfg.fleet), self.ingest.on_hello)
+        link.subscribe(BROKER_DROPPED_TOPIC, self.ingest.on_broker_dropped, qos=0)
         link.subscribe(topics.agg_worker_filter(self.cfg.fleet), self._on_worker)
         link.subscribe(topics.agg_result(self.cfg.fleet), self._on_result)
         link.on_connect_hooks.append(self._connected)
@@ -117,62 +163,39 @@ class ShardedCoordinator(AggregationServer):
             return sorted(self._workers)
 
     # ------------------------------------------------------------------ rounds
-    def _report_round(self, report: RoundReport) -> None:
-        # The workers count their refusals in the shared store, not in this process.
-        self.store.flush_rejections()
-        self.rejections = Counter(self.store.rejection_counts())
-        super()._report_round(report)
-
-    def _seal_round(self, round_id: int) -> None:
-        self.store.set_round_status(round_id, "sealed")
-
-    def _reopen_interrupted_round(self, state: ServerState) -> None:
-        rec = self.store.round(state.round_id + 1)
-        if rec is not None and rec.status == "sealed":  # killed while aggregating it
-            self.store.set_round_status(rec.round_id, "open")
-        super()._reopen_interrupted_round(state)
-
-    def _build_downlink(
-        self,
-        state: ServerState,
-        round_id: int,
-        sampled: list[str],
-        deadline: float,
-        final: bool = False,
-    ) -> bytes:
-        """The downlink, also kept in the state folder before it is published: the
+    def _keep_downlink(self, round_id: int, payload: bytes) -> None:
+        """The round's downlink, kept in the state folder before it is published: the
         workers decode packed updates against it."""
-        payload = super()._build_downlink(state, round_id, sampled, deadline, final)
-        if not final:
-            models = self.store.root / "models"
-            write_atomic(models / downlink_file(round_id), payload)
-            for old in models.glob("downlink_r*.wkfl"):
-                if old.name < downlink_file(round_id - self.cfg.keep_update_rounds):
-                    old.unlink(missing_ok=True)
-        return payload
+        models = self.store.root / "models"
+        write_atomic(models / downlink_file(round_id), payload)
+        for old in models.glob("downlink_r*.wkfl"):
+            if old.name < downlink_file(round_id - self.cfg.keep_update_rounds):
+                old.unlink(missing_ok=True)
 
-    def _aggregate_round(
-        self, state: ServerState, round_id: int, view: UpdateView
-    ) -> tuple[ServerState, list[dict], dict[str, str]]:
-        """`AggregationServer._aggregate_round` from the workers' partial sums."""
+    def _aggregate_round(self, state: ServerState, round_id: int, view: UpdateView) -> Aggregated:
+        """`LocalAggregation` (server/aggregation.py) from the workers' partial sums."""
         if not len(view):
             return self.strategy.skip_round(state), [], {}
         rows = view.rows
         ctx = (round_id, self.store.get_meta("state_file"), downlink_file(round_id))
         parts = self._gather("norms", ctx, [(r["path"], 1.0, 0.0) for r in rows])
         norms = [n for p in parts for n in p.norms]
-        screening = self._screen_norms(round_id, rows, norms, state.global_params)
+        screening = screen_norms(
+            self.session,
+            self.strategy,
+            round_id,
+            rows,
+            norms,
+            state.global_params,
+            self.ingest.carry_out,
+        )
         kept = [
             (r, v) for r, v in zip(rows, screening.verdicts, strict=True) if v.action != "refuse"
         ]
-        screened = {
-            r["device_id"]: f"{v.action}: {v.reason}"
-            for r, v in zip(rows, screening.verdicts, strict=True)
-            if v.action != "keep"
-        }
+        screened = screened_devices(rows, screening)
         if not kept:
             return self.strategy.skip_round(state), [], screened
-        rate = self.strategy.activity_share(len(kept), len(self.registry()))
+        rate = self.strategy.activity_share(len(kept), len(self.session.registry()))
         reported = reported_uncertainties(
             [r for r, _ in kept], [v for _, v in kept], self.strategy.screened_variance
         )
@@ -298,3 +321,8 @@ class ShardedCoordinator(AggregationServer):
             )
             tasks[i].task_id = uuid.uuid4().hex  # a late answer of the old one is ignored
             self._dispatch(i, tasks, out, pending, others[i % len(others)] if others else None)
+
+
+def _records_nothing(msg: Uplink, payload: bytes, done: Callable[[str], None]) -> None:
+    """The coordinator subscribes no uplinks: its workers record them."""
+    raise AssertionError("the sharded coordinator records no uplink")

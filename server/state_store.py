@@ -11,175 +11,38 @@ was fsynced); only then is it acknowledged. A round's new ServerState file is wr
 fsynced first, then the round is marked closed in the same transaction that points at that
 file, so SIGKILL at any point leaves either the old or the new state, never a mix.
 
-Rejections are not worth an fsync each: a device flooding the server with refused messages
-would otherwise queue every honest update behind one synchronous commit per refusal.
-`count_rejection` only adds to counts in memory; a writer thread commits them in one
-transaction at most every REJECTION_FLUSH_S (also `flush_rejections()`, called at round
-close, and `close()`). In-process readers (`rejection_counts`) see the pending counts too;
-SIGKILL loses at most the last interval's counts, never an accepted update.
+Rejections are not worth an fsync each: they are counted in memory and committed in
+batches (server/rejection_log.py). Reading the files back: server/recorded_updates.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
+import os
 import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-from safetensors.torch import load as st_load
-from safetensors.torch import save as st_save
-
-from wakefl.errors import ConfigError
-from wakefl.sdk import update_codec
-from wakefl.sdk.atomic_files import write_atomic
-from wakefl.sdk.messages import DEFAULT_MAX_BYTES, MAGIC, Uplink
-from wakefl.sdk.selffl.strategy import ClientResult, ServerState
+from wakefl.sdk.atomic_files import fsync_dir, write_atomic
+from wakefl.sdk.messages import DEFAULT_MAX_BYTES, Uplink
+from wakefl.sdk.selffl.strategy import ServerState
+from wakefl.server.recorded_updates import (
+    BaseFn,
+    UpdateView,
+    server_state_from_bytes,
+    server_state_to_bytes,
+)
+from wakefl.server.rejection_log import RejectionLog
+from wakefl.server.store_schema import open_database
 
 log = logging.getLogger("wakefl.server.store")
-
-# Pending rejections are committed at most this often, in one transaction.
-REJECTION_FLUSH_S = 0.5
-# rejection_log rows per batch; refusals beyond it are still counted exactly (table
-# `rejections`) and summarised in one log row per reason, so a flood cannot fill the disk.
-MAX_LOG_ROWS_PER_FLUSH = 1000
-# Per-device tallies (`clients.rejected`) kept per batch; a flood naming more distinct
-# device ids than this (only possible for unregistered ones) is counted by reason only.
-MAX_DEVICES_PER_FLUSH = 4096
-
-# Format 2 (protocol v3): the strategy's uplink record is stored as JSON (`updates.record`,
-# `clients.record`) instead of Self-FL's columns (sigma_m_sq, local_steps). A format 1
-# store (written before protocol v3) is refused, not migrated: its recorded update files
-# are v2 frames the server no longer reads (docs/PROTOCOL.md).
-STORE_FORMAT = 2
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS rounds (
-    round_id INTEGER PRIMARY KEY, status TEXT NOT NULL, sampled TEXT NOT NULL,
-    deadline REAL NOT NULL, opened_at REAL NOT NULL, closed_at REAL,
-    accepted INTEGER NOT NULL DEFAULT 0, state_file TEXT);
-CREATE TABLE IF NOT EXISTS devices (
-    device_id TEXT PRIMARY KEY, device_type TEXT NOT NULL, source TEXT NOT NULL,
-    online INTEGER NOT NULL DEFAULT 0, last_seen REAL);
-CREATE TABLE IF NOT EXISTS clients (
-    device_id TEXT PRIMARY KEY, num_samples INTEGER, record TEXT,
-    rounds_reported INTEGER NOT NULL DEFAULT 0, last_round INTEGER,
-    relative_fa REAL, relative_fr REAL, rejected INTEGER NOT NULL DEFAULT 0);
-CREATE TABLE IF NOT EXISTS updates (
-    round_id INTEGER NOT NULL, device_id TEXT NOT NULL, device_type TEXT NOT NULL,
-    path TEXT NOT NULL, nbytes INTEGER NOT NULL, num_samples INTEGER NOT NULL,
-    record TEXT NOT NULL, received_at REAL NOT NULL,
-    PRIMARY KEY (round_id, device_id));
-CREATE TABLE IF NOT EXISTS rejections (reason TEXT PRIMARY KEY, count INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS rejection_log (
-    at REAL NOT NULL, reason TEXT NOT NULL, device_id TEXT, round_id INTEGER, detail TEXT);
-CREATE TABLE IF NOT EXISTS declines (
-    round_id INTEGER NOT NULL, device_id TEXT NOT NULL, reason TEXT NOT NULL, at REAL NOT NULL,
-    PRIMARY KEY (round_id, device_id));
-"""
-
-
-def server_state_to_bytes(state: ServerState) -> bytes:
-    tensors = {"global_params": state.global_params.detach().cpu().contiguous().clone()}
-    for k, v in state.tensors.items():
-        tensors[f"t.{k}"] = v.detach().cpu().contiguous().clone()
-    meta = {"round_id": state.round_id, "scalars": state.scalars, "clients": state.clients}
-    return st_save(tensors, metadata={"wakefl_server_state": json.dumps(meta)})
-
-
-def server_state_from_bytes(data: bytes) -> ServerState:
-    hlen = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8 : 8 + hlen])
-    meta = json.loads(header["__metadata__"]["wakefl_server_state"])
-    tensors = st_load(data)
-    return ServerState(
-        round_id=int(meta["round_id"]),
-        global_params=tensors.pop("global_params"),
-        tensors={k[2:]: v for k, v in tensors.items()},
-        scalars={k: float(v) for k, v in meta["scalars"].items()},
-        clients={c: {k: float(v) for k, v in d.items()} for c, d in meta["clients"].items()},
-    )
-
-
-# The wire frame: MAGIC | sha256(body) | body, body = u64 header length | JSON header | data.
-_FRAME_PREFIX = len(MAGIC) + hashlib.sha256().digest_size
-_FILE_DTYPES = {"F32": torch.float32, "F16": torch.float16, "I8": torch.int8}
-BaseFn = Callable[[], torch.Tensor]
-
-
-def _recorded_params(
-    tensors: dict[str, torch.Tensor], meta: dict[str, Any], base: BaseFn | None
-) -> torch.Tensor:
-    """The update's float32 parameters: the plain tensor, or a packed update (protocol v4)
-    rebuilt from the round's global model `base()`. Its checksum was verified on receipt,
-    against the same base, so it is not recomputed here."""
-    codec = meta.get("codec")
-    if codec is None:
-        return tensors.pop("params").float()
-    if base is None:
-        raise ValueError("a packed update needs its round's global model to be read")
-    parts = {k[len("params.") :]: tensors.pop(k) for k in list(tensors) if k.startswith("params.")}
-    packed = update_codec.Packed(
-        codec["name"], int(codec["numel"]), int(codec["block"]), parts, codec["sha256"]
-    )
-    return update_codec.decode(packed, base())
-
-
-def read_recorded_update(
-    path: Path, expected_numel: int | None = None, base: BaseFn | None = None
-) -> Uplink:
-    """One update file written by `StateStore.record_update`, read straight into tensors.
-
-    The file is the uplink frame the server validated on receipt (hash, header, dtypes,
-    shapes, finiteness, a packed update's checksum) and fsynced before acknowledging it, so
-    it is trusted here: no re-hashing and no second safetensors parse, each tensor is read
-    once from the file into its own buffer. A packed update is rebuilt from `base()`, the
-    round's global model. A truncated or foreign file raises ConfigError."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(_FRAME_PREFIX + 8)
-            if len(head) != _FRAME_PREFIX + 8 or head[: len(MAGIC)] != MAGIC:
-                raise ValueError("not a wakefl frame")
-            hlen = int.from_bytes(head[_FRAME_PREFIX:], "little")
-            header = json.loads(f.read(hlen))
-            meta = json.loads(header.pop("__metadata__")["wakefl"])
-            data_start = _FRAME_PREFIX + 8 + hlen
-            tensors: dict[str, torch.Tensor] = {}
-            for name, entry in header.items():
-                t = torch.empty(entry["shape"], dtype=_FILE_DTYPES[entry["dtype"]])
-                start, end = entry["data_offsets"]
-                f.seek(data_start + start)
-                if f.readinto(t.numpy().data.cast("B")) != end - start:
-                    raise ValueError(f"tensor {name!r} is truncated")
-                tensors[name] = t
-        params = _recorded_params(tensors, meta, base)
-        if expected_numel is not None and params.numel() != expected_numel:
-            raise ValueError(f"{params.numel()} parameters, the model has {expected_numel}")
-        return Uplink(
-            fleet=meta["fleet"],
-            run_id=meta["run_id"],
-            device_id=meta["device_id"],
-            device_type=meta["device_type"],
-            round_id=int(meta["round_id"]),
-            params=params,
-            num_samples=int(meta["num_samples"]),
-            record={k: float(v) for k, v in meta.get("record", {}).items()},
-            relative_fa=meta.get("relative_fa"),
-            relative_fr=meta.get("relative_fr"),
-            tensors={k[2:]: v.float() for k, v in tensors.items()},
-            version=int(meta["v"]),
-        )
-    except (OSError, ValueError, KeyError, TypeError) as exc:  # JSONDecodeError is a ValueError
-        raise ConfigError(f"recorded update {path} is unreadable: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -191,43 +54,6 @@ class RoundRecord:
     accepted: int
 
 
-class UpdateView:
-    """The accepted updates of one round as `ClientResult`s, read from disk one at a time
-    on each iteration (re-iterable; memory O(d) whatever the number of updates)."""
-
-    def __init__(
-        self,
-        store: StateStore,
-        round_id: int,
-        expected_numel: int | None,
-        max_bytes: int,
-        base: BaseFn | None = None,
-    ) -> None:
-        self.round_id = round_id
-        self._root = store.root
-        self._expected = expected_numel
-        self._max_bytes = max_bytes
-        self._base = base  # the round's global model, for packed updates (called lazily)
-        self.rows = store.update_rows(round_id)
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def __iter__(self) -> Iterator[ClientResult]:
-        for row in self.rows:
-            msg = read_recorded_update(self._root / row["path"], self._expected, self._base)
-            scalars = dict(msg.record)
-            yield ClientResult(
-                client_id=msg.device_id,
-                round_id=msg.round_id,
-                params=msg.params,
-                num_samples=msg.num_samples,
-                scalars=scalars,
-                tensors=msg.tensors,
-                group=msg.device_type,
-            )
-
-
 class StateStore:
     """All durable server state of one fleet run. Thread-safe (one lock, one connection)."""
 
@@ -237,59 +63,12 @@ class StateStore:
         (self.root / "models").mkdir(exist_ok=True)
         (self.root / "updates").mkdir(exist_ok=True)
         self._lock = threading.RLock()
-        try:
-            self._db = sqlite3.connect(
-                self.root / "server.sqlite",
-                check_same_thread=False,
-                isolation_level=None,
-                timeout=30,
-            )
-            self._db.row_factory = sqlite3.Row
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=FULL")
-            self._check_format()
-            self._db.executescript(_SCHEMA)
-            self._db.execute(
-                "INSERT OR IGNORE INTO meta VALUES ('store_format', ?)", (json.dumps(STORE_FORMAT),)
-            )
-        except sqlite3.DatabaseError as exc:
-            raise ConfigError(f"server state {self.root} is not usable: {exc}") from exc
+        self._db = open_database(self.root)
         self.transactions = 0  # write transactions committed (one fsync each)
-        # Rejections counted but not yet committed; `_pending_lock` is only ever taken
-        # after `_lock` (or alone), and never held during a write.
-        self._pending_lock = threading.Lock()
-        self._pending = _PendingRejections()
-        self._has_pending = threading.Event()
-        self._stop_flush = threading.Event()
-        self._flusher: threading.Thread | None = None
-
-    def _check_format(self) -> None:
-        """Refuse a store of another format (ConfigError) before anything is written."""
-        tables = {
-            r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")
-        }
-        if "meta" not in tables:
-            return  # a new store
-        row = self._db.execute("SELECT value FROM meta WHERE key='store_format'").fetchone()
-        found = json.loads(row[0]) if row is not None else 1
-        if found != STORE_FORMAT:
-            self._db.close()
-            raise ConfigError(
-                f"server state {self.root} is in store format {found} (written before wire "
-                f"protocol v3); this server reads format {STORE_FORMAT}. Finish "
-                "that run with the release that started it, or start this one in a new --state "
-                "folder"
-            )
+        self._rejections = RejectionLog(self._lock, self._tx)
 
     def close(self) -> None:
-        self._stop_flush.set()
-        self._has_pending.set()
-        if self._flusher is not None:
-            self._flusher.join()
-        try:
-            self.flush_rejections()
-        except Exception:  # noqa: BLE001 - closing must go on; the counts are in the log
-            log.exception("pending rejection counts not written at close")
+        self._rejections.close()
         with self._lock:
             self._db.close()
 
@@ -373,6 +152,11 @@ class StateStore:
                 (status, round_id),
             )
 
+    def unseal_rounds(self) -> None:
+        """Open again a round left sealed (its coordinator was killed while aggregating)."""
+        with self._tx() as db:
+            db.execute("UPDATE rounds SET status='open' WHERE status='sealed'")
+
     def open_round_record(self) -> RoundRecord | None:
         """The round now taking updates, if any (the newest one marked open)."""
         with self._lock:
@@ -451,6 +235,49 @@ class StateStore:
             with self._tx() as db:
                 self._insert_update(db, msg, rel, len(payload))
         return True
+
+    def write_update_file(self, msg: Uplink, payload: bytes) -> str:
+        """Write an update's frame under a name of its own and fsync it (its directory is
+        synced by `sync_update_dirs`, once per batch); the path relative to the store.
+        Nothing reads the file until a row names it (`record_written`), and a recorded file
+        is never overwritten."""
+        rel = f"updates/r{msg.round_id:06d}/{msg.device_id}.{uuid.uuid4().hex[:12]}.wkfl"
+        path = self.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        return rel
+
+    def sync_update_dirs(self, round_ids: Iterable[int]) -> None:
+        """Make the names of the files just written durable: their round folders, and the
+        folder holding those."""
+        for rid in sorted(set(round_ids)):
+            fsync_dir(self.root / f"updates/r{rid:06d}")
+        fsync_dir(self.root / "updates")
+
+    def record_written(
+        self, batch: list[tuple[Uplink, str, int]], open_round: int | None
+    ) -> list[str]:
+        """Commit the rows of updates whose files are written and synced (update, path,
+        bytes), in one transaction: per update "" (recorded), "stale_round" (its round is
+        not `open_round`) or "duplicate" (on record already, this batch included)."""
+        out = []
+        with self._tx() as db:
+            for msg, rel, nbytes in batch:
+                if msg.round_id != open_round:
+                    out.append("stale_round")
+                elif db.execute(
+                    "SELECT 1 FROM updates WHERE round_id=? AND device_id=?",
+                    (msg.round_id, msg.device_id),
+                ).fetchone():
+                    out.append("duplicate")
+                else:
+                    self._insert_update(db, msg, rel, nbytes)
+                    out.append("")
+        return out
 
     def record_update_if_open(self, msg: Uplink, payload: bytes, writer: str) -> str:
         """`record_update` for one of several processes sharing this store (aggregation
@@ -555,7 +382,9 @@ class StateStore:
         base: BaseFn | None = None,
     ) -> UpdateView:
         """The round's updates; `base` returns the round's global model for packed ones."""
-        return UpdateView(self, round_id, expected_numel, max_bytes, base)
+        return UpdateView(
+            self.root, self.update_rows(round_id), round_id, expected_numel, max_bytes, base
+        )
 
     def clients(self) -> dict[str, dict[str, Any]]:
         with self._lock:
@@ -574,116 +403,20 @@ class StateStore:
     def count_rejection(
         self, reason: str, device_id: str | None, round_id: int | None, detail: str
     ) -> None:
-        """Count one refused message. In memory only: the writer thread commits the batch
-        within REJECTION_FLUSH_S, so this never waits for the disk."""
-        with self._pending_lock:
-            self._pending.add(reason, device_id, round_id, detail, time.time())
-            if self._flusher is None and not self._stop_flush.is_set():
-                self._flusher = threading.Thread(
-                    target=self._flush_loop, daemon=True, name="wakefl-rejection-writer"
-                )
-                self._flusher.start()
-        self._has_pending.set()
-
-    def _flush_loop(self) -> None:
-        while not self._stop_flush.is_set():
-            self._has_pending.wait()
-            if self._stop_flush.wait(REJECTION_FLUSH_S):
-                return  # close() writes what is left
-            self._has_pending.clear()
-            try:
-                self.flush_rejections()
-            except Exception:  # noqa: BLE001 - kept pending, retried next interval
-                log.exception("rejection counts not written yet; retrying")
-                self._has_pending.set()
+        """Count one refused message, in memory (server/rejection_log.py): never waits for
+        the disk."""
+        self._rejections.count(reason, device_id, round_id, detail)
 
     def flush_rejections(self) -> None:
         """Commit the pending rejections in one transaction; on failure they stay pending."""
-        with self._lock:
-            with self._pending_lock:
-                batch, self._pending = self._pending, _PendingRejections()
-            if not batch.counts:
-                return
-            try:
-                with self._tx() as db:
-                    db.executemany(
-                        "INSERT INTO rejections VALUES (?, ?) ON CONFLICT(reason)"
-                        " DO UPDATE SET count=count+excluded.count",
-                        batch.counts.items(),
-                    )
-                    db.executemany(
-                        "INSERT INTO rejection_log VALUES (?, ?, ?, ?, ?)",
-                        batch.log_rows + batch.summary_rows(),
-                    )
-                    db.executemany(
-                        "UPDATE clients SET rejected=rejected+? WHERE device_id=?",
-                        [(n, d) for d, n in batch.by_device.items()],
-                    )
-            except BaseException:
-                with self._pending_lock:
-                    batch.merge(self._pending)
-                    self._pending = batch
-                raise
+        self._rejections.flush()
 
     def rejection_counts(self) -> dict[str, int]:
         """Every rejection counted so far, committed or still pending."""
         with self._lock:
             rows = self._db.execute("SELECT reason, count FROM rejections").fetchall()
-            with self._pending_lock:
-                pending = dict(self._pending.counts)
+            pending = self._rejections.pending_counts()
         counts = {r[0]: r[1] for r in rows}
         for reason, n in pending.items():
             counts[reason] = counts.get(reason, 0) + n
         return counts
-
-
-class _PendingRejections:
-    """Rejections counted since the last commit: exact counts per reason, bounded log rows
-    and per-device tallies (overflow summarised per reason)."""
-
-    def __init__(self) -> None:
-        self.counts: dict[str, int] = {}
-        self.by_device: dict[str, int] = {}
-        self.log_rows: list[tuple[float, str, str | None, int | None, str]] = []
-        self.unlogged: dict[str, int] = {}
-
-    def add(
-        self, reason: str, device_id: str | None, round_id: int | None, detail: str, at: float
-    ) -> None:
-        self.counts[reason] = self.counts.get(reason, 0) + 1
-        if device_id is not None and (
-            device_id in self.by_device or len(self.by_device) < MAX_DEVICES_PER_FLUSH
-        ):
-            self.by_device[device_id] = self.by_device.get(device_id, 0) + 1
-        if len(self.log_rows) < MAX_LOG_ROWS_PER_FLUSH:
-            self.log_rows.append((at, reason, device_id, round_id, detail[:500]))
-        else:
-            self.unlogged[reason] = self.unlogged.get(reason, 0) + 1
-
-    def summary_rows(self) -> list[tuple[float, str, str | None, int | None, str]]:
-        now = time.time()
-        return [
-            (
-                now,
-                reason,
-                None,
-                None,
-                f"{n} more rejection(s) of this reason in this batch, "
-                "counted but not logged one by one",
-            )
-            for reason, n in self.unlogged.items()
-        ]
-
-    def merge(self, newer: _PendingRejections) -> None:
-        """Add the rejections counted after this batch (a failed write keeps both)."""
-        for reason, n in newer.counts.items():
-            self.counts[reason] = self.counts.get(reason, 0) + n
-        for dev, n in newer.by_device.items():
-            if dev in self.by_device or len(self.by_device) < MAX_DEVICES_PER_FLUSH:
-                self.by_device[dev] = self.by_device.get(dev, 0) + n
-        room = max(0, MAX_LOG_ROWS_PER_FLUSH - len(self.log_rows))
-        self.log_rows.extend(newer.log_rows[:room])
-        for row in newer.log_rows[room:]:
-            self.unlogged[row[1]] = self.unlogged.get(row[1], 0) + 1
-        for reason, n in newer.unlogged.items():
-            self.unlogged[reason] = self.unlogged.get(reason, 0) + n

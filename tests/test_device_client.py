@@ -18,6 +18,7 @@ from wakefl.sdk import messages, topics
 from wakefl.sdk.device_client import DeviceClient
 from wakefl.sdk.device_state import DeviceStateStore
 from wakefl.sdk.mqtt_link import MqttLink
+from wakefl.sdk.round_settings import RoundSettings
 from wakefl.server.broker import ManagedBroker
 
 WIDTH = 0.05
@@ -96,12 +97,9 @@ class FakeServer:
             global_params=self.initial,
             model_config=CFG.to_dict(),
             instructions={d: {"sigma0_sq": 0.0, "others_precision": 0.0} for d in sampled},
-            hyperparameters={
-                "strategy": "selffl",
-                "strategy_args": args or ARGS,
-                "ack_timeout_s": 1.0,
-                "wire_dtype": "fp32",
-            },
+            settings=RoundSettings(
+                strategy="selffl", strategy_args=args or ARGS, ack_timeout_s=1.0, wire_dtype="fp32"
+            ),
             deadline=time.time() + deadline_s,
             final=final,
         )

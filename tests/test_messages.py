@@ -14,6 +14,7 @@ from safetensors.torch import save as st_save
 from wakefl.errors import ProtocolError
 from wakefl.sdk import messages as M
 from wakefl.sdk import topics
+from wakefl.sdk.round_settings import RoundSettings
 from wakefl.sdk.selffl import SelfFL
 
 
@@ -95,7 +96,9 @@ def test_downlink_and_ack_and_hello_round_trip():
         global_params=torch.arange(10.0),
         model_config={"width": 0.25},
         instructions={"dev-a": {"others_precision": 3.5, "sigma0_sq": 0.5}},
-        hyperparameters={"lr": 0.01},
+        settings=RoundSettings(
+            strategy_args={"lr": 0.01}, ack_timeout_s=2.5, uplink_codec="int8-delta"
+        ),
         deadline=1.7e9,
         final=False,
     )
@@ -104,6 +107,7 @@ def test_downlink_and_ack_and_hello_round_trip():
     checked = M.decode(M.encode(down), downlink_schema=SelfFL.downlink_schema)
     assert checked.instructions == down.instructions
     assert torch.equal(back.global_params, down.global_params)
+    assert back.settings == down.settings and back.settings.ack_timeout_s == 2.5
     ack = M.decode(M.encode(M.Ack("f1", "dev-a", 2, False, "stale_round")))
     assert ack == M.Ack("f1", "dev-a", 2, False, "stale_round")
     hello = M.decode(M.encode(M.Hello("f1", "dev-a", "speaker", 50, online=False)))
@@ -306,7 +310,7 @@ def test_records_hold_only_what_the_strategy_declares():
         global_params=torch.zeros(4),
         model_config={},
         instructions={"dev-a": {"sigma0_sq": -1.0, "others_precision": 0.0}},
-        hyperparameters={},
+        settings=RoundSettings(),
         deadline=1.7e9,
     )
     assert _reason(M.encode(down), downlink_schema=SelfFL.downlink_schema) == "out_of_range"
@@ -365,3 +369,83 @@ def test_ack_names_the_message_it_answers_and_decline_round_trips():
     assert isinstance(dec, M.Decline) and (dec.round_id, dec.reason) == (3, "training diverged")
     long_reason = M.decode(M.encode(M.Decline("f1", "run1", "dev-a", 3, "x" * 1000)))
     assert len(long_reason.reason) == M.MAX_REASON_LEN
+
+
+def _downlink_with_settings(settings: object, version: int = M.PROTOCOL_VERSION) -> bytes:
+    """A downlink frame whose `settings` field is exactly `settings` (bypassing the
+    sender's own checks, as a hostile or broken server could)."""
+    good = M.Downlink("f1", "run1", 2, torch.zeros(4), {}, {}, RoundSettings(), 1.7e9)
+    frame = M.encode(good)
+    body = frame[len(M.MAGIC) + 32 :]
+    hlen = int.from_bytes(body[:8], "little")
+    header = json.loads(body[8 : 8 + hlen])
+    meta = json.loads(header["__metadata__"]["wakefl"])
+    meta["settings"], meta["v"] = settings, version
+    header["__metadata__"]["wakefl"] = json.dumps(meta)
+    new_header = json.dumps(header).encode()
+    new_header += b" " * (-len(new_header) % 8)
+    new_body = len(new_header).to_bytes(8, "little") + new_header + body[8 + hlen :]
+    return _frame_from_body(new_body)
+
+
+_GOOD_SETTINGS = RoundSettings(strategy_args={"lr": 0.01}).to_wire()
+
+
+@pytest.mark.parametrize(
+    ("change", "reason", "says"),
+    [
+        ({"ack_timeout_s": float("nan")}, "out_of_range", "ack_timeout_s nan"),
+        ({"ack_timeout_s": "soon"}, "malformed", "ack_timeout_s must be a number"),
+        ({"ack_timeout_s": -5}, "out_of_range", "ack_timeout_s -5.0"),
+        ({"ack_timeout_s": 0}, "out_of_range", "ack_timeout_s 0.0"),
+        ({"ack_timeout_s": 1e9}, "out_of_range", "ack_timeout_s"),
+        ({"ack_timeout_s": True}, "malformed", "ack_timeout_s must be a number"),
+        ({"ack_timeout_s": None}, "malformed", "got null"),
+        ({"wire_dtype": "bf16"}, "out_of_range", "wire_dtype"),
+        ({"wire_dtype": 16}, "malformed", "wire_dtype must be a string"),
+        ({"uplink_codec": "zip"}, "out_of_range", "uplink_codec"),
+        ({"rounds": -1}, "out_of_range", "rounds"),
+        ({"rounds": 2.5}, "malformed", "rounds must be an integer"),
+        ({"strategy": ""}, "out_of_range", "strategy"),
+        ({"strategy_args": [1]}, "malformed", "strategy_args must be an object"),
+        ({"surprise": 1}, "malformed", "unknown fields"),
+        ({"ack_timeout_s": ...}, "malformed", "lack ack_timeout_s"),
+        ({"strategy": ..., "rounds": ...}, "malformed", "lack strategy, rounds"),
+    ],
+)
+def test_round_settings_are_refused_with_the_field_and_the_reason(change, reason, says):
+    settings = {k: v for k, v in {**_GOOD_SETTINGS, **change}.items() if v is not ...}
+    frame = _downlink_with_settings(settings)
+    with pytest.raises(M.MessageRejected) as info:
+        M.decode(frame)
+    assert info.value.reason == reason and says in info.value.detail, info.value.detail
+
+
+def test_round_settings_that_are_not_an_object_are_refused():
+    for bad in (None, [], "fast", 3):
+        with pytest.raises(M.MessageRejected, match="settings must be an object"):
+            M.decode(_downlink_with_settings(bad))
+
+
+def test_good_round_settings_decode_to_the_typed_record():
+    back = M.decode(_downlink_with_settings(_GOOD_SETTINGS))
+    assert isinstance(back, M.Downlink)
+    assert back.settings == RoundSettings(strategy_args={"lr": 0.01})
+
+
+def test_a_peer_of_the_previous_protocol_version_is_refused_clearly():
+    frame = _downlink_with_settings(_GOOD_SETTINGS, version=M.PROTOCOL_VERSION - 1)
+    with pytest.raises(M.MessageRejected) as info:
+        M.decode(frame)
+    assert info.value.reason == "version"
+    assert f"this build speaks {M.PROTOCOL_VERSION}" in info.value.detail
+    assert "update it" in info.value.detail
+
+
+def test_a_sender_cannot_build_settings_that_a_receiver_would_refuse():
+    from wakefl.sdk.round_settings import SettingsError
+
+    with pytest.raises(SettingsError, match="ack_timeout_s"):
+        RoundSettings(ack_timeout_s=float("nan"))
+    with pytest.raises(SettingsError, match="uplink_codec"):
+        RoundSettings(uplink_codec="gzip")

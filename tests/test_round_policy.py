@@ -20,6 +20,7 @@ from wakefl.sdk.round_policy import (
     plan_round,
     supersedes,
 )
+from wakefl.sdk.round_settings import RoundSettings
 
 NOW = 1_000_000.0
 ME = "dev1"
@@ -65,7 +66,7 @@ def _down(
         global_params=torch.zeros(3),
         model_config={},
         instructions={d: {} for d in sampled},
-        hyperparameters={},
+        settings=RoundSettings(),
         deadline=deadline,
         final=final,
     )

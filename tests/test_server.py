@@ -446,7 +446,7 @@ def test_hundred_devices_every_update_accounted_for(mqtt_broker, tmp_path):
 @pytest.mark.parametrize("wire_dtype", ["fp32", "fp16"])
 def test_recorded_update_reads_back_what_was_received(tmp_path, wire_dtype):
     from wakefl.errors import ConfigError
-    from wakefl.server.state_store import read_recorded_update
+    from wakefl.server.recorded_updates import read_recorded_update
 
     g = torch.Generator().manual_seed(3)
     up = M.Uplink(
@@ -792,10 +792,10 @@ def test_refusals_are_counted_in_memory_and_committed_in_batches(tmp_path):
 
 
 def test_rejections_pending_at_close_are_written_and_the_log_is_bounded(tmp_path, monkeypatch):
-    from wakefl.server import state_store
+    from wakefl.server import rejection_log
 
-    monkeypatch.setattr(state_store, "MAX_LOG_ROWS_PER_FLUSH", 10)
-    monkeypatch.setattr(state_store, "REJECTION_FLUSH_S", 60.0)  # only close() writes
+    monkeypatch.setattr(rejection_log, "MAX_LOG_ROWS_PER_FLUSH", 10)
+    monkeypatch.setattr(rejection_log, "REJECTION_FLUSH_S", 60.0)  # only close() writes
     store = StateStore(tmp_path / "s")
     for i in range(25):
         store.count_rejection("garbage" if i % 2 else "malformed", f"ghost{i}", None, "x")
@@ -932,3 +932,32 @@ def test_server_samples_the_paper_count_raised_to_its_quorum(
         assert len(srv._sample(1, ["d0", "d1"], registry)) == min(want, 2)  # among the online
     finally:
         srv.store.close()
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (
+            ["--strategy", "fedavg-w", "--group-by", "device_type"],
+            "does not take one of --group-by",
+        ),
+        (["--strategy-arg", "lrr=0.1"], "does not take one of --strategy-arg lrr"),
+        (["--strategy-arg", "lr=abc"], "bad --strategy-arg value"),
+        (["--strategy-arg", "lr=[1]"], "bad --strategy-arg value"),
+        (["--strategy-arg", "l_max=-3"], "l_max"),
+        (["--strategy-arg", "lr=1e999"], "learning rate"),
+        (["--strategy-arg", "lr"], "KEY=VALUE"),
+        (["--strategy", "nope"], "unknown strategy"),
+        (["--strategy", "fedavg-w", "--role", "coordinator"], "Self-FL strategies only"),
+        (["--role", "coordinator", "--group-by", "device_type"], "cluster mode"),
+    ],
+)
+def test_the_cli_turns_every_bad_strategy_argument_into_one_line(tmp_path, capsys, extra, says):
+    from wakefl.tools.cli import main
+
+    # Refused before any broker is contacted: the URL is never dialled.
+    argv = ["server", "--broker", "mqtt://127.0.0.1:1", "--state", str(tmp_path / "s")]
+    assert main(argv + ["--rounds", "1", "--devices", "a:x", *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("wakefl: error: ") and "\n" not in err and "Traceback" not in err
+    assert says in err, err

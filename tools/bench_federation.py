@@ -250,6 +250,7 @@ def bench_rounds(
                 if proc.is_alive():
                     proc.kill()
             broker.stop()
+    _print_cpu_per_update(n_devices, server, cpu["server"])
     return _print_rounds(
         n_devices, server.reports, compute, cpu, wall, rounds, warmup, up_bytes, rate
     )
@@ -537,6 +538,7 @@ def _print_loadgen(
         )
     per_round = {k: round(v / rounds, 2) for k, v in cpu.items()}
     med = statistics.median(walls[warmup:])
+    _print_cpu_per_update(n, server, cpu["server"])
     print(
         f"  {n:4d} devices: CPU seconds per round {per_round} ({os.cpu_count()} cores x "
         f"{wall / rounds:.2f} s wall); server rejections {dict(server.rejections) or 'none'}; "
@@ -546,6 +548,18 @@ def _print_loadgen(
         f"  {n:4d} devices: median round time {med:.2f} s over rounds {warmup + 1}-{rounds} "
         f"= {med / floor:.2f}x the transport floor ({floor:.2f} s)"
     )
+
+
+def _print_cpu_per_update(n: int, server: Any, server_cpu_s: float) -> None:
+    """The server's CPU per update it accepted: every thread of the server process
+    (receipt, checks, decoding, recording, acks, screening, aggregation, persisting the
+    state) over every round run, warm-up included, divided by the updates aggregated."""
+    accepted = sum(len(rep.reported) for rep in server.reports)
+    if accepted:
+        print(
+            f"  {n:4d} devices: server CPU per accepted update {1000 * server_cpu_s / accepted:.1f} "
+            f"ms ({server_cpu_s:.2f} CPU s for {accepted} updates, all rounds)"
+        )
 
 
 def _parser() -> argparse.ArgumentParser:

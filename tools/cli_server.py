@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from wakefl.errors import ConfigError
+from wakefl.errors import ConfigError, WakeflError
 from wakefl.sdk import topics
 from wakefl.sdk.codec_names import CODECS, WIRE_DTYPE_NAMES
 
@@ -54,11 +54,33 @@ def _strategy_args(args: argparse.Namespace) -> dict[str, Any]:
     return strategy_args
 
 
+def build_strategy(name: str, strategy_args: dict[str, Any]) -> Any:
+    """The strategy `--strategy NAME --strategy-arg K=V ... --group-by G` asks for; every
+    way those can be wrong ends in one ConfigError line, never a traceback."""
+    from wakefl.sdk.selffl.registry import make_strategy
+
+    try:
+        return make_strategy(name, **strategy_args)
+    except TypeError as exc:
+        if "keyword argument" not in str(exc):  # a value of the wrong type
+            raise ConfigError(f"strategy {name!r}: bad --strategy-arg value: {exc}") from None
+        given = ", ".join(
+            "--group-by device_type" if k == "cluster_by_group" else f"--strategy-arg {k}"
+            for k in strategy_args
+        )
+        raise ConfigError(
+            f"strategy {name!r} does not take one of {given}: {str(exc).split('.', 1)[-1].strip()}"
+        ) from None
+    except WakeflError:
+        raise  # already one line (a hyperparameter out of range, not finite...)
+    except (ValueError, OverflowError) as exc:
+        raise ConfigError(f"strategy {name!r}: bad --strategy-arg value: {exc}") from None
+
+
 def _handler(args: argparse.Namespace) -> int:
     import torch
 
     from wakefl.models.kws_cnn import load_initial_model
-    from wakefl.sdk.selffl.registry import make_strategy
     from wakefl.server.aggregation_server import ServerConfig
     from wakefl.server.broker import ManagedBroker
 
@@ -68,7 +90,7 @@ def _handler(args: argparse.Namespace) -> int:
         format="%(asctime)s %(name)s %(levelname)s %(message)s",
     )
     strategy_args = _strategy_args(args)
-    strategy = make_strategy(args.strategy, **strategy_args)
+    strategy = build_strategy(args.strategy, strategy_args)
     state = Path(args.state)
     if args.role == "worker" and args.broker == "embedded":
         raise ConfigError("--role worker joins a coordinator's broker: pass its --broker URL")

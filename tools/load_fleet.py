@@ -415,7 +415,7 @@ class LoadFleet:
 
     # -------------------------------------------------------------- sending
     def _payload(self, dev: Device, down: M.Downlink) -> bytes:
-        codec = str(down.hyperparameters.get("uplink_codec", "fp32"))
+        codec = down.settings.uplink_codec
         i = self.index[dev.device_id]
         record = {**_RECORD, "sigma_sq": 0.1 + 1e-4 * i}
         up = M.Uplink(
@@ -444,7 +444,7 @@ class LoadFleet:
     async def _deliver(self, dev: Device, down: M.Downlink) -> None:
         rid, tally = down.round_id, self.tally[down.round_id]
         deadline = min(down.deadline, time.time() + self.args.time_limit)
-        ack_timeout = float(down.hyperparameters.get("ack_timeout_s", 30.0))
+        ack_timeout = down.settings.ack_timeout_s
         async with self.window:
             while (  # this device's own copy (with --follower-only: the follower's)
                 not self.args.follower_only and dev.seen_round < rid and time.time() < deadline

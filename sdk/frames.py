@@ -1,0 +1,77 @@
+"""The wire frame, read in one place.
+
+    b"WKFL" | sha256(body) (32 bytes) | body
+
+`body` is a safetensors file: u64 header length (little endian), the JSON header (tensor
+entries, and in `__metadata__["wakefl"]` the message's JSON fields), the tensor data.
+`read_header` is the one reader of that header: the decoder uses it on untrusted bytes
+(sdk/messages.py, which then checks every entry and lets safetensors read the tensors),
+and the server's store on the frames it recorded (server/recorded_updates.py, which reads
+the tensors straight from the file).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+MAGIC = b"WKFL"
+HASH_LEN = hashlib.sha256().digest_size
+PREFIX_LEN = len(MAGIC) + HASH_LEN  # the body starts here
+# The JSON header holds per-device scalars for every sampled device of a downlink.
+MAX_HEADER_BYTES = 8 * 1024 * 1024
+
+
+class FrameError(ValueError):
+    """A frame header that cannot be read; `reason` is a reject code (`malformed`)."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class FrameHeader:
+    """The message's JSON fields, the safetensors entries of its tensors (unchecked), and
+    where the tensor data starts, counted from the start of the body."""
+
+    meta: dict[str, Any]
+    entries: dict[str, Any]
+    data_start: int
+
+
+def _json(text: bytes | str, what: str) -> Any:
+    # Besides JSONDecodeError, json.loads raises ValueError for integers of more than 4300
+    # digits and RecursionError for deeply nested arrays: all are the sender's fault.
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise FrameError("malformed", f"{what} is not acceptable JSON: {str(exc)[:200]}") from None
+
+
+def header_length(first8: bytes, body_len: int | None = None) -> int:
+    """The JSON header's length from the body's first 8 bytes, within MAX_HEADER_BYTES
+    and (when known) the body's length."""
+    if len(first8) < 8:
+        raise FrameError("malformed", "body shorter than a safetensors header")
+    hlen = int.from_bytes(first8[:8], "little")
+    if hlen > MAX_HEADER_BYTES or (body_len is not None and 8 + hlen > body_len):
+        raise FrameError("malformed", f"safetensors header length {hlen} out of bounds")
+    return hlen
+
+
+def read_header(raw: bytes | memoryview, hlen: int) -> FrameHeader:
+    """Parse the `hlen` bytes of a body's JSON header."""
+    header = _json(bytes(raw[:hlen]), "safetensors header")
+    if not isinstance(header, dict):
+        raise FrameError("malformed", "safetensors header is not an object")
+    st_meta = header.pop("__metadata__", None)
+    if not isinstance(st_meta, dict) or not isinstance(st_meta.get("wakefl"), str):
+        raise FrameError("malformed", "no wakefl metadata in the safetensors header")
+    meta = _json(st_meta["wakefl"], "wakefl metadata")
+    if not isinstance(meta, dict):
+        raise FrameError("malformed", "wakefl metadata is not an object")
+    return FrameHeader(meta, header, 8 + hlen)

@@ -1,0 +1,152 @@
+"""Reading what the store wrote: a recorded update file (the uplink frame as received)
+straight into tensors, a round's updates as a lazy view, and the server state file."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from wakefl.errors import ConfigError
+from wakefl.sdk import frames, update_codec
+from wakefl.sdk.messages import Uplink
+from wakefl.sdk.selffl.strategy import ClientResult, ServerState
+
+
+def server_state_to_bytes(state: ServerState) -> bytes:
+    tensors = {"global_params": state.global_params.detach().cpu().contiguous().clone()}
+    for k, v in state.tensors.items():
+        tensors[f"t.{k}"] = v.detach().cpu().contiguous().clone()
+    meta = {"round_id": state.round_id, "scalars": state.scalars, "clients": state.clients}
+    return st_save(tensors, metadata={"wakefl_server_state": json.dumps(meta)})
+
+
+def server_state_from_bytes(data: bytes) -> ServerState:
+    hlen = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + hlen])
+    meta = json.loads(header["__metadata__"]["wakefl_server_state"])
+    tensors = st_load(data)
+    return ServerState(
+        round_id=int(meta["round_id"]),
+        global_params=tensors.pop("global_params"),
+        tensors={k[2:]: v for k, v in tensors.items()},
+        scalars={k: float(v) for k, v in meta["scalars"].items()},
+        clients={c: {k: float(v) for k, v in d.items()} for c, d in meta["clients"].items()},
+    )
+
+
+_FILE_DTYPES = {"F32": torch.float32, "F16": torch.float16, "I8": torch.int8}
+BaseFn = Callable[[], torch.Tensor]
+
+
+def _recorded_params(
+    tensors: dict[str, torch.Tensor], meta: dict[str, Any], base: BaseFn | None
+) -> torch.Tensor:
+    """The update's float32 parameters: the plain tensor, or a packed update (protocol v4)
+    rebuilt from the round's global model `base()`. Its checksum was verified on receipt,
+    against the same base, so it is not recomputed here."""
+    codec = meta.get("codec")
+    if codec is None:
+        return tensors.pop("params").float()
+    if base is None:
+        raise ValueError("a packed update needs its round's global model to be read")
+    parts = {k[len("params.") :]: tensors.pop(k) for k in list(tensors) if k.startswith("params.")}
+    packed = update_codec.Packed(
+        codec["name"], int(codec["numel"]), int(codec["block"]), parts, codec["sha256"]
+    )
+    return update_codec.decode(packed, base())
+
+
+def read_recorded_update(
+    path: Path, expected_numel: int | None = None, base: BaseFn | None = None
+) -> Uplink:
+    """One update file written by `StateStore.record_update`, read straight into tensors.
+
+    The file is the uplink frame the server validated on receipt (hash, header, dtypes,
+    shapes, finiteness, a packed update's checksum) and fsynced before acknowledging it, so
+    it is trusted here: no re-hashing and no second safetensors parse, each tensor is read
+    once from the file into its own buffer. A packed update is rebuilt from `base()`, the
+    round's global model. A truncated or foreign file raises ConfigError."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(frames.PREFIX_LEN + 8)
+            if len(head) != frames.PREFIX_LEN + 8 or head[: len(frames.MAGIC)] != frames.MAGIC:
+                raise ValueError("not a wakefl frame")
+            hlen = frames.header_length(head[frames.PREFIX_LEN :])
+            header = frames.read_header(f.read(hlen), hlen)
+            meta = header.meta
+            data_start = frames.PREFIX_LEN + header.data_start
+            tensors: dict[str, torch.Tensor] = {}
+            for name, entry in header.entries.items():
+                t = torch.empty(entry["shape"], dtype=_FILE_DTYPES[entry["dtype"]])
+                start, end = entry["data_offsets"]
+                f.seek(data_start + start)
+                if f.readinto(t.numpy().data.cast("B")) != end - start:
+                    raise ValueError(f"tensor {name!r} is truncated")
+                tensors[name] = t
+        params = _recorded_params(tensors, meta, base)
+        if expected_numel is not None and params.numel() != expected_numel:
+            raise ValueError(f"{params.numel()} parameters, the model has {expected_numel}")
+        return Uplink(
+            fleet=meta["fleet"],
+            run_id=meta["run_id"],
+            device_id=meta["device_id"],
+            device_type=meta["device_type"],
+            round_id=int(meta["round_id"]),
+            params=params,
+            num_samples=int(meta["num_samples"]),
+            record={k: float(v) for k, v in meta.get("record", {}).items()},
+            relative_fa=meta.get("relative_fa"),
+            relative_fr=meta.get("relative_fr"),
+            tensors={k[2:]: v.float() for k, v in tensors.items()},
+            version=int(meta["v"]),
+        )
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # JSONDecodeError is a ValueError
+        raise ConfigError(f"recorded update {path} is unreadable: {exc}") from exc
+
+
+class UpdateView:
+    """The accepted updates of one round as `ClientResult`s, read from disk one at a time
+    on each iteration (re-iterable; memory O(d) whatever the number of updates)."""
+
+    def __init__(
+        self,
+        root: Path,
+        rows: list[dict[str, Any]],
+        round_id: int,
+        expected_numel: int | None,
+        max_bytes: int,
+        base: BaseFn | None = None,
+    ) -> None:
+        self.round_id = round_id
+        self._root = root
+        self._expected = expected_numel
+        self._max_bytes = max_bytes
+        self._base = base  # the round's global model, for packed updates (called lazily)
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __iter__(self) -> Iterator[ClientResult]:
+        return self.only(range(len(self.rows)))
+
+    def only(self, indices: Iterable[int]) -> Iterator[ClientResult]:
+        """The updates of the rows at `indices`, read one at a time."""
+        for row in (self.rows[i] for i in indices):
+            msg = read_recorded_update(self._root / row["path"], self._expected, self._base)
+            scalars = dict(msg.record)
+            yield ClientResult(
+                client_id=msg.device_id,
+                round_id=msg.round_id,
+                params=msg.params,
+                num_samples=msg.num_samples,
+                scalars=scalars,
+                tensors=msg.tensors,
+                group=msg.device_type,
+            )

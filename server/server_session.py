@@ -1,0 +1,80 @@
+"""What the parts of one server process share: its configuration, the store, the open
+round, the current downlink, the MQTT link, one lock and the condition that wakes the
+round loop. The parts (server/ingest.py, server/round_runner.py, the aggregations) hold
+one `ServerSession` each; a role (single server, sharded coordinator, worker) is a
+choice of parts around it."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from torch import Tensor
+
+from wakefl.errors import ProtocolError
+from wakefl.sdk import topics
+from wakefl.sdk.messages import Downlink, decode_as
+from wakefl.sdk.mqtt_link import MqttLink
+from wakefl.server.admission import OpenRound
+from wakefl.server.server_config import ServerConfig
+from wakefl.server.state_store import StateStore
+
+log = logging.getLogger("wakefl.server")
+
+Progress = Callable[[str], None]
+
+
+class ServerSession:
+    def __init__(self, config: ServerConfig, progress: Progress | None = None) -> None:
+        self.cfg = config
+        self.progress: Progress = progress or (lambda line: print(line, flush=True))
+        self.store = StateStore(config.state_dir)
+        self.run_id = self.store.run_id()
+        self.numel = int(config.initial_params.numel())
+        self.lock = threading.RLock()
+        self.changed = threading.Condition(self.lock)
+        self.open_round: OpenRound | None = None
+        self.downlink: bytes | None = None  # the downlink now published
+        self.republish = False  # the broker may have lost the retained downlink
+        self.link: MqttLink | None = None
+        self.stop_event = threading.Event()
+        self.static = config.devices is not None
+        self._base: tuple[bytes, Tensor] | None = None  # a downlink and its global model
+        # The open round's global model (the server's float32 copy, not the downlink's),
+        # and each accepted update's screening distance to it, taken at ingest while the
+        # decoded update is in memory: aggregation then reads no update just to screen it.
+        # In memory only: after a restart the distances are taken again from the files.
+        self.global_params: Tensor | None = None
+        self.norms: dict[tuple[int, str], float] = {}
+        for dev, typ in (config.devices or {}).items():
+            topics.check_name(dev, "device id")
+            topics.check_name(typ, "device type")
+            self.store.register_device(dev, typ, "registry")
+
+    def registry(self) -> dict[str, str]:
+        """Registered devices and their types (only those of `--devices` when given)."""
+        reg = self.store.devices()
+        listed = self.cfg.devices
+        if listed is not None:
+            return {d: t for d, t in reg.items() if d in listed}
+        return reg
+
+    def round_base(self, payload: bytes | None = None) -> Tensor:
+        """The global model of a downlink (default: the current one) exactly as the devices
+        decode it, the base of packed updates; decoded once per downlink."""
+        payload = payload if payload is not None else self.downlink
+        assert payload is not None, "no downlink published yet"
+        if self._base is None or self._base[0] is not payload:
+            down = decode_as(payload, Downlink, max_bytes=self.cfg.max_bytes)
+            self._base = (payload, down.global_params)
+        return self._base[1]
+
+    def publish(self, topic: str, payload: bytes, what: str) -> None:
+        """Publish without waiting for the broker; a failure is logged by the caller's
+        `what` and never raised (acks are answers, their loss is recovered by re-sends)."""
+        assert self.link is not None
+        try:
+            self.link.publish(topic, payload, wait=False)
+        except ProtocolError as exc:
+            log.warning("%s not sent: %s", what, exc)
