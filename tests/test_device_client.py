@@ -465,34 +465,38 @@ def _wait(pred, timeout: float = 20.0) -> bool:
     return False
 
 
-def test_embedding_example_runs(tiny_corpus):
-    """tools/examples/device_app.py (the README's "Embedding the SDK") runs end to end."""
+def test_embedding_example_runs(tiny_corpus, tmp_path):
+    """tools/examples/device_app.py (the README's "Embedding the SDK") runs end to end from
+    the shipped model, keeps the model it exports, and detects at that model's threshold."""
+    import os
     import subprocess
     import sys
     from pathlib import Path
 
+    from wakefl.edge_runtime import OnnxScorer
+    from wakefl.models.kws_cnn.pretrained import pretrained_card
+
     script = Path(__file__).resolve().parents[1] / "tools" / "examples" / "device_app.py"
+    out = tmp_path / "kept" / "served.onnx"
+    argv = [sys.executable, str(script), "--type", "B", "--model", "small", "--rounds", "1"]
     res = subprocess.run(
-        [
-            sys.executable,
-            str(script),
-            "--data",
-            str(tiny_corpus),
-            "--type",
-            "B",
-            "--width",
-            "0.05",
-            "--rounds",
-            "1",
-        ],
+        [*argv, "--data", str(tiny_corpus), "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=240,
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "took part in 1 round(s); 1 update(s) accepted" in res.stdout, res.stdout
-    assert "served model exported" in res.stdout and "streamed" in res.stdout, res.stdout
-    assert "serving the " in res.stdout, res.stdout
+    assert f"served model exported: {out}" in res.stdout and "streamed" in res.stdout
+    assert "serving the " in res.stdout and "than served" not in res.stdout, res.stdout
+    threshold = pretrained_card("small")["threshold"]
+    assert OnnxScorer(out).shipped_threshold == threshold  # kept, with the shipped threshold
+    assert f"detecting at threshold {threshold:.4f}" in res.stdout, res.stdout
+    # Its default corpus is the demo's; without it, one line says what to do.
+    env = {**os.environ, "WAKEFL_CACHE": str(tmp_path / "empty-cache")}
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+    assert res.returncode != 0 and "scripts/demo.sh" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
 
 
 def test_truncated_wav_in_local_data_is_refused_with_a_clear_error(tmp_path):

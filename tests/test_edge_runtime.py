@@ -11,6 +11,7 @@ import textwrap
 import wave
 
 import numpy as np
+import onnx
 import pytest
 import soundfile as sf
 
@@ -241,3 +242,49 @@ def test_cli_edge_detect(tiny_kws_onnx, hey_nova_wav, tmp_path):
         assert r.returncode != 0 and needle in r.stderr and "Traceback" not in r.stderr
     r = _edge_cli("--model", str(tmp_path / "none.onnx"), str(hey_nova_wav))
     assert r.returncode != 0 and "not found" in r.stderr and "Traceback" not in r.stderr
+
+
+def _with_threshold(src, dst, threshold: float, source: str):
+    """A copy of an exported model whose metadata carries a shipped threshold."""
+    proto = onnx.load(str(src))
+    for key, value in (("shipped_threshold", json.dumps(threshold)), ("threshold_source", source)):
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.save_model(proto, str(dst))
+    return dst
+
+
+def test_detector_defaults_to_the_models_shipped_threshold(tiny_kws_onnx, speech, tmp_path):
+    plain = OnnxScorer(tiny_kws_onnx)
+    raw = detect_audio(plain, speech, threshold=0.0).scores
+    # A threshold among the posteriors: some windows reach it, others do not.
+    shipped = float(np.quantile(raw, 0.8))
+    scorer = OnnxScorer(_with_threshold(tiny_kws_onnx, tmp_path / "t.onnx", shipped, "its card"))
+    assert scorer.shipped_threshold == pytest.approx(shipped)
+    det = StreamingDetector(scorer)
+    assert det.threshold == pytest.approx(shipped) and "its card" in det.threshold_source
+    res = detect_audio(scorer, speech)
+    assert res.extra["threshold"] == pytest.approx(shipped)
+    assert res.events == detect_audio(plain, speech, threshold=shipped).events
+    # given explicitly, a threshold wins; a model without one runs at the fallback, saying so
+    assert StreamingDetector(scorer, threshold=0.3).threshold == 0.3
+    fallback = StreamingDetector(plain)
+    assert fallback.threshold == 0.5 and "no shipped threshold" in fallback.threshold_source
+    bad = _with_threshold(tiny_kws_onnx, tmp_path / "bad.onnx", 3.0, "x")
+    with pytest.raises(ConfigError, match="shipped_threshold"):
+        OnnxScorer(bad)
+
+
+def test_cli_edge_detect_runs_at_the_models_threshold_and_says_so(
+    tiny_kws_onnx, hey_nova_wav, tmp_path
+):
+    model = _with_threshold(tiny_kws_onnx, tmp_path / "t.onnx", 0.25, "the card of m")
+    r = _edge_cli("--model", str(model), str(hey_nova_wav), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["threshold"] == 0.25 and "the card of m" in out["threshold_source"]
+    r = _edge_cli("--model", str(tiny_kws_onnx), str(hey_nova_wav))
+    assert r.returncode == 0, r.stderr
+    assert "at threshold 0.5000 (0.5, a fallback" in r.stdout
+    r = _edge_cli("--help")
+    assert "shipped threshold" in " ".join(r.stdout.split())
