@@ -676,7 +676,7 @@ def _det_curves(
             (BASELINE, base, cell.op.baseline_threshold),
             (cell.name, cand, cell.op.candidate_threshold),
         ):
-            if name not in curves:
+            if name not in curves and (lab == 0).any():  # a DET curve needs negative clips
                 curves[name] = det_curve(s[lab == 1], s[lab == 0])
                 ops[name] = (fa_at(s[lab == 0], t), fr_at(s[lab == 1], t))
     return det, op_points
