@@ -38,7 +38,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     # warnings are noise here.
     quiet_pip() { .venv/bin/python -m pip "$@" 2> >(grep -v "is ignored: it is neither" >&2); }
     quiet_pip install -q --upgrade "pip==26.3" "setuptools==80.9.0" wheel
-    quiet_pip install -q -e ".[dev]"
+    quiet_pip install -q -e ".[full,dev]"
     echo "$want" >"$stamp"
 fi
 echo "[setup] ready: $(.venv/bin/python -c 'import torch, torchaudio; print("torch", torch.__version__, "torchaudio", torchaudio.__version__)')"

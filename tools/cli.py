@@ -26,6 +26,24 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# The commands a core install (numpy + onnxruntime, no torch) runs; the others need the
+# `full` extra.
+CORE_COMMANDS = ("edge",)
+
+
+def missing_extra(command: str, exc: ModuleNotFoundError) -> Exception:
+    """A module of the `full` extra is missing: a one-line error naming the extra; a
+    missing wakefl module is a broken install, and keeps its traceback."""
+    missing = (exc.name or "").split(".")[0]
+    if not missing or missing == "wakefl":
+        return exc
+    return WakeflError(
+        f"'wakefl {command}' needs the full install (missing the Python module "
+        f"'{missing}'): pip install 'wakefl[full]'; a core install runs only 'wakefl "
+        f"{' / '.join(CORE_COMMANDS)}'"
+    )
+
+
 def _build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="wakefl", description=__doc__.split("\n")[0])
     parser.add_argument("--version", action="version", version=f"wakefl {__version__}")
@@ -39,7 +57,7 @@ def _build_parser(argv: list[str]) -> argparse.ArgumentParser:
             except ModuleNotFoundError as exc:
                 if exc.name == module:
                     raise WakeflError(f"command '{name}' is not available in this build") from exc
-                raise
+                raise missing_extra(name, exc) from None
             mod.register(sub)
         else:
             sub.add_parser(name, help=help_text)
@@ -55,7 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         if func is None:
             parser.print_help()
             return 2
-        result = func(args)
+        try:
+            result = func(args)
+        except ModuleNotFoundError as exc:
+            raise missing_extra(args.command, exc) from None
         return int(result or 0)
     except WakeflError as exc:
         print(f"wakefl: error: {exc}", file=sys.stderr)
