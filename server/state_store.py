@@ -636,6 +636,15 @@ class StateStore:
             counts[reason] = counts.get(reason, 0) + n
         return counts
 
+    def recent_rejections(self, limit: int = 20) -> list[dict[str, Any]]:
+        """The newest committed rejections (time, reason, device, round, detail), newest
+        first: what `wakefl status` shows an operator."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM rejection_log ORDER BY at DESC LIMIT ?", (int(limit),)
+            ).fetchall()
+        return [dict(r) for r in rows]
+
 
 class _PendingRejections:
     """Rejections counted since the last commit: exact counts per reason, bounded log rows

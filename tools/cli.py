@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "provision": ("wakefl.tools.cli_provision", "provision broker credentials for a device"),
     "experiment": ("wakefl.tools.cli_experiment", "the paper's wake-word study"),
     "demo": ("wakefl.tools.cli_demo", "a small federation end to end, with a report"),
+    "status": ("wakefl.tools.cli_status", "the fleet as the server recorded it"),
 }
 
 
