@@ -527,24 +527,26 @@ class AggregationServer:
             reg = self.registry()
             if dev not in reg:
                 if self._static:
-                    self._reject(
-                        "unknown_device", f"hello from unregistered {dev!r}", dev, None, None
-                    )
+                    self._refuse_hello(dev, "unknown_device", f"{dev!r} is not in the fleet")
                     return
                 self.store.register_device(dev, msg.device_type, "hello")
                 reg[dev] = msg.device_type
             if reg[dev] != msg.device_type:
-                self._reject(
-                    "wrong_device_type",
-                    f"hello from {dev!r} as {msg.device_type!r}, registered as {reg[dev]!r}",
+                self._refuse_hello(
                     dev,
-                    None,
-                    None,
+                    "wrong_device_type",
+                    f"{dev!r} says type {msg.device_type!r}, registered as {reg[dev]!r}",
                 )
                 return
             self.store.set_online(dev, msg.online)
             self._changed.notify_all()
         log.info("device %s (%s) %s", dev, msg.device_type, "online" if msg.online else "offline")
+
+    def _refuse_hello(self, dev: str, reason: str, detail: str) -> None:
+        """Count a refused Hello and tell the device why (an ack answering "hello", round
+        0): a device the server never samples would otherwise not learn the reason."""
+        self._reject(reason, f"hello: {detail}", dev, None, None)
+        self._send_refusal(dev, 0, False, f"{reason}: {detail}"[:200], "hello")
 
     def _on_broker_dropped(self, topic: str, payload: bytes) -> None:
         """mosquitto's $SYS counter of messages it dropped (a client's queue was full, or

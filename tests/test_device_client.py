@@ -660,3 +660,56 @@ def test_unreadable_state_declines_the_first_sampled_round_then_fails(
         th.join(10)
         client.close()
         server.close()
+
+
+@pytest.mark.parametrize(
+    ("registry", "reason"),
+    [({"dev1": "B"}, "wrong_device_type"), ({"other": "A"}, "unknown_device")],
+)
+def test_a_device_the_server_refuses_says_why_and_stops(tmp_path, broker, registry, reason):
+    """The real server refuses the Hello of a device with the wrong type, or one not in its
+    fleet, and acks the refusal: the device ends its run naming the reason instead of
+    waiting, round after round, for a round that never samples it."""
+    import contextlib
+
+    from wakefl.errors import ConfigError, ProtocolError
+    from wakefl.sdk.selffl.registry import make_strategy
+    from wakefl.server.aggregation_server import AggregationServer, ServerConfig
+
+    fleet = f"refuse-{reason.replace('_', '-')}"
+    cfg = ServerConfig(
+        broker_url=broker.url,
+        state_dir=tmp_path / "server",
+        initial_params=get_flat_params(KwsCnn(CFG)),
+        model_config=CFG.to_dict(),
+        fleet=fleet,
+        rounds=1,
+        round_timeout=30,
+        devices=registry,
+        strategy_args=ARGS,
+        start_timeout=15,  # then the server gives up waiting for its fleet and returns
+    )
+    server = AggregationServer(cfg, make_strategy("selffl", **ARGS), progress=lambda s: None)
+
+    def serve() -> None:
+        with contextlib.suppress(ConfigError):  # no device of its fleet ever came online
+            server.run()
+
+    sth = threading.Thread(target=serve, daemon=True)
+    sth.start()
+    client = _client(tmp_path, broker, fleet)
+    th, out = _start(client)
+    try:
+        th.join(60)
+        assert not th.is_alive()
+        err = out.get("error")
+        assert isinstance(err, ProtocolError), out
+        assert f"the server refuses device dev1: {reason}" in str(err)
+    finally:
+        client.stop()
+        th.join(10)
+        client.close()
+        sth.join(30)
+        cleaner = MqttLink(broker.url, "cleaner", clean_start=True).connect()
+        cleaner.publish(topics.hello(fleet, "dev1"), b"", retain=True)
+        cleaner.close()
