@@ -29,11 +29,9 @@ def _add_identity_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--id", required=True, dest="device_id", help="device id (its MQTT client id)")
     p.add_argument("--type", required=True, dest="device_type", help="device type in the manifest")
     p.add_argument("--data", required=True, help="corpus manifest.csv")
-    p.add_argument(
-        "--broker",
-        required=True,
-        help="broker URL: mqtt://[user:pass@]host[:port] or mqtts://...?ca=CA.pem",
-    )
+    from wakefl.tools.broker_option import HELP
+
+    p.add_argument("--broker", default=None, help=HELP)
     p.add_argument("--state", required=True, help="folder for the device's persistent state")
     p.add_argument("--fleet", default="default", help="fleet name (default: default)")
     p.add_argument(
@@ -115,6 +113,7 @@ def _run(args: argparse.Namespace) -> int:
     import torch
 
     from wakefl.sdk.device_client import DeviceClient
+    from wakefl.tools.broker_option import resolve_broker
 
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
@@ -132,7 +131,7 @@ def _run(args: argparse.Namespace) -> int:
         train,
         args.state,
         validation=val,
-        broker_url=args.broker,
+        broker_url=resolve_broker(args.broker),
         fleet=args.fleet,
         seed=args.seed,
         ack_timeout_s=args.ack_timeout,

@@ -42,7 +42,8 @@ def _parse_value(text: str) -> Any:
 
 def load_initial_model(path: str | None, width: float, seed: int) -> tuple[Any, dict[str, Any]]:
     """(flat params, model config dict) from a wakefl checkpoint (with its .json config),
-    a flat safetensors file holding one 1-D tensor `params`, or a fresh model."""
+    a shipped model (`pretrained:full`, `pretrained:small`), a flat safetensors file
+    holding one 1-D tensor `params`, or a fresh model."""
     import torch
 
     from wakefl.models.kws_cnn import KwsCnn, ModelConfig, get_flat_params, load_model
@@ -51,6 +52,11 @@ def load_initial_model(path: str | None, width: float, seed: int) -> tuple[Any, 
         torch.manual_seed(seed)
         cfg = ModelConfig(width=width)
         return get_flat_params(KwsCnn(cfg)).detach().clone(), cfg.to_dict()
+    if path.startswith("pretrained:"):
+        from wakefl.tools.warm_start import resolve_baseline
+
+        # The shipped model as a cached checkpoint, as `wakefl demo` and `eval` take it.
+        path = str(resolve_baseline(path, None, width=0.0, progress=False))
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"initial model {p} does not exist")
@@ -89,6 +95,7 @@ def _handler(args: argparse.Namespace) -> int:
     from wakefl.sdk.selffl.registry import make_strategy
     from wakefl.server.aggregation_server import ServerConfig
     from wakefl.server.broker import ManagedBroker
+    from wakefl.tools.broker_option import resolve_broker
 
     torch.set_num_threads(1)
     logging.basicConfig(
@@ -98,6 +105,7 @@ def _handler(args: argparse.Namespace) -> int:
     strategy_args = _strategy_args(args)
     strategy = make_strategy(args.strategy, **strategy_args)
     state = Path(args.state)
+    args.broker = resolve_broker(args.broker)
     if args.role == "worker" and args.broker == "embedded":
         raise ConfigError("--role worker joins a coordinator's broker: pass its --broker URL")
     if args.role == "worker":
@@ -174,14 +182,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _add_fleet_options(p: argparse.ArgumentParser) -> None:
     """The broker, the state folder, the fleet and how its devices are grouped."""
+    from wakefl.tools.broker_option import HELP
+
     p.add_argument(
-        "--broker",
-        required=True,
-        help="mqtt://[user:pass@]host:port, mqtts://...?ca=CA.pem, or 'embedded' "
-        "(a managed mosquitto on 127.0.0.1)",
+        "--broker", default=None, help=HELP + "; 'embedded': a managed mosquitto on 127.0.0.1"
     )
     p.add_argument("--state", required=True, help="state directory (SQLite + models + updates)")
-    p.add_argument("--fleet", default="default")
+    p.add_argument(
+        "--fleet", default="default", help="fleet name, the topics' prefix (default 'default')"
+    )
     p.add_argument(
         "--role",
         choices=["single", "coordinator", "worker"],
@@ -216,23 +225,44 @@ def _add_round_options(p: argparse.ArgumentParser) -> None:
         "before a round starts (default: see --start-grace)",
     )
     p.add_argument(
-        "--round-timeout", type=float, default=600.0, help="seconds per round (deadline)"
+        "--round-timeout",
+        type=float,
+        default=600.0,
+        help="seconds per round, its deadline (default 600)",
     )
-    p.add_argument("--rounds", type=int, default=10)
-    p.add_argument("--activity-rate", type=float, default=1.0, help="share C of devices sampled")
+    p.add_argument("--rounds", type=int, default=10, help="rounds in the run (default 10)")
+    p.add_argument(
+        "--activity-rate",
+        type=float,
+        default=1.0,
+        help="share C of the devices sampled per round (default 1.0)",
+    )
 
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
     """The starting model, the device registry and the strategy."""
-    p.add_argument("--init-model", default=None, help="warm-start checkpoint (.safetensors)")
-    p.add_argument("--width", type=float, default=1.0, help="model width without --init-model")
+    p.add_argument(
+        "--init-model",
+        default=None,
+        help="the model the fleet starts from: a checkpoint (.safetensors with its .json) or "
+        "a shipped model, pretrained:full or pretrained:small (default: a randomly "
+        "initialised model of --width)",
+    )
+    p.add_argument(
+        "--width", type=float, default=1.0, help="model width without --init-model (default 1.0)"
+    )
     p.add_argument(
         "--devices",
         default=None,
         help="registry: ID:TYPE,... or a fleet.json from `wakefl provision`; "
         "without it devices register with their first hello",
     )
-    p.add_argument("--strategy", default="selffl")
+    p.add_argument(
+        "--strategy",
+        default="selffl",
+        help="the federated strategy (default selffl; the baselines are listed in "
+        "sdk/selffl/baselines/README.md)",
+    )
     p.add_argument(
         "--strategy-arg",
         action="append",
@@ -258,7 +288,9 @@ def _add_wire_options(p: argparse.ArgumentParser) -> None:
         "the update relative to the round's global model in fp16 or int8 with one scale per "
         "256 entries (~0.25x the fp32 bytes); default: plain in --wire-dtype",
     )
-    p.add_argument("--ack-timeout", type=float, default=30.0, help="device re-send interval (s)")
+    p.add_argument(
+        "--ack-timeout", type=float, default=30.0, help="device re-send interval in s (default 30)"
+    )
 
 
 def _add_start_options(p: argparse.ArgumentParser) -> None:
@@ -277,6 +309,21 @@ def _add_start_options(p: argparse.ArgumentParser) -> None:
         "device before the first round, then start with those online "
         "(default: min(--round-timeout, 60))",
     )
-    p.add_argument("--embedded-port", type=int, default=None)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument(
+        "--embedded-port",
+        type=int,
+        default=None,
+        help="port of --broker embedded (default: a free one)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the device sampling and of a random --init-model (default 0)",
+    )
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="log at INFO level: connections, devices, each round",
+    )
