@@ -177,9 +177,7 @@ class MqttLink:
         self._pub_lock = threading.Lock()
         self._connected = False
         self._connect_error: str | None = None
-        # Set when a retry cannot help (refused credentials, an untrusted certificate):
-        # `connect` then stops waiting and says why.
-        self._fatal = False
+        self._fatal = False  # a retry cannot help: `connect` stops waiting and says why
         self.connects = 0  # number of successful (re)connections
         self.on_connect_hooks: list[Callable[[bool], None]] = []
 
