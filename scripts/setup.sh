@@ -19,8 +19,11 @@ if ((${#missing[@]})); then
     [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
     $sudo_cmd apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-    # The broker is started by wakefl itself on demand; the distribution's service is not used.
-    $sudo_cmd systemctl disable --now mosquitto >/dev/null 2>&1 || true
+    # wakefl starts its broker itself on demand. The service Debian starts with a mosquitto
+    # it has just installed is stopped; a mosquitto that was there before is left alone.
+    if [[ " ${missing[*]} " == *" mosquitto "* ]]; then
+        $sudo_cmd systemctl disable --now mosquitto >/dev/null 2>&1 || true
+    fi
 fi
 
 # --- Python virtual environment with the pinned dependencies.

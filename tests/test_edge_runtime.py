@@ -101,12 +101,22 @@ def test_bad_files_raise_audio_error(tmp_path, speech):
     _write_pcm(good, speech[:1600], SR, 2)
     (trunc := tmp_path / "trunc.wav").write_bytes(good.read_bytes()[:30])
     cases["truncated header"] = trunc
+    (cut := tmp_path / "cut.wav").write_bytes(good.read_bytes()[:1000])
+    cases["truncated samples"] = cut
     silent = tmp_path / "nodata.wav"
     _write_pcm(silent, np.zeros((0, 1)), SR, 2)
     cases["no samples"] = silent
     for path in cases.values():
         with pytest.raises(AudioError):
             load_audio(path, SR)
+    with pytest.raises(AudioError, match="truncated WAV.*declares 3200 bytes.*holds 956"):
+        load_audio(cut, SR)
+    # a streaming writer's placeholder size (0xFFFFFFFF) still reads what is there
+    data = bytearray(good.read_bytes())
+    at = data.index(b"data")
+    data[at + 4 : at + 8] = b"\xff\xff\xff\xff"
+    (streamed := tmp_path / "streamed.wav").write_bytes(bytes(data))
+    assert load_audio(streamed, SR).size == 1600
 
 
 def test_runtime_imports_without_torch(tiny_kws_onnx):
@@ -288,3 +298,17 @@ def test_cli_edge_detect_runs_at_the_models_threshold_and_says_so(
     assert "at threshold 0.5000 (0.5, a fallback" in r.stdout
     r = _edge_cli("--help")
     assert "shipped threshold" in " ".join(r.stdout.split())
+
+
+@pytest.mark.slow  # a CLI subprocess scoring 30 s of audio
+def test_output_into_a_closed_pipe_ends_quietly(tiny_kws_onnx, speech, tmp_path):
+    """`wakefl edge detect ... | head`: the reader leaves early; no traceback."""
+    wav = tmp_path / "long.wav"
+    _write_pcm(wav, np.tile(speech, 4), SR, 2)  # 3,000 posteriors: more than a pipe holds
+    cli = f"{sys.executable} -m wakefl.tools.cli edge detect --model {tiny_kws_onnx}"
+    cmd = f"{cli} {wav} --hop 0.01 --posteriors --json | head -c 100 >/dev/null"
+    r = subprocess.run(
+        ["bash", "-c", cmd + "; exit ${PIPESTATUS[0]}"], capture_output=True, text=True, timeout=120
+    )
+    assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
+    assert r.returncode == 141

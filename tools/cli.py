@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from wakefl import __version__
@@ -46,7 +47,11 @@ def missing_extra(command: str, exc: ModuleNotFoundError) -> Exception:
 
 
 def _build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="wakefl", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="wakefl",
+        description="wakefl: on-device wake-word personalization with federated learning "
+        "(Self-FL). `wakefl COMMAND --help` describes each command.",
+    )
     parser.add_argument("--version", action="version", version=f"wakefl {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     # Only the chosen command's module is imported; the others are listed by name.
@@ -67,6 +72,9 @@ def _build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    from wakefl.tools.log_format import configure
+
+    configure()  # one format for every command's log lines; -v raises the level
     try:
         parser = _build_parser(argv)
         args = parser.parse_args(argv)
@@ -85,6 +93,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("wakefl: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader left (`wakefl ... | head`): stop quietly, as other commands do. Python
+        # would flush stdout again at exit and fail once more; point it at /dev/null.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
 import sys
-import time
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -114,15 +112,12 @@ def _run(args: argparse.Namespace) -> int:
 
     from wakefl.sdk.device_client import DeviceClient
     from wakefl.tools.broker_option import resolve_broker
+    from wakefl.tools.log_format import configure, progress_printer
 
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
+    configure(args.verbose)
     torch.set_num_threads(1)
 
-    def say(line: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
+    say = progress_printer("wakefl.device")
 
     train, val = _load_clips(args, say)
     client = DeviceClient(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -96,12 +95,10 @@ def _handler(args: argparse.Namespace) -> int:
     from wakefl.server.aggregation_server import ServerConfig
     from wakefl.server.broker import ManagedBroker
     from wakefl.tools.broker_option import resolve_broker
+    from wakefl.tools.log_format import configure, progress_printer
 
     torch.set_num_threads(1)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
+    configure(args.verbose)
     strategy_args = _strategy_args(args)
     strategy = make_strategy(args.strategy, **strategy_args)
     state = Path(args.state)
@@ -120,7 +117,8 @@ def _handler(args: argparse.Namespace) -> int:
     if url == "embedded":
         broker = ManagedBroker(state / "broker", port=args.embedded_port).start()
         url = broker.url
-        print(f"embedded broker: {url} (persistence in {state / 'broker'})", flush=True)
+        say = progress_printer("wakefl.server")
+        say(f"embedded broker: {url} (persistence in {state / 'broker'})")
     try:
         cfg = ServerConfig(
             broker_url=url,
@@ -152,20 +150,26 @@ def _handler(args: argparse.Namespace) -> int:
 def _run_role(args: argparse.Namespace, cfg: Any, strategy: Any) -> None:
     """One process (the default), or one of the processes of a sharded server sharing
     `--state` (docs/SCALE.md, "Sharded aggregation")."""
+    from wakefl.tools.log_format import progress_printer
+
+    say = progress_printer("wakefl.server")
     if args.role == "single":
         from wakefl.server.aggregation_server import AggregationServer
 
-        AggregationServer(cfg, strategy).run()
+        AggregationServer(cfg, strategy, progress=say).run()
     elif args.role == "coordinator":
         from wakefl.server.sharded_coordinator import ShardedCoordinator
 
-        ShardedCoordinator(cfg, strategy).run()
+        ShardedCoordinator(cfg, strategy, progress=say).run()
     else:
         from wakefl.server.aggregation_worker import AggregationWorker
 
         if not args.worker_id:
             raise ConfigError("--role worker needs --worker-id (unique among the workers)")
-        AggregationWorker(cfg, strategy, args.worker_id, group=args.share_group).run()
+        worker = AggregationWorker(
+            cfg, strategy, args.worker_id, group=args.share_group, progress=say
+        )
+        worker.run()
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

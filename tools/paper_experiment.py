@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from wakefl.errors import ConfigError, NonFiniteError
+from wakefl.progress_bars import bar_disabled
 
 SETTING_FULL = "full-participation"
 ACTIVITY_RATES = (0.25, 0.1)
@@ -581,7 +582,7 @@ class PaperStudy:
             total=rounds,
             desc=f"{label} lr={lr:g} C={activity_rate:g}",
             unit="round",
-            disable=not self.progress,
+            disable=bar_disabled(self.progress),
             leave=False,
         )
         try:

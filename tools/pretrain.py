@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from wakefl.errors import ConfigError
+from wakefl.progress_bars import bar_disabled
 
 STATE_WEIGHTS = "state.safetensors"
 STATE_INFO = "state.json"
@@ -163,7 +164,9 @@ def _decode_clips(rows: list[Any], manifest: Path, window: int, progress: bool) 
 
     waves = [
         load_clip(r.resolve(manifest), window)
-        for r in tqdm(rows, desc="decode clips", unit="clip", disable=not progress, leave=False)
+        for r in tqdm(
+            rows, desc="decode clips", unit="clip", disable=bar_disabled(progress), leave=False
+        )
     ]
     return np.stack(waves).astype(np.float32)
 
@@ -928,7 +931,7 @@ def _progress_bar(s: PretrainSettings, step: int, progress: bool) -> Any:
         initial=step,
         desc=f"pretrain w{s.width}",
         unit="step",
-        disable=not progress,
+        disable=bar_disabled(progress),
     )
 
 
