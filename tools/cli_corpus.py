@@ -38,8 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     i.add_argument(
         "--manifest",
         required=True,
-        help="CSV with path,label,device_type[,state,speaker,split,onset_s,offset_s] "
-        "(onset_s/offset_s: where the wake phrase lies in a long positive; tools/CORPUS.md)",
+        help="CSV with the columns path, label, device_type and optionally state, speaker, "
+        "split, onset_s, offset_s (onset_s/offset_s: where the wake phrase lies in a long "
+        "positive recording; tools/CORPUS.md)",
     )
     i.add_argument("--out", required=True, help="output folder (new, empty, or a failed import's)")
     i.add_argument("--force", action="store_true", help="replace a previous import's output folder")
