@@ -4,15 +4,18 @@ detection, with numpy and onnxruntime as the only third-party dependencies."""
 from .audio_input import load_audio, resample, to_float32
 from .onnx_scorer import OnnxScorer
 from .streaming_detector import (
+    FALLBACK_THRESHOLD,
     Detection,
     DetectionResult,
     StreamingDetector,
     WindowScorer,
     detect_audio,
     detect_file,
+    resolve_threshold,
 )
 
 __all__ = [
+    "FALLBACK_THRESHOLD",
     "Detection",
     "DetectionResult",
     "OnnxScorer",
@@ -22,5 +25,6 @@ __all__ = [
     "detect_file",
     "load_audio",
     "resample",
+    "resolve_threshold",
     "to_float32",
 ]

@@ -18,6 +18,9 @@ _EXTENSIBLE = 0xFFFE
 _MAX_RESAMPLE_SAMPLES = 16000 * 60 * 30
 
 
+_PLACEHOLDER_SIZES = (0, 0xFFFFFFFF)
+
+
 def _parse_riff(data: bytes, name: str) -> tuple[int, int, int, int, bytes]:
     """(format tag, channels, sample rate, bits per sample, sample bytes)."""
     if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
@@ -38,7 +41,14 @@ def _parse_riff(data: bytes, name: str) -> tuple[int, int, int, int, bytes]:
                 tag = struct.unpack("<H", body[24:26])[0]
             fmt = (tag, ch, rate, bits)
         elif cid == b"data":
-            # A truncated file or a streaming writer's placeholder size: take what exists.
+            # A streaming writer that could not seek back leaves a placeholder size (0 or
+            # 0xFFFFFFFF): take what exists. A real size the file does not hold is a file
+            # cut short (a failed copy, a full disk), refused rather than read as a stub.
+            if size not in _PLACEHOLDER_SIZES and len(body) < size:
+                raise AudioError(
+                    f"{name}: truncated WAV (its data chunk declares {size} bytes, the file "
+                    f"holds {len(body)})"
+                )
             samples = body
             break
         pos += 8 + size + (size & 1)

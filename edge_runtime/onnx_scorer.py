@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -11,10 +12,26 @@ from wakefl.errors import AudioError, ConfigError
 from .log_mel import LogMel, LogMelSpec
 
 
+def _metadata_threshold(path: Path, meta: dict[str, str]) -> float | None:
+    """The `shipped_threshold` of an exported model's metadata (None when it has none)."""
+    text = meta.get("shipped_threshold")
+    if text is None:
+        return None
+    try:
+        value = float(json.loads(text))
+    except (ValueError, TypeError):
+        raise ConfigError(f"{path}: metadata shipped_threshold {text!r} is not a number") from None
+    if not 0.0 <= value <= 1.0:
+        raise ConfigError(f"{path}: metadata shipped_threshold {value} is not in [0, 1]")
+    return value
+
+
 class OnnxScorer:
     """`score(windows [B, window_samples]) -> [B]` wake probabilities. The sample rate and
     window length come from the model's ONNX metadata; for a log-mel-input model (the
-    default export) so do the frontend's settings, and `log_mel` computes its input."""
+    default export) so do the frontend's settings, and `log_mel` computes its input.
+    `shipped_threshold` is the threshold the model ships with (None when its metadata
+    holds none), `threshold_source` says where it comes from."""
 
     def __init__(self, path: Path | str, threads: int = 1) -> None:
         import onnxruntime as ort
@@ -50,6 +67,9 @@ class OnnxScorer:
             ) from exc
         self.metadata = dict(meta)
         self.path = path
+        self.shipped_threshold = _metadata_threshold(path, meta)
+        # Where the shipped threshold comes from, in words ("" when there is none).
+        self.threshold_source = str(meta.get("threshold_source", ""))
         self._input = self._session.get_inputs()[0].name
         # A log-mel-input model: the frontend runs here, in numpy (edge_runtime.log_mel).
         self.log_mel: LogMel | None = None

@@ -6,6 +6,7 @@ so the events do not depend on how the stream was chunked."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -24,6 +25,27 @@ from .detection_rule import (
     refractory_hops,
 )
 from .log_mel import StreamingLogMel
+
+log = logging.getLogger("wakefl.edge")
+
+# The threshold of a model that carries none (a model exported before thresholds travelled
+# with it, or one never tuned): not an operating point, only a midpoint.
+FALLBACK_THRESHOLD = 0.5
+
+
+def resolve_threshold(scorer: object, threshold: float | None) -> tuple[float, str]:
+    """The threshold a detector runs at and where it comes from, in words: `threshold`
+    when given, else the model's shipped threshold (`scorer.shipped_threshold`, from the
+    ONNX metadata), else `FALLBACK_THRESHOLD`."""
+    if threshold is not None:
+        return float(threshold), "given"
+    shipped = getattr(scorer, "shipped_threshold", None)
+    if shipped is not None:
+        source = getattr(scorer, "threshold_source", "") or "its metadata"
+        return float(shipped), f"the model's shipped threshold ({source})"
+    return FALLBACK_THRESHOLD, (
+        f"{FALLBACK_THRESHOLD}, a fallback: the model carries no shipped threshold"
+    )
 
 
 class WindowScorer(Protocol):
@@ -58,11 +80,14 @@ class DetectionResult:
 
 
 class StreamingDetector:
+    """`threshold` None (the default) runs at the model's shipped threshold, from its ONNX
+    metadata, or at 0.5 when it carries none (logged); `threshold_source` says which."""
+
     def __init__(
         self,
         scorer: WindowScorer,
         hop_s: float = DEFAULT_HOP_S,
-        threshold: float = 0.5,
+        threshold: float | None = None,
         smoothing: int = DEFAULT_SMOOTHING,
         refractory_s: float = DEFAULT_REFRACTORY_S,
         max_batch: int = 16,
@@ -78,6 +103,9 @@ class StreamingDetector:
                 f"hop of {hop_s} s exceeds the model window "
                 f"({self.window_samples / self.sample_rate} s)"
             )
+        threshold, self.threshold_source = resolve_threshold(scorer, threshold)
+        if self.threshold_source != "given":
+            log.info("detection threshold %.4f: %s", threshold, self.threshold_source)
         if not (0.0 <= threshold <= 1.0):
             raise ConfigError(f"threshold must be in [0, 1], got {threshold}")
         if smoothing < 1:
@@ -165,13 +193,14 @@ def detect_audio(
     scorer: WindowScorer,
     audio: np.ndarray,
     hop_s: float = DEFAULT_HOP_S,
-    threshold: float = 0.5,
+    threshold: float | None = None,
     smoothing: int = DEFAULT_SMOOTHING,
     refractory_s: float = DEFAULT_REFRACTORY_S,
     max_batch: int = 16,
 ) -> DetectionResult:
     """Posteriors and events over a whole array at the scorer's sample rate. Audio shorter
-    than one window is left-padded with silence so it is scored once."""
+    than one window is left-padded with silence so it is scored once. `threshold` as in
+    `StreamingDetector`; the result's `extra` holds the threshold used and its source."""
     x = to_float32(audio)
     if x.size == 0:
         raise AudioError("no audio samples to score")
@@ -198,6 +227,7 @@ def detect_audio(
         events=events,
         duration_s=(x.size - pad) / det.sample_rate,
         sample_rate=det.sample_rate,
+        extra={"threshold": det.threshold, "threshold_source": det.threshold_source},
     )
 
 

@@ -36,8 +36,11 @@ if ((${#missing[@]})); then
     fi
     $sudo_cmd apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-    # The broker is started by wakefl itself on demand; the distribution's service is not used.
-    $sudo_cmd systemctl disable --now mosquitto >/dev/null 2>&1 || true
+    # wakefl starts its broker itself on demand. The service Debian starts with a mosquitto
+    # it has just installed is stopped; a mosquitto that was there before is left alone.
+    if [[ " ${missing[*]} " == *" mosquitto "* ]]; then
+        $sudo_cmd systemctl disable --now mosquitto >/dev/null 2>&1 || true
+    fi
 fi
 
 # --- Python virtual environment with the pinned dependencies.
@@ -55,7 +58,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     # warnings are noise here.
     quiet_pip() { .venv/bin/python -m pip "$@" 2> >(grep -v "is ignored: it is neither" >&2); }
     quiet_pip install -q --upgrade "pip==26.3" "setuptools==80.9.0" wheel
-    quiet_pip install -q -e ".[dev]"
+    quiet_pip install -q -e ".[full,dev]"
     echo "$want" >"$stamp"
 fi
 echo "[setup] ready: $(.venv/bin/python -c 'import torch, torchaudio; print("torch", torch.__version__, "torchaudio", torchaudio.__version__)')"

@@ -187,7 +187,10 @@ class DeviceClient(serving.ModelAccess):
                     return
                 if max_rounds is not None and summary.rounds_seen >= max_rounds:
                     return
-            # acks outside a wait are late duplicates: nothing to do
+            elif kind == "ack" and payload.answers == "hello" and not payload.accepted:
+                # The server refuses this device's Hello: it will never sample it.
+                raise ProtocolError(f"the server refuses device {self.device_id}: {payload.reason}")
+            # other acks outside a wait are late duplicates: nothing to do
 
     def close(self) -> None:
         """Leave the fleet and release the state folder."""

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 from tqdm import tqdm
 
 from wakefl.errors import ConfigError, NonFiniteError
+from wakefl.progress_bars import bar_disabled
 
 LossFn = Callable[[Tensor, Tensor], Tensor]
 
@@ -179,7 +180,7 @@ def train_supervised(
                 bar = tqdm(
                     loader,
                     desc=f"epoch {epoch + 1}/{epochs}",
-                    disable=not progress,
+                    disable=bar_disabled(progress),
                     leave=False,
                     unit="batch",
                 )

@@ -105,6 +105,39 @@ def parse_broker_url(
     )
 
 
+def diagnose_connection(url: BrokerURL, timeout: float = 5.0) -> tuple[str | None, bool]:
+    """Why a connection to the broker fails, found by a plain TCP connection and, for
+    mqtts, a TLS handshake with the same CA and client certificate: (the cause in words
+    or None when both succeed, whether retrying cannot help)."""
+    import socket
+    import ssl
+
+    try:
+        sock = socket.create_connection((url.host, url.port), timeout=timeout)
+    except OSError as exc:
+        return f"cannot reach {url.host}:{url.port} ({exc.strerror or exc})", False
+    if not url.tls:
+        sock.close()
+        return None, False
+    try:
+        ctx = ssl.create_default_context(cafile=url.ca_file)
+        if url.cert_file:
+            ctx.load_cert_chain(url.cert_file, url.key_file)
+        with ctx.wrap_socket(sock, server_hostname=url.host):
+            return None, False
+    except ssl.SSLCertVerificationError as exc:
+        hint = "" if url.ca_file else "; pass the CA that signed it: ?ca=ca.crt in the URL"
+        return (
+            f"TLS handshake failed: the broker's certificate is not trusted "
+            f"({exc.verify_message}){hint}",
+            True,
+        )
+    except (ssl.SSLError, OSError) as exc:
+        return f"TLS handshake failed: {exc}", False
+    finally:
+        sock.close()
+
+
 class MqttLink:
     """One MQTT v5 connection with a persistent session.
 
@@ -148,6 +181,7 @@ class MqttLink:
         self._pub_lock = threading.Lock()
         self._connected = False
         self._connect_error: str | None = None
+        self._fatal = False  # a retry cannot help: `connect` stops waiting and says why
         self.connects = 0  # number of successful (re)connections
         self.on_connect_hooks: list[Callable[[bool], None]] = []
         self._manual_ack = manual_ack
@@ -174,6 +208,7 @@ class MqttLink:
         c.reconnect_delay_set(min_delay=1, max_delay=10)
         c.max_queued_messages_set(0)
         c.on_connect = self._on_connect
+        c.on_connect_fail = self._on_connect_fail
         c.on_disconnect = self._on_disconnect
         c.on_publish = self._on_publish
         c.on_message = self._on_message
@@ -203,7 +238,8 @@ class MqttLink:
 
     def wait_connected(self, timeout: float) -> bool:
         with self._cond:
-            return self._cond.wait_for(lambda: self._connected, timeout)
+            self._cond.wait_for(lambda: self._connected or self._fatal, timeout)
+            return self._connected
 
     @property
     def connected(self) -> bool:
@@ -220,10 +256,16 @@ class MqttLink:
 
     def _on_connect(self, client, userdata, flags, reason_code, properties) -> None:
         if reason_code.is_failure:
-            self._connect_error = str(reason_code)
+            self._connect_error = f"the broker refused the connection: {reason_code}"
             log.warning("connection to %s refused: %s", self.url.redacted(), reason_code)
             if reason_code.value in (0x86, 0x87, 0x85):  # bad credentials / not authorized
+                self._connect_error += (
+                    f" (user {self.url.username!r}: check the password or the credentials file)"
+                )
                 client.disconnect()
+                with self._cond:  # the same credentials would be refused again
+                    self._fatal = True
+                    self._cond.notify_all()
             return
         present = bool(flags.session_present)
         with self._lock:
@@ -246,6 +288,20 @@ class MqttLink:
                 hook(present)
             except Exception:
                 log.exception("on-connect hook failed")
+
+    def _on_connect_fail(self, client, userdata) -> None:
+        """paho gives no reason for a failed attempt; the diagnosis finds it once, and an
+        untrusted certificate ends the waiting."""
+        if self._connect_error is not None:
+            return
+        why, fatal = diagnose_connection(self.url)
+        self._connect_error = why or "no answer"
+        if why:
+            log.warning("cannot connect to %s: %s", self.url.redacted(), why)
+        if fatal:
+            with self._cond:
+                self._fatal = True
+                self._cond.notify_all()
 
     def _on_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
         with self._cond:

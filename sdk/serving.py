@@ -188,17 +188,35 @@ def save_checkpoint(model: Any, path: str | Path) -> Path:
     return path
 
 
-def save_onnx(model: Any, path: str | Path, int8: bool = False) -> Path:
+def save_onnx(
+    model: Any, path: str | Path, int8: bool = False, operating_point: Any = None
+) -> Path:
     """`model` as ONNX for the edge runtime (log-mel in, probability out), written to a
-    temp name and renamed, so a detector that reloads the file never sees half of it."""
+    temp name and renamed, so a detector that reloads the file never sees half of it.
+    `operating_point` (models.kws_cnn.operating_point) goes into its metadata."""
     from wakefl.models.kws_cnn import export_onnx
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
-    export_onnx(model, tmp, int8=int8)
+    export_onnx(model, tmp, int8=int8, operating_point=operating_point)
     os.replace(tmp, path)
     return path
+
+
+def served_operating_point(st: DeviceState) -> Any:
+    """The threshold the served model is exported with: a shipped model's own when it is
+    one (the baseline before any switch, when the fleet started from a shipped model);
+    else the baseline's shipped threshold, with a note that the served model was not tuned
+    for it; None when the baseline is no shipped model."""
+    from wakefl.models.kws_cnn.operating_point import for_model
+
+    served = model_of(st, served_params(st), "served model")
+    baseline = (
+        model_of(st, st.baseline_params, "baseline") if st.baseline_params is not None else None
+    )
+    what = f"the served {st.served_name or 'baseline'} model (round {st.served_round})"
+    return for_model(served, baseline, what)
 
 
 class ModelAccess:
@@ -234,8 +252,15 @@ class ModelAccess:
 
     def export_onnx(self, path: str | Path, int8: bool = False) -> Path:
         """Hand the served model to the edge runtime: an ONNX file (log-mel in,
-        probability out) that `wakefl.edge_runtime.OnnxScorer` loads, written atomically."""
-        return save_onnx(self.served_model(), path, int8=int8)
+        probability out) that `wakefl.edge_runtime.OnnxScorer` loads, written atomically.
+        Its metadata carries the threshold to run it at (`served_operating_point`)."""
+        point = served_operating_point(self.state)
+        if point is None:
+            log.warning(
+                "the served model is exported without a threshold: its baseline is "
+                "no shipped model, so detectors fall back to 0.5"
+            )
+        return save_onnx(self.served_model(), path, int8=int8, operating_point=point)
 
 
 __all__ = [
@@ -245,5 +270,6 @@ __all__ = [
     "model_of",
     "save_checkpoint",
     "save_onnx",
+    "served_operating_point",
     "served_params",
 ]

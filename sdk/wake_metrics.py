@@ -445,13 +445,15 @@ def relative_by_subset(
     the clips) counts its false accepts and rejects at those thresholds, so its relative
     FR shows how well the match holds within it. The interval of each subset's relative
     FA is the paired bootstrap over `units` (`bootstrap_relative_fa_by_subset`), redoing
-    the operating point in every replicate. Without wake-word or without other clips in
-    the whole set no operating point exists: (None, figures with counts only).
+    the operating point in every replicate. Without wake-word clips in the whole set no
+    operating point exists: (None, figures with counts only); without other clips it is
+    set on the wake-word clips and no clip FA is measured.
     """
     base, cand, lab, grp = _subset_inputs(base_scores, cand_scores, labels, units)
     pos, neg = lab == 1, lab == 0
     masks = {k: np.asarray(m, dtype=bool).reshape(-1) for k, m in subsets.items()}
-    if not pos.any() or not neg.any():
+    # Negatives recorded as streams only: the operating point needs the wake-word clips alone.
+    if not pos.any():
         return None, {
             k: CellFigures(
                 int(np.count_nonzero(pos & m)),
@@ -462,6 +464,11 @@ def relative_by_subset(
         }
     op = operating_point(base[pos], cand[pos], target_fr, baseline_thr)
     with_neg = {k: m[neg] for k, m in masks.items() if (neg & m).any()}
+    if not with_neg:
+        return op, {
+            k: _cell_figures(base, cand, pos & m, neg & m, op, (None, None))
+            for k, m in masks.items()
+        }
     cis = bootstrap_relative_fa_by_subset(
         base[pos],
         base[neg],

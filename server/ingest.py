@@ -297,10 +297,19 @@ class Ingest:
             refusal = self._hello_refusal(msg, dev, topic)
             if refusal is not None:
                 self.carry_out(refusal)
+                self._tell_refused_hello(dev, refusal)
                 return
             self.s.store.set_online(dev, msg.online)
             self.s.changed.notify_all()
         log.info("device %s (%s) %s", dev, msg.device_type, "online" if msg.online else "offline")
+
+    def _tell_refused_hello(self, dev: str, refusal: Decision) -> None:
+        """Answer a Hello refused for its device (unknown, or of another type) with an ack
+        answering "hello", round 0: a device the server never samples would otherwise not
+        learn why."""
+        known_sender = refusal.reason in ("unknown_device", "wrong_device_type")
+        if known_sender and self._ack_throttle.allow(dev)[0]:
+            self.send_ack(dev, 0, False, f"{refusal.reason}: {refusal.detail}"[:200], "hello")
 
     def _hello_refusal(self, msg: Hello, dev: str, topic: str) -> Decision | None:
         """A hello that cannot stand (never acked), or None after registering its device
@@ -312,11 +321,11 @@ class Ingest:
         reg = self.s.registry()
         if dev not in reg:
             if self.s.static:
-                return refuse("unknown_device", f"hello from unregistered {dev!r}", dev, None, None)
+                return refuse("unknown_device", f"{dev!r} is not in the fleet", dev, None, None)
             self.s.store.register_device(dev, msg.device_type, "hello")
             reg[dev] = msg.device_type
         if reg[dev] != msg.device_type:
-            detail = f"hello from {dev!r} as {msg.device_type!r}, registered as {reg[dev]!r}"
+            detail = f"{dev!r} says type {msg.device_type!r}, registered as {reg[dev]!r}"
             return refuse("wrong_device_type", detail, dev, None, None)
         return None
 

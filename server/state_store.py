@@ -411,6 +411,15 @@ class StateStore:
         """Commit the pending rejections in one transaction; on failure they stay pending."""
         self._rejections.flush()
 
+    def recent_rejections(self, limit: int = 20) -> list[dict[str, Any]]:
+        """The newest committed rejections (time, reason, device, round, detail), newest
+        first: what `wakefl status` shows an operator."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM rejection_log ORDER BY at DESC LIMIT ?", (int(limit),)
+            ).fetchall()
+        return [dict(r) for r in rows]
+
     def rejection_counts(self) -> dict[str, int]:
         """Every rejection counted so far, committed or still pending."""
         with self._lock:

@@ -102,7 +102,7 @@ def tiny_kws_onnx(tiny_kws_model, tmp_path_factory) -> Path:
 
 
 # --- Test tiers ---------------------------------------------------------------------------
-# `pytest -m "not slow"` is the fast tier a developer runs while working (under a minute on
+# `pytest -m "not slow"` is the fast tier a developer runs while working (about 2 minutes on
 # 2 cores); CI runs every test. A test is in the slow tier when it needs the synthetic corpus
 # (about 15 s to build), a real MQTT broker, or is named below (several seconds alone:
 # training, CLI subprocesses, large exports). Whole modules marked with `pytestmark` and
@@ -118,6 +118,10 @@ SLOW_TESTS = frozenset(
     {
         "test_corpus_build.py::test_same_seed_gives_byte_identical_corpus",
         "test_edge_runtime.py::test_cli_edge_detect",
+        "test_edge_runtime.py::test_cli_edge_detect_runs_at_the_models_threshold_and_says_so",
+        "test_log_format.py::test_the_server_prints_its_progress_in_the_log_format",
+        "test_onnx_export.py::test_export_carries_the_threshold_of_the_weights_card",
+        "test_pretrained_models.py::test_an_exported_shipped_model_carries_its_threshold",
         "test_edge_runtime.py::test_events_do_not_depend_on_chunking_or_format",
         "test_kws_model.py::test_frontend_matches_librosa_on_speech",
         "test_onnx_export.py::test_cli_model_info_and_export",

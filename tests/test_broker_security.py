@@ -90,8 +90,13 @@ def test_wrong_password_plain_tcp_and_unknown_ca_are_refused(secure_broker, tmp_
     a_cfg, _, _, prov = secure_broker
     url = parse_broker_url(a_cfg["broker"])
     bad_pw = f"mqtts://dev-a:wrong@{url.host}:{url.port}?ca={url.ca_file}"
-    with pytest.raises(ProtocolError):
-        MqttLink(bad_pw, "dev-a").connect(3)
+    # Refused credentials and an untrusted certificate end the wait at once, with the cause
+    # (a wait of 400 s would run into the test's timeout).
+    with pytest.raises(ProtocolError, match="refused the connection.*check the password"):
+        MqttLink(bad_pw, "dev-a").connect(400)
+    no_ca = f"mqtts://dev-a:{a_cfg['password']}@{url.host}:{url.port}"
+    with pytest.raises(ProtocolError, match=r"not trusted.*\?ca=ca.crt"):
+        MqttLink(no_ca, "dev-a").connect(400)
     with pytest.raises(ProtocolError):  # no TLS on a TLS-only listener
         MqttLink(f"mqtt://dev-a:{a_cfg['password']}@{url.host}:{url.port}", "dev-a").connect(3)
     other_ca = tmp_path / "other"
@@ -99,7 +104,7 @@ def test_wrong_password_plain_tcp_and_unknown_ca_are_refused(secure_broker, tmp_
     from wakefl.server.broker_pki import ensure_ca
 
     ensure_ca(other_ca, "127.0.0.1")
-    with pytest.raises(ProtocolError):  # a server certificate this CA did not sign
+    with pytest.raises(ProtocolError, match="not trusted"):  # a certificate it did not sign
         MqttLink(
             f"mqtts://dev-a:{a_cfg['password']}@{url.host}:{url.port}?ca={other_ca / 'ca.crt'}",
             "dev-a",

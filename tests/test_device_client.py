@@ -463,34 +463,38 @@ def _wait(pred, timeout: float = 20.0) -> bool:
     return False
 
 
-def test_embedding_example_runs(tiny_corpus):
-    """tools/examples/device_app.py (the README's "Embedding the SDK") runs end to end."""
+def test_embedding_example_runs(tiny_corpus, tmp_path):
+    """tools/examples/device_app.py (the README's "Embedding the SDK") runs end to end from
+    the shipped model, keeps the model it exports, and detects at that model's threshold."""
+    import os
     import subprocess
     import sys
     from pathlib import Path
 
+    from wakefl.edge_runtime import OnnxScorer
+    from wakefl.models.kws_cnn.pretrained import pretrained_card
+
     script = Path(__file__).resolve().parents[1] / "tools" / "examples" / "device_app.py"
+    out = tmp_path / "kept" / "served.onnx"
+    argv = [sys.executable, str(script), "--type", "B", "--model", "small", "--rounds", "1"]
     res = subprocess.run(
-        [
-            sys.executable,
-            str(script),
-            "--data",
-            str(tiny_corpus),
-            "--type",
-            "B",
-            "--width",
-            "0.05",
-            "--rounds",
-            "1",
-        ],
+        [*argv, "--data", str(tiny_corpus), "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=240,
     )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "took part in 1 round(s); 1 update(s) accepted" in res.stdout, res.stdout
-    assert "served model exported" in res.stdout and "streamed" in res.stdout, res.stdout
-    assert "serving the " in res.stdout, res.stdout
+    assert f"served model exported: {out}" in res.stdout and "streamed" in res.stdout
+    assert "serving the " in res.stdout and "than served" not in res.stdout, res.stdout
+    threshold = pretrained_card("small")["threshold"]
+    assert OnnxScorer(out).shipped_threshold == threshold  # kept, with the shipped threshold
+    assert f"detecting at threshold {threshold:.4f}" in res.stdout, res.stdout
+    # Its default corpus is the demo's; without it, one line says what to do.
+    env = {**os.environ, "WAKEFL_CACHE": str(tmp_path / "empty-cache")}
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+    assert res.returncode != 0 and "scripts/demo.sh" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
 
 
 def test_truncated_wav_in_local_data_is_refused_with_a_clear_error(tmp_path):
@@ -654,3 +658,56 @@ def test_unreadable_state_declines_the_first_sampled_round_then_fails(
         th.join(10)
         client.close()
         server.close()
+
+
+@pytest.mark.parametrize(
+    ("registry", "reason"),
+    [({"dev1": "B"}, "wrong_device_type"), ({"other": "A"}, "unknown_device")],
+)
+def test_a_device_the_server_refuses_says_why_and_stops(tmp_path, broker, registry, reason):
+    """The real server refuses the Hello of a device with the wrong type, or one not in its
+    fleet, and acks the refusal: the device ends its run naming the reason instead of
+    waiting, round after round, for a round that never samples it."""
+    import contextlib
+
+    from wakefl.errors import ConfigError, ProtocolError
+    from wakefl.sdk.selffl.registry import make_strategy
+    from wakefl.server.aggregation_server import AggregationServer, ServerConfig
+
+    fleet = f"refuse-{reason.replace('_', '-')}"
+    cfg = ServerConfig(
+        broker_url=broker.url,
+        state_dir=tmp_path / "server",
+        initial_params=get_flat_params(KwsCnn(CFG)),
+        model_config=CFG.to_dict(),
+        fleet=fleet,
+        rounds=1,
+        round_timeout=30,
+        devices=registry,
+        strategy_args=ARGS,
+        start_timeout=15,  # then the server gives up waiting for its fleet and returns
+    )
+    server = AggregationServer(cfg, make_strategy("selffl", **ARGS), progress=lambda s: None)
+
+    def serve() -> None:
+        with contextlib.suppress(ConfigError):  # no device of its fleet ever came online
+            server.run()
+
+    sth = threading.Thread(target=serve, daemon=True)
+    sth.start()
+    client = _client(tmp_path, broker, fleet)
+    th, out = _start(client)
+    try:
+        th.join(60)
+        assert not th.is_alive()
+        err = out.get("error")
+        assert isinstance(err, ProtocolError), out
+        assert f"the server refuses device dev1: {reason}" in str(err)
+    finally:
+        client.stop()
+        th.join(10)
+        client.close()
+        sth.join(30)
+        cleaner = MqttLink(broker.url, "cleaner", clean_start=True).connect()
+        cleaner.publish(topics.hello(fleet, "dev1"), b"", retain=True)
+        cleaner.close()

@@ -11,6 +11,7 @@ import textwrap
 import wave
 
 import numpy as np
+import onnx
 import pytest
 import soundfile as sf
 
@@ -100,12 +101,22 @@ def test_bad_files_raise_audio_error(tmp_path, speech):
     _write_pcm(good, speech[:1600], SR, 2)
     (trunc := tmp_path / "trunc.wav").write_bytes(good.read_bytes()[:30])
     cases["truncated header"] = trunc
+    (cut := tmp_path / "cut.wav").write_bytes(good.read_bytes()[:1000])
+    cases["truncated samples"] = cut
     silent = tmp_path / "nodata.wav"
     _write_pcm(silent, np.zeros((0, 1)), SR, 2)
     cases["no samples"] = silent
     for path in cases.values():
         with pytest.raises(AudioError):
             load_audio(path, SR)
+    with pytest.raises(AudioError, match="truncated WAV.*declares 3200 bytes.*holds 956"):
+        load_audio(cut, SR)
+    # a streaming writer's placeholder size (0xFFFFFFFF) still reads what is there
+    data = bytearray(good.read_bytes())
+    at = data.index(b"data")
+    data[at + 4 : at + 8] = b"\xff\xff\xff\xff"
+    (streamed := tmp_path / "streamed.wav").write_bytes(bytes(data))
+    assert load_audio(streamed, SR).size == 1600
 
 
 def test_runtime_imports_without_torch(tiny_kws_onnx):
@@ -241,3 +252,63 @@ def test_cli_edge_detect(tiny_kws_onnx, hey_nova_wav, tmp_path):
         assert r.returncode != 0 and needle in r.stderr and "Traceback" not in r.stderr
     r = _edge_cli("--model", str(tmp_path / "none.onnx"), str(hey_nova_wav))
     assert r.returncode != 0 and "not found" in r.stderr and "Traceback" not in r.stderr
+
+
+def _with_threshold(src, dst, threshold: float, source: str):
+    """A copy of an exported model whose metadata carries a shipped threshold."""
+    proto = onnx.load(str(src))
+    for key, value in (("shipped_threshold", json.dumps(threshold)), ("threshold_source", source)):
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.save_model(proto, str(dst))
+    return dst
+
+
+def test_detector_defaults_to_the_models_shipped_threshold(tiny_kws_onnx, speech, tmp_path):
+    plain = OnnxScorer(tiny_kws_onnx)
+    raw = detect_audio(plain, speech, threshold=0.0).scores
+    # A threshold among the posteriors: some windows reach it, others do not.
+    shipped = float(np.quantile(raw, 0.8))
+    scorer = OnnxScorer(_with_threshold(tiny_kws_onnx, tmp_path / "t.onnx", shipped, "its card"))
+    assert scorer.shipped_threshold == pytest.approx(shipped)
+    det = StreamingDetector(scorer)
+    assert det.threshold == pytest.approx(shipped) and "its card" in det.threshold_source
+    res = detect_audio(scorer, speech)
+    assert res.extra["threshold"] == pytest.approx(shipped)
+    assert res.events == detect_audio(plain, speech, threshold=shipped).events
+    # given explicitly, a threshold wins; a model without one runs at the fallback, saying so
+    assert StreamingDetector(scorer, threshold=0.3).threshold == 0.3
+    fallback = StreamingDetector(plain)
+    assert fallback.threshold == 0.5 and "no shipped threshold" in fallback.threshold_source
+    bad = _with_threshold(tiny_kws_onnx, tmp_path / "bad.onnx", 3.0, "x")
+    with pytest.raises(ConfigError, match="shipped_threshold"):
+        OnnxScorer(bad)
+
+
+def test_cli_edge_detect_runs_at_the_models_threshold_and_says_so(
+    tiny_kws_onnx, hey_nova_wav, tmp_path
+):
+    model = _with_threshold(tiny_kws_onnx, tmp_path / "t.onnx", 0.25, "the card of m")
+    r = _edge_cli("--model", str(model), str(hey_nova_wav), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["threshold"] == 0.25 and "the card of m" in out["threshold_source"]
+    r = _edge_cli("--model", str(tiny_kws_onnx), str(hey_nova_wav))
+    assert r.returncode == 0, r.stderr
+    assert "at threshold 0.5000 (0.5, a fallback" in r.stdout
+    r = _edge_cli("--help")
+    assert "shipped threshold" in " ".join(r.stdout.split())
+
+
+@pytest.mark.slow  # a CLI subprocess scoring 30 s of audio
+def test_output_into_a_closed_pipe_ends_quietly(tiny_kws_onnx, speech, tmp_path):
+    """`wakefl edge detect ... | head`: the reader leaves early; no traceback."""
+    wav = tmp_path / "long.wav"
+    _write_pcm(wav, np.tile(speech, 4), SR, 2)  # 3,000 posteriors: more than a pipe holds
+    cli = f"{sys.executable} -m wakefl.tools.cli edge detect --model {tiny_kws_onnx}"
+    cmd = f"{cli} {wav} --hop 0.01 --posteriors --json | head -c 100 >/dev/null"
+    r = subprocess.run(
+        ["bash", "-c", cmd + "; exit ${PIPESTATUS[0]}"], capture_output=True, text=True, timeout=120
+    )
+    assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
+    assert r.returncode == 141

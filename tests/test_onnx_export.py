@@ -4,6 +4,7 @@ torch on real speech, and the int8 variant's agreement with fp32."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -127,7 +128,11 @@ def test_cli_model_info_and_export(tmp_path, tiny_kws_model, capsys):
     assert d["conv_layers"] + d["pool_layers"] == 11 and d["window_samples"] == 24000
 
     out = tmp_path / "cli.onnx"
-    assert main(["model", "export", "--width", "0.25", "--out", str(out), "--json"]) == 0
+    argv = ["model", "export", "--width", "0.25", "--out", str(out), "--json"]
+    # an untrained model is exported only when asked by name
+    assert main(argv) == 2 and "--random-weights" in capsys.readouterr().err
+    assert not out.exists()
+    assert main([*argv, "--random-weights"]) == 0
     assert json.loads(capsys.readouterr().out)["bytes"] == out.stat().st_size
     assert OnnxScorer(out).score(np.zeros((2, 24000), np.float32)).shape == (2,)
 
@@ -143,3 +148,41 @@ def test_cli_model_info_and_export(tmp_path, tiny_kws_model, capsys):
     )
     err = capsys.readouterr().err
     assert rc != 0 and "not found" in err and "Traceback" not in err
+
+
+def test_export_carries_the_threshold_of_the_weights_card(tiny_kws_model, tmp_path, capsys):
+    from wakefl.models.kws_cnn import save_model
+
+    weights = save_model(tiny_kws_model, tmp_path / "tuned.safetensors")
+    card = {"threshold": 0.8125, "hop_s": 0.1, "smoothing": 3, "refractory_s": 1.0}
+    weights.with_suffix(".card.json").write_text(json.dumps(card))
+    out = tmp_path / "tuned.onnx"
+    assert main(["model", "export", "--weights", str(weights), "--out", str(out)]) == 0
+    assert "shipped threshold 0.8125" in capsys.readouterr().out
+    proto = onnx.load(str(out))
+    meta = {p.key: p.value for p in proto.metadata_props}
+    assert json.loads(meta["shipped_threshold"]) == 0.8125 and json.loads(meta["smoothing"]) == 3
+    assert "tuned.safetensors" in meta["threshold_source"]
+    assert json.loads(out.with_suffix(".json").read_text())["shipped_threshold"] == 0.8125
+    assert OnnxScorer(out).shipped_threshold == 0.8125
+    # no file path of the exporting machine in the node metadata (the exporter's traces)
+    root = str(Path(__file__).resolve().parents[1])
+    values = [p.value for n in proto.graph.node for p in n.metadata_props]
+    assert values and not any(root in v or 'File "' in v for v in values)
+
+
+def test_shipped_models_are_recognised_and_a_fine_tune_takes_its_baselines_threshold():
+    from wakefl.models.kws_cnn import get_flat_params, set_flat_params
+    from wakefl.models.kws_cnn.operating_point import for_model, shipped_name
+    from wakefl.models.kws_cnn.pretrained import load_pretrained, pretrained_card
+
+    small = load_pretrained("small")
+    assert shipped_name(small) == "small"
+    point = for_model(small)
+    assert point is not None and point.threshold == pretrained_card("small")["threshold"]
+    tuned = load_pretrained("small")
+    set_flat_params(tuned, get_flat_params(tuned) * 1.001)
+    assert shipped_name(tuned) is None and for_model(tuned) is None
+    noted = for_model(tuned, small, "the personalized model of round 2")
+    assert noted is not None and noted.threshold == point.threshold
+    assert "baseline" in noted.source and "round 2 was not tuned" in noted.source

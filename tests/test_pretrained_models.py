@@ -98,3 +98,24 @@ def test_every_entry_point_starts_from_the_shipped_model(tmp_path) -> None:
         resolve_baseline(None, None, width=0.5, cache_dir=tmp_path, progress=False)
     with pytest.raises(ConfigError, match="shipped model"):
         resolve_baseline("pretrained:medium", None, width=0.25, cache_dir=tmp_path, progress=False)
+
+
+def test_an_exported_shipped_model_carries_its_threshold(tmp_path, capsys) -> None:
+    """fp32 and int8: the ONNX metadata and the sidecar hold the card's threshold, and the
+    edge runtime's detector runs at it by default."""
+    import json
+
+    from wakefl.edge_runtime import OnnxScorer, StreamingDetector
+    from wakefl.tools.cli import main
+
+    threshold = pretrained_card("small")["threshold"]
+    for extra in ([], ["--int8"]):
+        out = tmp_path / f"small{len(extra)}.onnx"
+        assert main(["model", "export", "--pretrained", "small", "--out", str(out), *extra]) == 0
+        captured = capsys.readouterr()
+        assert ("calibrating on synthetic audio" in captured.err) == bool(extra)
+        assert f"shipped threshold {threshold:.4f}" in captured.out
+        assert json.loads(out.with_suffix(".json").read_text())["shipped_threshold"] == threshold
+        scorer = OnnxScorer(out)
+        assert scorer.shipped_threshold == threshold
+        assert StreamingDetector(scorer).threshold == threshold

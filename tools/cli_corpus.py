@@ -36,7 +36,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     i = sub.add_parser("import", help="import your own recordings listed in a CSV")
     i.add_argument("--src", required=True, help="folder the CSV's relative paths start from")
     i.add_argument(
-        "--manifest", required=True, help="CSV with path,label,device_type[,state,speaker,split]"
+        "--manifest",
+        required=True,
+        help="CSV with the columns path, label, device_type and optionally state, speaker, "
+        "split, onset_s, offset_s (onset_s/offset_s: where the wake phrase lies in a long "
+        "positive recording; tools/CORPUS.md)",
     )
     i.add_argument("--out", required=True, help="output folder (new, empty, or a failed import's)")
     i.add_argument("--force", action="store_true", help="replace a previous import's output folder")

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import signal
 import sys
-import time
 
 from wakefl.sdk import topics
 
@@ -31,11 +29,9 @@ def _add_identity_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--id", required=True, dest="device_id", help="device id (its MQTT client id)")
     p.add_argument("--type", required=True, dest="device_type", help="device type in the manifest")
     p.add_argument("--data", required=True, help="corpus manifest.csv")
-    p.add_argument(
-        "--broker",
-        required=True,
-        help="broker URL: mqtt://[user:pass@]host[:port] or mqtts://...?ca=CA.pem",
-    )
+    from wakefl.tools.broker_option import HELP
+
+    p.add_argument("--broker", default=None, help=HELP)
     p.add_argument("--state", required=True, help="folder for the device's persistent state")
     p.add_argument(
         "--fleet",
@@ -121,15 +117,13 @@ def _run(args: argparse.Namespace) -> int:
     import torch
 
     from wakefl.sdk.device_client import DeviceClient
+    from wakefl.tools.broker_option import resolve_broker
+    from wakefl.tools.log_format import configure, progress_printer
 
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
+    configure(args.verbose)
     torch.set_num_threads(1)
 
-    def say(line: str) -> None:
-        print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
+    say = progress_printer("wakefl.device")
 
     train, val = _load_clips(args, say)
     client = DeviceClient(
@@ -138,7 +132,7 @@ def _run(args: argparse.Namespace) -> int:
         train,
         args.state,
         validation=val,
-        broker_url=args.broker,
+        broker_url=resolve_broker(args.broker),
         fleet=args.fleet,
         seed=args.seed,
         ack_timeout_s=args.ack_timeout,

@@ -14,14 +14,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     d = sub.add_parser("detect", help="detect the wake word in a WAV file")
     d.add_argument("audio", type=Path, help="WAV file (resampled and mixed down as needed)")
     d.add_argument("--model", type=Path, required=True, help="exported FILE.onnx")
-    d.add_argument("--threshold", type=float, default=0.5, help="on the smoothed posterior")
-    d.add_argument("--hop", type=float, default=0.1, help="seconds between scored windows")
-    d.add_argument("--smoothing", type=int, default=3, help="posteriors in the moving average")
+    d.add_argument(
+        "--threshold",
+        type=float,
+        default=None,
+        help="on the smoothed posterior (default: the model's shipped threshold, from its "
+        "ONNX metadata; 0.5 only for a model that carries none). The output says which",
+    )
+    d.add_argument(
+        "--hop", type=float, default=0.1, help="seconds between scored windows (default 0.1)"
+    )
+    d.add_argument(
+        "--smoothing",
+        type=int,
+        default=3,
+        help="posteriors in the moving average (default 3)",
+    )
     d.add_argument(
         "--refractory",
         type=float,
         default=1.0,
-        help="seconds after a detection during which no other fires",
+        help="seconds after a detection during which no other fires (default 1.0)",
     )
     d.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads")
     d.add_argument(
@@ -49,7 +62,8 @@ def _detect(args: argparse.Namespace) -> int:
         "duration_s": round(res.duration_s, 4),
         "windows": int(len(res.times_s)),
         "max_score": float(res.scores.max()) if len(res.scores) else None,
-        "threshold": args.threshold,
+        "threshold": res.extra["threshold"],
+        "threshold_source": res.extra["threshold_source"],
         "hop_s": args.hop,
         "events": [{"time_s": round(e.time_s, 4), "score": e.score} for e in res.events],
     }
@@ -63,7 +77,8 @@ def _detect(args: argparse.Namespace) -> int:
     else:
         print(
             f"{args.audio}: {out['duration_s']} s, {out['windows']} windows, "
-            f"{len(out['events'])} detection(s)"
+            f"{len(out['events'])} detection(s) at threshold {out['threshold']:.4f} "
+            f"({out['threshold_source']})"
         )
         for e in out["events"]:
             print(f"  {e['time_s']:9.2f} s  score {e['score']:.3f}")

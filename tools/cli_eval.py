@@ -15,8 +15,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "eval",
         help="relative FA/FR of candidates against a baseline",
         description="Evaluate candidate models against a baseline at matched FR, per device "
-        "type and state. Models are .onnx files (scored by onnxruntime, as on a device) or "
-        ".safetensors checkpoints.",
+        "type and state. Without --candidate, score the --baseline model alone at its shipped "
+        "threshold (or --threshold): FRR and FA/h with their resolution. Models are .onnx "
+        "files (scored by onnxruntime, as on a device) or .safetensors checkpoints.",
     )
     _add_model_options(p)
     _add_operating_point_options(p)
@@ -31,14 +32,16 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
         "--baseline",
         default="pretrained:full",
         help="baseline model (.onnx or .safetensors), or a shipped model "
-        "'pretrained:full' (default) / 'pretrained:small'",
+        "'pretrained:full' (default) / 'pretrained:small'; without --candidate, the model "
+        "scored alone",
     )
     p.add_argument(
         "--candidate",
         action="append",
         default=None,
         help="candidate model, scored on every device type; MODEL:TYPE scores it only "
-        "on device type TYPE (a personalized model); repeat for several",
+        "on device type TYPE (a personalized model); repeat for several. None: the "
+        "baseline is scored alone",
     )
     p.add_argument(
         "--pairing",
@@ -46,7 +49,9 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
         help="CSV with columns model,device_type: each model scored only on its device type",
     )
     p.add_argument("--manifest", required=True, help="corpus manifest.csv")
-    p.add_argument("--split", default="test", choices=("train", "val", "test"))
+    p.add_argument(
+        "--split", default="test", choices=("train", "val", "test"), help="(default test)"
+    )
 
 
 def _add_operating_point_options(p: argparse.ArgumentParser) -> None:
@@ -94,13 +99,25 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
 
 def _add_scoring_options(p: argparse.ArgumentParser) -> None:
     """Bootstrap, batching and the streaming detector's settings."""
-    p.add_argument("--n-boot", type=int, default=200, help="bootstrap resamples for the CI")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed")
-    p.add_argument("--batch", type=int, default=64, help="clips per scoring batch")
-    p.add_argument("--hop-s", type=float, default=0.1, help="streaming detector hop (s)")
-    p.add_argument("--smoothing", type=int, default=None, help="detector smoothing (posteriors)")
     p.add_argument(
-        "--refractory-s", type=float, default=None, help="detector refractory period (s)"
+        "--n-boot", type=int, default=200, help="bootstrap resamples for the CI (default 200)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--batch", type=int, default=64, help="clips per scoring batch (default 64)")
+    p.add_argument(
+        "--hop-s", type=float, default=0.1, help="streaming detector hop in s (default 0.1)"
+    )
+    p.add_argument(
+        "--smoothing",
+        type=int,
+        default=None,
+        help="detector smoothing in posteriors (default: the detector's, 3)",
+    )
+    p.add_argument(
+        "--refractory-s",
+        type=float,
+        default=None,
+        help="detector refractory period in s (default: the detector's, 1.0)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -131,7 +148,33 @@ def _table(rows: list[dict]) -> str:
             "* FA/h saturated: within 20% of its ceiling (one event per refractory "
             "period); the real rate of false triggers may be higher"
         )
-    return "\n".join(lines)
+    return "\n".join(lines + empty_cell_notes(rows))
+
+
+# Words of the notes that explain a missing figure (the others explain a present one).
+_EMPTY_WORDS = ("not measured", "no wake-word or no other", "unbounded", "no interval")
+
+
+def empty_cell_notes(rows: list[dict]) -> list[str]:
+    """Why cells show n/a, once per distinct reason, naming the cells: the JSON's notes,
+    brought to the console."""
+    why: dict[str, list[str]] = {}
+    for r in rows:
+        if r.get("relative_fa") is not None and r.get("fa_per_hour") is not None:
+            continue
+        cell = f"{r['candidate']}/{r['device_type']}/{r['state']}"
+        notes = str(r.get("note", "")).split("; ")
+        reasons = [n for n in notes if any(w in n for w in _EMPTY_WORDS)] or ["no figure"]
+        if r.get("fa_per_hour") is None and r.get("n_streams", 1) == 0:
+            reasons = [x for x in reasons if x != "no figure"]
+            reasons.append("no negative streams here: FA/h not measured")
+        for reason in reasons:
+            why.setdefault(reason, []).append(cell)
+    lines = ["n/a cells:"] if why else []
+    for reason, cells in why.items():
+        shown = ", ".join(cells[:4]) + (f" and {len(cells) - 4} more" if len(cells) > 4 else "")
+        lines.append(f"  {reason}: {shown}")
+    return lines
 
 
 def run(args: argparse.Namespace) -> int:
@@ -154,9 +197,9 @@ def run(args: argparse.Namespace) -> int:
     candidates = [parse_candidate(c) for c in args.candidate or []]
     if args.pairing:
         candidates += read_pairing(args.pairing)
-    if not candidates:
-        raise ConfigError("give at least one --candidate (or a --pairing file)")
     threshold = read_thresholds(args.thresholds) if args.thresholds else args.threshold
+    if not candidates:
+        return _score_alone(args, threshold)
     settings = EvalSettings(
         split=args.split,
         target_fr=args.target_fr,
@@ -170,12 +213,7 @@ def run(args: argparse.Namespace) -> int:
         threshold=threshold,
         at_shipped_threshold=args.at_shipped_threshold,
     )
-    baseline = args.baseline
-    if str(baseline).startswith("pretrained:"):
-        from wakefl.tools.warm_start import resolve_baseline
-
-        baseline = resolve_baseline(baseline, None, width=0.0, progress=not args.quiet)
-    result = run_evaluation(baseline, candidates, args.manifest, settings)
+    result = run_evaluation(_baseline_path(args), candidates, args.manifest, settings)
     if args.report:
         formats = ("md", "html") if args.format == "both" else (args.format,)
         written = write_report(result, args.report, formats)
@@ -184,4 +222,44 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result_json(result), allow_nan=False))
     else:
         print(_table(result.rows))
+    return 0
+
+
+def _baseline_path(args: argparse.Namespace) -> str:
+    baseline = args.baseline
+    if str(baseline).startswith("pretrained:"):
+        from wakefl.tools.warm_start import resolve_baseline
+
+        return str(resolve_baseline(baseline, None, width=0.0, progress=not args.quiet))
+    return str(baseline)
+
+
+def _score_alone(args: argparse.Namespace, threshold: float | dict | None) -> int:
+    """No candidate: the --baseline model alone at its shipped threshold (or the given
+    one), FRR and FA/h with their resolutions."""
+    from wakefl.errors import ConfigError
+    from wakefl.tools.evaluation import card_threshold
+    from wakefl.tools.single_model_eval import DetectorSettings, format_rows, score_model
+
+    if args.report:
+        raise ConfigError("--report compares models: give --candidate, or drop --report")
+    model = _baseline_path(args)
+    source = "given"
+    if threshold is None:
+        threshold = card_threshold(model)
+        source = "the model's shipped threshold"
+        if threshold is None:
+            raise ConfigError(
+                f"{args.baseline} carries no shipped threshold (no .json beside it, none in "
+                "its ONNX metadata): give --threshold, or --candidate to compare models"
+            )
+    settings = DetectorSettings(
+        args.hop_s, args.smoothing, args.refractory_s, args.batch, not args.quiet
+    )
+    rows = score_model(model, args.manifest, args.split, threshold, settings)
+    if args.json:
+        print(json.dumps({"model": args.baseline, "threshold_source": source, "rows": rows}))
+    else:
+        print(f"{args.baseline} alone on the {args.split} split, at {source}")
+        print(format_rows(rows))
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,18 +41,26 @@ def _register_export(sub: argparse._SubParsersAction) -> None:
     src = exp.add_mutually_exclusive_group()
     src.add_argument("--weights", type=Path, default=None, help="a .safetensors checkpoint")
     src.add_argument(
-        "--width",
-        type=float,
-        default=None,
-        help="export a freshly initialised model of this width (default 1.0)",
-    )
-    src.add_argument(
         "--pretrained",
         choices=("full", "small"),
         default=None,
-        help="export a shipped pretrained model",
+        help="export a shipped pretrained model, with its shipped threshold",
     )
-    exp.add_argument("--seed", type=int, default=0, help="initialisation seed without --weights")
+    src.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="export an untrained, randomly initialised model (it detects nothing; for "
+        "timing and tests). Without it, --weights or --pretrained is required",
+    )
+    exp.add_argument(
+        "--width",
+        type=float,
+        default=None,
+        help="with --random-weights: the width multiplier (default 1.0)",
+    )
+    exp.add_argument(
+        "--seed", type=int, default=0, help="with --random-weights: the seed (default 0)"
+    )
     exp.add_argument("--int8", action="store_true", help="static int8 (QDQ) quantization")
     exp.add_argument(
         "--calibration",
@@ -403,35 +412,37 @@ def _export(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out must end in .onnx, got {args.out}")
     if args.calibration and not args.int8:
         raise ConfigError("--calibration only applies with --int8")
+    _check_export_source(args)
     model = _build(args)
     calib = None
     if args.calibration:
         calib = _calibration_windows(
             args.calibration, model.cfg.window_samples, model.cfg.sample_rate
         )
-    out = export_onnx(
-        model, args.out, int8=args.int8, calibration_windows=calib, frontend=args.frontend
-    )
-    if getattr(args, "pretrained", None) is not None:
-        # The operating point travels beside the ONNX file, where `wakefl eval
-        # --at-shipped-threshold` and a device app look for it.
-        from wakefl.models.kws_cnn.pretrained import pretrained_card
-
-        card = pretrained_card(args.pretrained)
-        out.with_suffix(".json").write_text(
-            json.dumps(
-                {
-                    "shipped_threshold": card["threshold"],
-                    "hop_s": card["hop_s"],
-                    "smoothing": card["smoothing"],
-                    "refractory_s": card["refractory_s"],
-                    "pretrained": args.pretrained,
-                },
-                indent=2,
-            )
-            + "\n",
-            encoding="utf-8",
+    elif args.int8:
+        print(
+            "int8: calibrating on synthetic audio (noise, tones, harmonics); --calibration "
+            "WAV... calibrates on your own recordings",
+            file=sys.stderr,
         )
+    point = _export_operating_point(args, model)
+    out = export_onnx(
+        model,
+        args.out,
+        int8=args.int8,
+        calibration_windows=calib,
+        frontend=args.frontend,
+        operating_point=point,
+    )
+    sidecar = out.with_suffix(".json")
+    if point is not None:
+        # Beside the ONNX file too, where `wakefl eval --at-shipped-threshold` looks first.
+        extra = {"pretrained": args.pretrained} if args.pretrained else {}
+        sidecar.write_text(
+            json.dumps({**point.sidecar(), **extra}, indent=2) + "\n", encoding="utf-8"
+        )
+    elif sidecar.is_file() and "shipped_threshold" in sidecar.read_text(encoding="utf-8"):
+        sidecar.unlink()  # a previous export's threshold must not pass for this model's
     result = {
         "out": str(out),
         "precision": "int8" if args.int8 else "fp32",
@@ -440,13 +451,46 @@ def _export(args: argparse.Namespace) -> int:
         "width": model.cfg.width,
         "window_samples": model.cfg.window_samples,
         "sample_rate": model.cfg.sample_rate,
+        "shipped_threshold": None if point is None else point.threshold,
+        "threshold_source": None if point is None else point.source,
     }
-    print(
-        json.dumps(result)
-        if args.json
-        else f"wrote {out} ({result['precision']}, {result['bytes'] / 1e6:.2f} MB)"
-    )
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"wrote {out} ({result['precision']}, {result['bytes'] / 1e6:.2f} MB)")
+    if point is None:
+        print("  no shipped threshold: `wakefl edge detect` runs it at 0.5 unless told")
+    else:
+        print(f"  shipped threshold {point.threshold:.4f} ({point.source}), also in {sidecar}")
     return 0
+
+
+def _check_export_source(args: argparse.Namespace) -> None:
+    """An untrained model fires at random: it is exported only when asked by name."""
+    if args.random_weights:
+        return
+    if args.width is not None:
+        raise ConfigError("--width only applies with --random-weights")
+    if args.weights is None and args.pretrained is None:
+        raise ConfigError(
+            "give --pretrained NAME or --weights FILE.safetensors; --random-weights "
+            "[--width W] exports an untrained model, which detects nothing"
+        )
+
+
+def _export_operating_point(args: argparse.Namespace, model: Any) -> Any:
+    """The threshold the exported file carries: the shipped model's card, the card or
+    config beside --weights, or, for weights equal to a shipped model's, that model's."""
+    from wakefl.models.kws_cnn import operating_point
+
+    if args.pretrained is not None:
+        return operating_point.shipped_operating_point(args.pretrained)
+    if args.weights is not None:
+        point = operating_point.beside_weights(args.weights)
+        if point is not None:
+            return point
+        return operating_point.for_model(model)
+    return None
 
 
 def _distillation(args: argparse.Namespace) -> tuple[str, float, float]:

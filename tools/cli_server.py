@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -77,21 +76,31 @@ def build_strategy(name: str, strategy_args: dict[str, Any]) -> Any:
         raise ConfigError(f"strategy {name!r}: bad --strategy-arg value: {exc}") from None
 
 
+def _initial_model_path(args: argparse.Namespace) -> str | None:
+    """--init-model as a file: a shipped model (`pretrained:full`, `pretrained:small`) is
+    taken as the cached checkpoint `wakefl demo` and `eval` use."""
+    if args.init_model is None or not args.init_model.startswith("pretrained:"):
+        return args.init_model
+    from wakefl.tools.warm_start import resolve_baseline
+
+    return str(resolve_baseline(args.init_model, None, width=0.0, progress=False))
+
+
 def _handler(args: argparse.Namespace) -> int:
     import torch
 
     from wakefl.models.kws_cnn import load_initial_model
     from wakefl.server.aggregation_server import ServerConfig
     from wakefl.server.broker import ManagedBroker
+    from wakefl.tools.broker_option import resolve_broker
+    from wakefl.tools.log_format import configure, progress_printer
 
     torch.set_num_threads(1)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
+    configure(args.verbose)
     strategy_args = _strategy_args(args)
     strategy = build_strategy(args.strategy, strategy_args)
     state = Path(args.state)
+    args.broker = resolve_broker(args.broker)
     if args.role == "worker" and args.broker == "embedded":
         raise ConfigError("--role worker joins a coordinator's broker: pass its --broker URL")
     if args.role == "worker":
@@ -101,13 +110,14 @@ def _handler(args: argparse.Namespace) -> int:
         params = wait_for_store(state, args.start_timeout).global_params
         model_config: dict[str, Any] = {}
     else:
-        params, model_config = load_initial_model(args.init_model, args.width, args.seed)
+        params, model_config = load_initial_model(_initial_model_path(args), args.width, args.seed)
     broker = None
     url = args.broker
     if url == "embedded":
         broker = ManagedBroker(state / "broker", port=args.embedded_port).start()
         url = broker.url
-        print(f"embedded broker: {url} (persistence in {state / 'broker'})", flush=True)
+        say = progress_printer("wakefl.server")
+        say(f"embedded broker: {url} (persistence in {state / 'broker'})")
     try:
         cfg = ServerConfig(
             broker_url=url,
@@ -139,20 +149,26 @@ def _handler(args: argparse.Namespace) -> int:
 def _run_role(args: argparse.Namespace, cfg: Any, strategy: Any) -> None:
     """One process (the default), or one of the processes of a sharded server sharing
     `--state` (docs/SCALE.md, "Sharded aggregation")."""
+    from wakefl.tools.log_format import progress_printer
+
+    say = progress_printer("wakefl.server")
     if args.role == "single":
         from wakefl.server.aggregation_server import AggregationServer
 
-        AggregationServer(cfg, strategy).run()
+        AggregationServer(cfg, strategy, progress=say).run()
     elif args.role == "coordinator":
         from wakefl.server.sharded_coordinator import ShardedCoordinator
 
-        ShardedCoordinator(cfg, strategy).run()
+        ShardedCoordinator(cfg, strategy, progress=say).run()
     else:
         from wakefl.server.aggregation_worker import AggregationWorker
 
         if not args.worker_id:
             raise ConfigError("--role worker needs --worker-id (unique among the workers)")
-        AggregationWorker(cfg, strategy, args.worker_id, group=args.share_group).run()
+        worker = AggregationWorker(
+            cfg, strategy, args.worker_id, group=args.share_group, progress=say
+        )
+        worker.run()
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -169,14 +185,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _add_fleet_options(p: argparse.ArgumentParser) -> None:
     """The broker, the state folder, the fleet and how its devices are grouped."""
+    from wakefl.tools.broker_option import HELP
+
     p.add_argument(
-        "--broker",
-        required=True,
-        help="mqtt://[user:pass@]host:port, mqtts://...?ca=CA.pem, or 'embedded' "
-        "(a managed mosquitto on 127.0.0.1)",
+        "--broker", default=None, help=HELP + "; 'embedded': a managed mosquitto on 127.0.0.1"
     )
     p.add_argument("--state", required=True, help="state directory (SQLite + models + updates)")
-    p.add_argument("--fleet", default=topics.DEFAULT_FLEET)
+    p.add_argument(
+        "--fleet",
+        default=topics.DEFAULT_FLEET,
+        help=f"fleet name, the topics' prefix (default {topics.DEFAULT_FLEET!r})",
+    )
     p.add_argument(
         "--role",
         choices=["single", "coordinator", "worker"],
@@ -211,23 +230,44 @@ def _add_round_options(p: argparse.ArgumentParser) -> None:
         "before a round starts (default: see --start-grace)",
     )
     p.add_argument(
-        "--round-timeout", type=float, default=600.0, help="seconds per round (deadline)"
+        "--round-timeout",
+        type=float,
+        default=600.0,
+        help="seconds per round, its deadline (default 600)",
     )
-    p.add_argument("--rounds", type=int, default=10)
-    p.add_argument("--activity-rate", type=float, default=1.0, help="share C of devices sampled")
+    p.add_argument("--rounds", type=int, default=10, help="rounds in the run (default 10)")
+    p.add_argument(
+        "--activity-rate",
+        type=float,
+        default=1.0,
+        help="share C of the devices sampled per round (default 1.0)",
+    )
 
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
     """The starting model, the device registry and the strategy."""
-    p.add_argument("--init-model", default=None, help="warm-start checkpoint (.safetensors)")
-    p.add_argument("--width", type=float, default=1.0, help="model width without --init-model")
+    p.add_argument(
+        "--init-model",
+        default=None,
+        help="the model the fleet starts from: a checkpoint (.safetensors with its .json) or "
+        "a shipped model, pretrained:full or pretrained:small (default: a randomly "
+        "initialised model of --width)",
+    )
+    p.add_argument(
+        "--width", type=float, default=1.0, help="model width without --init-model (default 1.0)"
+    )
     p.add_argument(
         "--devices",
         default=None,
         help="registry: ID:TYPE,... or a fleet.json from `wakefl provision`; "
         "without it devices register with their first hello",
     )
-    p.add_argument("--strategy", default="selffl")
+    p.add_argument(
+        "--strategy",
+        default="selffl",
+        help="the federated strategy (default selffl; the baselines are listed in "
+        "sdk/selffl/baselines/README.md)",
+    )
     p.add_argument(
         "--strategy-arg",
         action="append",
@@ -253,7 +293,9 @@ def _add_wire_options(p: argparse.ArgumentParser) -> None:
         "the update relative to the round's global model in fp16 or int8 with one scale per "
         "256 entries (~0.25x the fp32 bytes); default: plain in --wire-dtype",
     )
-    p.add_argument("--ack-timeout", type=float, default=30.0, help="device re-send interval (s)")
+    p.add_argument(
+        "--ack-timeout", type=float, default=30.0, help="device re-send interval in s (default 30)"
+    )
 
 
 def _add_start_options(p: argparse.ArgumentParser) -> None:
@@ -272,6 +314,21 @@ def _add_start_options(p: argparse.ArgumentParser) -> None:
         "device before the first round, then start with those online "
         "(default: min(--round-timeout, 60))",
     )
-    p.add_argument("--embedded-port", type=int, default=None)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument(
+        "--embedded-port",
+        type=int,
+        default=None,
+        help="port of --broker embedded (default: a free one)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the device sampling and of a random --init-model (default 0)",
+    )
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="log at INFO level: connections, devices, each round",
+    )

@@ -17,6 +17,7 @@ import numpy as np
 import soundfile as sf
 
 from wakefl.errors import ConfigError
+from wakefl.progress_bars import bar_disabled
 from wakefl.sdk.manifest import CLIP_SAMPLES, SAMPLE_RATE, ManifestRow, write_manifest
 from wakefl.tools.background_sounds import ambient_noise, background_for_state
 from wakefl.tools.corpus_plan import (
@@ -374,7 +375,7 @@ def _render_clips(
     from tqdm import tqdm
 
     rows: list[ManifestRow] = []
-    for r in tqdm(recipes, desc=desc, unit="clip", disable=not progress):
+    for r in tqdm(recipes, desc=desc, unit="clip", disable=bar_disabled(progress)):
         wave, speaker_id = render_clip(ctx, r)
         rel = f"clips/{r.device_type}/{r.split}/{r.device_type}_{r.split}_{r.index:05d}_{r.content}.wav"
         _write_wav(out / rel, wave)
@@ -394,7 +395,7 @@ def _render_streams(
 
     jobs = [(sp, d, i) for sp in SPLITS for d in DEVICE_PROFILES for i in range(counts.get(sp, 0))]
     rows: list[ManifestRow] = []
-    for sp, d, i in tqdm(jobs, desc="streams", unit="stream", disable=not progress):
+    for sp, d, i in tqdm(jobs, desc="streams", unit="stream", disable=bar_disabled(progress)):
         wave, state, transcript = render_stream(ctx, d, i, sp)
         name = f"{d}_stream_{i:03d}.wav" if sp == "test" else f"{d}_{sp}_stream_{i:03d}.wav"
         rel = f"streams/{d}/{name}"

@@ -44,6 +44,7 @@ import numpy as np
 import soundfile as sf
 
 from wakefl.errors import ConfigError, WakeflError
+from wakefl.progress_bars import bar_disabled
 from wakefl.sdk.manifest import (
     CLIP_SAMPLES,
     SAMPLE_RATE,
@@ -541,7 +542,7 @@ def import_recordings(
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.importing-", dir=out.parent))
     try:
         manifest_rows = []
-        for row in tqdm(rows, desc="import", unit="file", disable=not progress):
+        for row in tqdm(rows, desc="import", unit="file", disable=bar_disabled(progress)):
             try:
                 if row.error:
                     raise BadFile(row.error)

@@ -256,10 +256,18 @@ def export_global(run_dir: Path, baseline: Path) -> Path:
     return save_model(model, run_dir / "models" / "global.safetensors")
 
 
-def to_onnx(checkpoint: Path) -> Path:
+def to_onnx(checkpoint: Path, baseline: Path | None = None) -> Path:
+    """`checkpoint` as ONNX with the threshold it ships with: its own card's, a shipped
+    model's own, or else the (shipped) baseline's, noted as such in the metadata."""
     from wakefl.models.kws_cnn import export_onnx, load_model
+    from wakefl.models.kws_cnn.operating_point import beside_weights, for_model
 
-    return export_onnx(load_model(checkpoint).eval(), checkpoint.with_suffix(".onnx"))
+    model = load_model(checkpoint).eval()
+    point = beside_weights(checkpoint)
+    if point is None:
+        base = load_model(baseline) if baseline is not None else None
+        point = for_model(model, base, f"the {checkpoint.stem} model")
+    return export_onnx(model, checkpoint.with_suffix(".onnx"), operating_point=point)
 
 
 def summary_rows(rows: list[dict[str, Any]], device_types: list[str]) -> list[dict[str, Any]]:
@@ -382,7 +390,8 @@ def run_demo(st: DemoSettings) -> Path:
 
     _say("exporting the models to ONNX and evaluating them as the edge runtime runs them")
     # Each served model is paired with its device type: scored only there.
-    candidates = [str(to_onnx(global_ckpt))] + [f"{to_onnx(served[t])}:{t}" for t in device_types]
+    candidates = [str(to_onnx(global_ckpt, baseline))]
+    candidates += [f"{to_onnx(served[t], baseline)}:{t}" for t in device_types]
     result = run_evaluation(
         to_onnx(baseline),
         candidates,

@@ -37,6 +37,7 @@ import numpy as np
 from tqdm import tqdm
 
 from wakefl.errors import ConfigError
+from wakefl.progress_bars import bar_disabled
 from wakefl.sdk.manifest import STATES, ManifestRow, read_manifest
 from wakefl.sdk.wake_metrics import (
     CellFigures,
@@ -522,7 +523,7 @@ def _stream_posteriors(
         [r for r in streams if r.device_type in needed],
         desc="streams",
         unit="stream",
-        disable=not st.progress,
+        disable=bar_disabled(st.progress),
     ):
         wave = load_audio(str(manifest_dir / r.path), sample_rate=rate)
         for name in sorted(needed[r.device_type]):
@@ -676,7 +677,7 @@ def _det_curves(
             (BASELINE, base, cell.op.baseline_threshold),
             (cell.name, cand, cell.op.candidate_threshold),
         ):
-            if name not in curves:
+            if name not in curves and (lab == 0).any():  # a DET curve needs negative clips
                 curves[name] = det_curve(s[lab == 1], s[lab == 0])
                 ops[name] = (fa_at(s[lab == 0], t), fr_at(s[lab == 1], t))
     return det, op_points

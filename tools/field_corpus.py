@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from wakefl.progress_bars import bar_disabled
 from wakefl.sdk.manifest import CLIP_SAMPLES, SAMPLE_RATE, ManifestRow, write_manifest
 from wakefl.tools.corpus_build import (
     _CORPUS_INFO,
@@ -170,7 +171,9 @@ def _render(field: _Field, recipes: list[ClipRecipe], streams: dict[str, int], o
     from tqdm import tqdm
 
     rows: list[ManifestRow] = []
-    for r in tqdm(recipes, desc="clips (field acoustics)", unit="clip", disable=not progress):
+    for r in tqdm(
+        recipes, desc="clips (field acoustics)", unit="clip", disable=bar_disabled(progress)
+    ):
         wave, speaker_id = render_field_clip(field, r)
         rel = f"clips/{r.device_type}/{r.split}/{r.device_type}_{r.split}_{r.index:05d}_{r.content}.wav"
         _write_wav(out / rel, wave)
@@ -180,7 +183,7 @@ def _render(field: _Field, recipes: list[ClipRecipe], streams: dict[str, int], o
         )  # fmt: skip
     jobs = [(sp, d, i) for sp in SPLITS for d in FIELD_DEVICES for i in range(streams.get(sp, 0))]
     for sp, d, i in tqdm(
-        jobs, desc="streams (field acoustics)", unit="stream", disable=not progress
+        jobs, desc="streams (field acoustics)", unit="stream", disable=bar_disabled(progress)
     ):
         wave, state, transcript = render_field_stream(field, d, i, sp)
         rel = f"streams/{d}/{d}_{sp}_stream_{i:03d}.wav"

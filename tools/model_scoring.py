@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from wakefl.edge_runtime.detection_rule import event_indices, smoothed
 from wakefl.errors import AudioError, ConfigError, NonFiniteError
+from wakefl.progress_bars import bar_disabled
 from wakefl.sdk.manifest import ManifestRow
 
 # The ModelConfig fields that decide what the network hears; `width` is not among them.
@@ -166,7 +167,9 @@ def load_clip_windows(
 
     out = np.zeros((len(rows), window_samples), dtype=np.float32)
     tolerance = max(2, window_samples // 1000)
-    for i, row in enumerate(tqdm(rows, desc="load clips", unit="clip", disable=not progress)):
+    for i, row in enumerate(
+        tqdm(rows, desc="load clips", unit="clip", disable=bar_disabled(progress))
+    ):
         path = Path(manifest_dir) / row.path
         if not path.is_file():
             raise AudioError(f"clip listed in the manifest not found: {path}")
@@ -189,7 +192,7 @@ def score_windows(
         raise ValueError(f"batch must be >= 1, got {batch}")
     scores = np.empty(len(windows), dtype=np.float64)
     starts = range(0, len(windows), batch)
-    for s in tqdm(starts, desc=desc, unit="batch", disable=not progress):
+    for s in tqdm(starts, desc=desc, unit="batch", disable=bar_disabled(progress)):
         scores[s : s + batch] = scorer.score(windows[s : s + batch])
     if not np.all(np.isfinite(scores)):
         raise NonFiniteError(f"{desc}: the model produced non-finite scores")

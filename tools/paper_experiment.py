@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from wakefl.errors import ConfigError, NonFiniteError
+from wakefl.progress_bars import bar_disabled
 from wakefl.recorded_paths import recorded_path
 
 SETTING_FULL = "full-participation"
@@ -582,7 +583,7 @@ class PaperStudy:
             total=rounds,
             desc=f"{label} lr={lr:g} C={activity_rate:g}",
             unit="round",
-            disable=not self.progress,
+            disable=bar_disabled(self.progress),
             leave=False,
         )
         try:

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from wakefl.errors import ConfigError
+from wakefl.progress_bars import bar_disabled
 from wakefl.tools.pretrain_checkpoints import load_state, save_best, save_state
 from wakefl.tools.pretrain_data import PretrainData, batch_stream, load_pretrain_data
 from wakefl.tools.pretrain_settings import (
@@ -461,7 +462,7 @@ def _progress_bar(s: PretrainSettings, step: int, progress: bool) -> Any:
         initial=step,
         desc=f"pretrain w{s.width}",
         unit="step",
-        disable=not progress,
+        disable=bar_disabled(progress),
     )
 
 

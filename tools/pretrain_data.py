@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from wakefl.errors import ConfigError
+from wakefl.progress_bars import bar_disabled
 from wakefl.tools.pretrain_settings import PretrainSettings
 
 
@@ -64,7 +65,9 @@ def _decode_clips(rows: list[Any], manifest: Path, window: int, progress: bool) 
 
     waves = [
         load_clip(r.resolve(manifest), window)
-        for r in tqdm(rows, desc="decode clips", unit="clip", disable=not progress, leave=False)
+        for r in tqdm(
+            rows, desc="decode clips", unit="clip", disable=bar_disabled(progress), leave=False
+        )
     ]
     return np.stack(waves).astype(np.float32)
 

@@ -27,6 +27,7 @@ from scipy.signal import resample_poly
 
 from wakefl.cache_location import cache_root
 from wakefl.errors import AudioError, ConfigError
+from wakefl.progress_bars import bar_disabled
 
 SAMPLE_RATE = 16000
 
@@ -353,7 +354,7 @@ def synthesize_many(
                 total=len(unique),
                 desc="speech",
                 unit="utt",
-                disable=not progress,
+                disable=bar_disabled(progress),
                 leave=False,
             )
         )

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from wakefl.errors import NonFiniteError
+from wakefl.progress_bars import bar_disabled
 from wakefl.sdk.selffl.gaussian_problem import GaussianLocalProblem
 from wakefl.sdk.selffl.registry import strategy_factories
 from wakefl.sdk.selffl.simulation import client_generator, run_simulation
@@ -221,7 +222,7 @@ def run_study(
     tuned: dict[str, dict[str, float]] = {}
     seconds: dict[str, float] = {}
     total = len(CASES) * len(names) * (len(STEP_FACTORS) + reps * len(rates))
-    bar = tqdm(total=total, desc="synthetic study", disable=not progress, leave=False)
+    bar = tqdm(total=total, desc="synthetic study", disable=bar_disabled(progress), leave=False)
     for case_idx, case in enumerate(CASES):
         tune_fleet = make_fleet(
             case, torch.Generator().manual_seed(seed * 7919 + 1000 + case_idx), num_clients

@@ -17,6 +17,7 @@ import os
 import tempfile
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,6 +27,7 @@ from wakefl.errors import ConfigError
 from .config import ARCHITECTURE
 from .frontend import LOG_FLOOR, DftLogMelFrontend
 from .model import KwsCnn, LogMelProbabilityModel, ProbabilityModel
+from .operating_point import METADATA_KEYS, OperatingPoint
 from .quantize import quantize_int8, synthetic_calibration_windows
 
 OPSET = 18
@@ -59,11 +61,31 @@ def onnx_metadata(model: KwsCnn, precision: str, frontend: str = "log_mel") -> d
     }
 
 
+# Node metadata the exporter writes that holds the exporting machine's file paths (Python
+# stack traces): nothing a runtime reads, and a shipped file should not reveal them.
+_PATH_KEYS = ("pkg.torch.onnx.stack_trace",)
+
+
+def strip_node_paths(proto: Any) -> int:
+    """Removes the node metadata entries of `_PATH_KEYS` from every node of the model's
+    graph and functions; returns how many it removed."""
+    removed = 0
+    nodes = list(proto.graph.node) + [n for f in proto.functions for n in f.node]
+    for node in nodes:
+        kept = [p for p in node.metadata_props if p.key not in _PATH_KEYS]
+        removed += len(node.metadata_props) - len(kept)
+        del node.metadata_props[:]
+        node.metadata_props.extend(kept)
+    return removed
+
+
 def _set_metadata(path: Path, meta: dict[str, str]) -> None:
     import onnx
 
     proto = onnx.load(str(path))
-    kept = [p for p in proto.metadata_props if p.key not in meta]
+    strip_node_paths(proto)
+    # Keys of an operating point are written only from `meta`: never a stale one.
+    kept = [p for p in proto.metadata_props if p.key not in meta and p.key not in METADATA_KEYS]
     del proto.metadata_props[:]
     proto.metadata_props.extend(kept)
     for k, v in meta.items():
@@ -119,9 +141,12 @@ def export_onnx(
     int8: bool = False,
     calibration_windows: np.ndarray | None = None,
     frontend: str = "log_mel",
+    operating_point: OperatingPoint | None = None,
 ) -> Path:
     """Exports `model` to `out_path` (fp32, or static-QDQ int8 with `int8=True`, calibrated
     on `calibration_windows` [N, window_samples] or on synthetic audio when None).
+    `operating_point` (the shipped threshold and its detector settings) goes into the
+    metadata, where the edge runtime takes its default threshold from.
 
     `frontend` says where the log-mel spectrogram is computed: "log_mel" (the default)
     exports the model after its frontend, log-mel in, and the edge runtime computes the
@@ -135,9 +160,10 @@ def export_onnx(
         raise ConfigError(f"frontend must be one of {', '.join(FRONTENDS)}, got {frontend!r}")
     out.parent.mkdir(parents=True, exist_ok=True)
     cfg = model.cfg
+    extra = operating_point.metadata() if operating_point is not None else {}
     if not int8:
         _export_fp32(model, out, frontend)
-        _set_metadata(out, onnx_metadata(model, "fp32", frontend))
+        _set_metadata(out, {**onnx_metadata(model, "fp32", frontend), **extra})
         return out
     if calibration_windows is None:
         calibration_windows = synthetic_calibration_windows(cfg.window_samples, cfg.sample_rate)
@@ -160,5 +186,5 @@ def export_onnx(
     data = Path(str(out) + ".data")
     if data.exists():  # never ship a second file
         os.remove(data)
-    _set_metadata(out, onnx_metadata(model, "int8", frontend))
+    _set_metadata(out, {**onnx_metadata(model, "int8", frontend), **extra})
     return out

@@ -1,17 +1,23 @@
 """Embedding the wakefl SDK in a device app: take part in federated rounds, report the
 personal model's relative FA/FR, then serve wake-word detections with the edge runtime.
 
-    .venv/bin/python tools/examples/device_app.py --data CORPUS/manifest.csv --type A
+    .venv/bin/python tools/examples/device_app.py --type A
 
-With `--broker URL` the app joins a fleet whose server runs elsewhere (`wakefl server`).
-Without it, the example starts what a real deployment runs elsewhere — a managed mosquitto
-on 127.0.0.1 and an aggregation server for `--rounds` rounds — so that it runs on its own.
+Its data is `--data MANIFEST`, by default the demo corpus that `bash scripts/demo.sh`
+builds (~/.cache/wakefl/corpus/demo-seed0/manifest.csv). With `--broker URL` the app joins
+a fleet whose server runs elsewhere (`wakefl server`). Without it, the example starts what
+a real deployment runs elsewhere: a managed mosquitto on 127.0.0.1 and an aggregation
+server for `--rounds` rounds that starts the fleet from the shipped model (`--model`).
+The served model is exported to `--out` (default runs/device-app/served.onnx) and kept;
+detections run at the threshold it carries.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -19,13 +25,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from wakefl.cache_location import cache_root
 from wakefl.edge_runtime import OnnxScorer, StreamingDetector, load_audio
 from wakefl.sdk import DeviceClient, WakeWordDataset, read_manifest
 
 
-def start_demo_fleet(workdir: Path, width: float, rounds: int, device_id: str, device_type: str):
-    """A local broker and server, standing in for the fleet's infrastructure."""
-    from wakefl.models.kws_cnn import KwsCnn, ModelConfig, get_flat_params
+def start_demo_fleet(workdir: Path, model: str, rounds: int, device_id: str, device_type: str):
+    """A local broker and server, standing in for the fleet's infrastructure; the fleet
+    starts from the shipped model `model`."""
+    from wakefl.models.kws_cnn import get_flat_params
+    from wakefl.models.kws_cnn.pretrained import load_pretrained
     from wakefl.sdk.selffl.registry import make_strategy
     from wakefl.server.aggregation_server import AggregationServer, ServerConfig
     from wakefl.server.broker import ManagedBroker
@@ -33,15 +42,14 @@ def start_demo_fleet(workdir: Path, width: float, rounds: int, device_id: str, d
     # Its own folder directly under /tmp: mosquitto started as root runs as the mosquitto
     # user and must reach its persistence folder.
     broker = ManagedBroker(tempfile.mkdtemp(prefix="wakefl-demo-broker-")).start()
-    torch.manual_seed(0)
-    cfg = ModelConfig(width=width)
+    shipped = load_pretrained(model)
     args = {"lr": 0.05, "batch_size": 8, "l_max": 5, "warmup_steps": 3}
     server = AggregationServer(
         ServerConfig(
             broker_url=broker.url,
             state_dir=workdir / "server",
-            initial_params=get_flat_params(KwsCnn(cfg)),
-            model_config=cfg.to_dict(),
+            initial_params=get_flat_params(shipped),
+            model_config=shipped.cfg.to_dict(),
             rounds=rounds,
             round_timeout=120,
             devices={device_id: device_type},
@@ -58,9 +66,11 @@ def start_demo_fleet(workdir: Path, width: float, rounds: int, device_id: str, d
 
 def serve_detections(onnx_path: Path, manifest: Path, device_type: str) -> None:
     """Serve detections: stream a recording chunk by chunk (here: clips of the test split
-    played back to back, as a microphone would deliver them)."""
+    played back to back, as a microphone would deliver them), at the threshold the model
+    carries in its metadata."""
     scorer = OnnxScorer(onnx_path, threads=1)
-    detector = StreamingDetector(scorer, hop_s=0.1, threshold=0.5)
+    detector = StreamingDetector(scorer, hop_s=0.1)
+    print(f"detecting at threshold {detector.threshold:.4f}: {detector.threshold_source}")
     rows = [
         r
         for r in read_manifest(manifest)
@@ -79,21 +89,54 @@ def serve_detections(onnx_path: Path, manifest: Path, device_type: str) -> None:
     for d in detections:
         print(f"  detection at {d.time_s:.1f} s (score {d.score:.2f})")
     if not detections:
-        print("  no detection (a small model after few rounds)")
+        print("  no detection")
 
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", required=True, help="corpus manifest.csv")
+    ap.add_argument(
+        "--data",
+        type=Path,
+        default=cache_root() / "corpus" / "demo-seed0" / "manifest.csv",
+        help="corpus manifest.csv (default: the demo corpus scripts/demo.sh builds)",
+    )
     ap.add_argument("--type", default="A", help="this device's type")
     ap.add_argument("--id", default="kitchen-speaker-1", help="this device's id")
     ap.add_argument(
         "--broker", default=None, help="join this broker's fleet (default: a local demo fleet)"
     )
     ap.add_argument("--state", default=None, help="state folder (default: a temporary one)")
-    ap.add_argument("--width", type=float, default=0.25, help="model width of the demo fleet")
-    ap.add_argument("--rounds", type=int, default=2, help="rounds of the demo fleet")
-    return ap.parse_args()
+    ap.add_argument(
+        "--model",
+        choices=("full", "small"),
+        default="full",
+        help="the shipped model the demo fleet starts from (default full)",
+    )
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of the demo fleet (default 2)")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs/device-app/served.onnx"),
+        help="where the served model is exported, and kept (default runs/device-app/served.onnx)",
+    )
+    args = ap.parse_args()
+    if not args.data.is_file():
+        sys.exit(
+            f"device_app: error: no manifest at {args.data}; build the demo corpus first "
+            "(`bash scripts/demo.sh`) or give --data MANIFEST"
+        )
+    return args
+
+
+def gate_line(gate: dict, served: str) -> str:
+    """The served-model gate's last decision in words. The gate names the model served
+    before the decision "served"; here it is named."""
+    reason = str(gate.get("reason", ""))
+    if gate.get("switched"):
+        return f"switched to it: {reason}"
+    reason = reason.removeprefix("the served model is kept: ")
+    reason = re.sub(r"\b(than|vs|as) served\b", rf"\1 the {served} model", reason)
+    return f"kept it: {reason}" if reason else "kept it"
 
 
 def print_rounds(summary) -> None:
@@ -115,20 +158,22 @@ def main() -> None:
     args = parse_args()
     torch.set_num_threads(1)
 
+    # 1. The device's local data: its own training clips, and validation clips for the
+    #    relative FA/FR report. 1.5 s windows at 16 kHz, as the model expects.
+    train = WakeWordDataset(args.data, args.type, "train", window_samples=24000)
+    val = WakeWordDataset(args.data, args.type, "val", window_samples=24000)
+
+    # The fleet's and the device's working state: temporary (the demo fleet is new each
+    # run); what the device exports goes to --out and stays.
     work = Path(tempfile.mkdtemp(prefix="wakefl-device-app-"))
     state_dir = Path(args.state) if args.state else work / "state"
     broker = server = thread = None
     try:
         if args.broker is None:
             broker, server, thread = start_demo_fleet(
-                work, args.width, args.rounds, args.id, args.type
+                work, args.model, args.rounds, args.id, args.type
             )
         url = args.broker if broker is None else broker.url
-
-        # 1. The device's local data: its own training clips, and validation clips for the
-        #    relative FA/FR report. 1.5 s windows at 16 kHz, as the model expects.
-        train = WakeWordDataset(args.data, args.type, "train", window_samples=24000)
-        val = WakeWordDataset(args.data, args.type, "val", window_samples=24000)
 
         # 2. Join the fleet and take part in rounds until the server ends the run. State
         #    (personal model, variance, pending update) survives a power cut at any point.
@@ -148,14 +193,13 @@ def main() -> None:
             #    the served-model gate's choice among the model served so far, the new
             #    personalized model and the global one (the baseline until one is better).
             if summary.served:
-                print(
-                    f"serving the {summary.served['model']} model: {(summary.gate or {}).get('reason', '')}"
-                )
-            onnx_path = device.export_onnx(work / "served.onnx")
+                model = summary.served["model"]
+                print(f"serving the {model} model; the gate {gate_line(summary.gate or {}, model)}")
+            onnx_path = device.export_onnx(args.out)
             print(f"served model exported: {onnx_path} ({onnx_path.stat().st_size / 1e6:.2f} MB)")
 
         # 4. Serve detections from the served model.
-        serve_detections(onnx_path, Path(args.data), args.type)
+        serve_detections(onnx_path, args.data, args.type)
     finally:
         if thread is not None:
             thread.join(timeout=30)

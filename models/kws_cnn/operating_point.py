@@ -1,0 +1,145 @@
+"""The operating point a model ships with: the detection threshold and the detector settings
+(hop, smoothing, refractory period) it was chosen for. It travels with the model: in the
+card beside a checkpoint, in the JSON sidecar of an exported ONNX file and in that file's
+metadata (`shipped_threshold`, `hop_s`, `smoothing`, `refractory_s`, `threshold_source`),
+where `wakefl.edge_runtime` reads it without torch.
+
+A model trained on a device has no threshold of its own: it is exported with its
+baseline's shipped threshold, and `threshold_source` says so."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from wakefl.errors import ConfigError
+
+from .flat_params import get_flat_params
+from .model import KwsCnn
+
+METADATA_KEYS = ("shipped_threshold", "hop_s", "smoothing", "refractory_s", "threshold_source")
+
+
+@dataclass(frozen=True)
+class OperatingPoint:
+    """A threshold on the smoothed posterior, the detector settings it was set for, and
+    where it comes from (`source`, one line for a person)."""
+
+    threshold: float
+    hop_s: float = 0.1
+    smoothing: int = 3
+    refractory_s: float = 1.0
+    source: str = ""
+
+    def metadata(self) -> dict[str, str]:
+        """The ONNX metadata entries (numbers as JSON text)."""
+        return {
+            "shipped_threshold": json.dumps(float(self.threshold)),
+            "hop_s": json.dumps(float(self.hop_s)),
+            "smoothing": json.dumps(int(self.smoothing)),
+            "refractory_s": json.dumps(float(self.refractory_s)),
+            "threshold_source": self.source,
+        }
+
+    def sidecar(self) -> dict[str, Any]:
+        """The JSON written beside an exported model (`wakefl eval --at-shipped-threshold`
+        reads `shipped_threshold` there)."""
+        return {
+            "shipped_threshold": float(self.threshold),
+            "hop_s": float(self.hop_s),
+            "smoothing": int(self.smoothing),
+            "refractory_s": float(self.refractory_s),
+            "threshold_source": self.source,
+        }
+
+    def with_source(self, source: str) -> OperatingPoint:
+        return OperatingPoint(self.threshold, self.hop_s, self.smoothing, self.refractory_s, source)
+
+
+def from_card(card: dict[str, Any], source: str) -> OperatingPoint:
+    """The operating point of a card (`threshold`, optional detector settings)."""
+    threshold = card.get("threshold", card.get("shipped_threshold"))
+    if not isinstance(threshold, int | float) or not 0.0 <= float(threshold) <= 1.0:
+        raise ConfigError(f"{source}: no threshold in [0, 1] (got {threshold!r})")
+    return OperatingPoint(
+        threshold=float(threshold),
+        hop_s=float(card.get("hop_s", 0.1)),
+        smoothing=int(card.get("smoothing", 3)),
+        refractory_s=float(card.get("refractory_s", 1.0)),
+        source=source,
+    )
+
+
+def shipped_operating_point(name: str) -> OperatingPoint:
+    """The operating point of shipped model `name`, from its card."""
+    from .pretrained import pretrained_card
+
+    return from_card(pretrained_card(name), f"the card of the shipped model {name!r}")
+
+
+def beside_weights(weights: Path | str) -> OperatingPoint | None:
+    """The operating point stored beside a checkpoint: its card (`<w>.card.json`), else the
+    `shipped_threshold` in its config (`<w>.json`, as the cached warm starts have it);
+    None when neither holds one."""
+    from .pretrained import card_beside
+
+    path = Path(weights)
+    card = card_beside(path)
+    if card is not None:
+        return from_card(card, f"the card of {path.name}")
+    config = path.with_suffix(".json")
+    if not config.is_file():
+        return None
+    try:
+        meta = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read {config}: {exc}") from None
+    if not isinstance(meta, dict) or meta.get("shipped_threshold") is None:
+        return None
+    return from_card(meta, f"the config of {path.name}")
+
+
+@lru_cache(maxsize=4)
+def _shipped_params(name: str) -> tuple[dict[str, Any], torch.Tensor]:
+    from .pretrained import load_pretrained
+
+    model = load_pretrained(name)
+    return model.cfg.to_dict(), get_flat_params(model)
+
+
+def shipped_name(model: KwsCnn) -> str | None:
+    """The name of the shipped model whose weights `model` holds exactly (as loaded, or
+    as sent over the wire in fp32 or fp16), else None."""
+    from .pretrained import NAMES, is_available
+
+    flat = get_flat_params(model)
+    for name in NAMES:
+        if not is_available(name):
+            continue
+        cfg, params = _shipped_params(name)
+        if cfg == model.cfg.to_dict() and torch.equal(params, flat):
+            return name
+    return None
+
+
+def for_model(
+    model: KwsCnn, baseline: KwsCnn | None = None, what: str = ""
+) -> OperatingPoint | None:
+    """The operating point to export `model` with: a shipped model's own; else, when
+    `baseline` is a shipped model, the baseline's threshold with a note that `model`
+    (`what`, e.g. "the personalized model of round 3") was not tuned for it; else None."""
+    name = shipped_name(model)
+    if name is not None:
+        return shipped_operating_point(name)
+    base = shipped_name(baseline) if baseline is not None else None
+    if base is None:
+        return None
+    return shipped_operating_point(base).with_source(
+        f"the baseline's shipped threshold (shipped model {base!r}); "
+        f"{what or 'this model'} was not tuned for it"
+    )
