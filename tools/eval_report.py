@@ -128,6 +128,92 @@ def shipped_table(result: EvalResult) -> list[str]:
     return [*lines, ""]
 
 
+def _matched_cell(rec: dict[str, Any] | None) -> str:
+    """`0.42 [0.20, 0.81]` from a relative-FR-at-matched-FA record; n/a without one."""
+    if rec is None:
+        return "n/a"
+    lo, hi = rec["relative_fr_ci"]
+    return f"{_bound(rec['relative_fr'])} [{_bound(lo)}, {_bound(hi)}]"
+
+
+def matched_fa_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines: per candidate and device type, both models' FRR and FA/hour at the
+    operating point, and the relative FR at matched FA (on the streams, per hour, and on
+    the clips) with its speaker bootstrap interval; the FA/hour one event amounts to."""
+    whole = [r for r in rows if r["state"] == ALL and "relative_fr_at_matched_clip_fa" in r]
+    if not whole:
+        return []
+    lines = [
+        "## Relative FR at matched FA",
+        "",
+        "Both models at the lowest threshold whose false accepts stay at the baseline's "
+        "(at its operating point): relative FR below 1 means the candidate misses fewer "
+        "wake words at no more false accepts; `unbounded` where the baseline misses none.",
+        "",
+        "| candidate | device | FRR base→cand | FA/hour base→cand | rel. FR at matched FA/hour "
+        "[95% CI] | rel. FR at matched FA/clip [95% CI] | one event = FA/hour |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in whole:
+        res = r.get("fa_per_hour_resolution")
+        lines.append(
+            f"| {r['candidate']} | {r['device_type']} | {_num(r['baseline_fr'])} → "
+            f"{_num(r['fr'])} | {_num(r['baseline_fa_per_hour'], '{:.1f}')} → "
+            f"{_num(r['fa_per_hour'], '{:.1f}')} | "
+            f"{_matched_cell(r.get('relative_fr_at_matched_fa_per_hour'))} | "
+            f"{_matched_cell(r['relative_fr_at_matched_clip_fa'])} | {_num(res, '{:.1f}')} |"
+        )
+    return [*lines, ""]
+
+
+def _inline_html(text: str) -> str:
+    """Markdown's inline code and bold as HTML, the rest escaped."""
+    parts = html.escape(text).split("`")
+    out = "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+    bold = out.split("**")
+    return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(bold))
+
+
+def _md_table_html(rows: list[list[str]]) -> str:
+    head, *body = rows
+    cells = ["<table><tr>" + "".join(f"<th>{_inline_html(c)}</th>" for c in head) + "</tr>"]
+    cells += ["<tr>" + "".join(f"<td>{_inline_html(c)}</td>" for c in r) + "</tr>" for r in body]
+    return "\n".join([*cells, "</table>"])
+
+
+def markdown_html(lines: list[str]) -> str:
+    """The Markdown this report writes (headings, paragraphs, lists, tables, inline code) as
+    HTML, so the HTML report shows what the Markdown one says without raw markup."""
+    out: list[str] = []
+    block: list[Any] = []  # the open table's rows, or the open list's items
+    kind = ""
+
+    def close() -> None:
+        if kind == "table" and block:
+            out.append(_md_table_html(block))
+        elif kind == "list" and block:
+            out.append("<ul>" + "".join(f"<li>{_inline_html(t)}</li>" for t in block) + "</ul>")
+        block.clear()
+
+    for line in lines:
+        now = "table" if line.startswith("|") else "list" if line.startswith("- ") else ""
+        if now != kind:
+            close()
+            kind = now
+        if now == "table":
+            if not line.startswith("|---"):
+                block.append([c.strip() for c in line.strip().strip("|").split(" | ")])
+        elif now == "list":
+            block.append(line[2:])
+        elif line.startswith("#"):
+            level = len(line) - len(line.lstrip("#"))
+            out.append(f"<h{level}>{_inline_html(line[level:].strip())}</h{level}>")
+        elif line.strip():
+            out.append(f"<p>{_inline_html(line)}</p>")
+    close()
+    return "\n".join(out)
+
+
 def _plots(result: EvalResult, out_dir: Path) -> dict[str, Path]:
     plots = {}
     for device, curves in result.det.items():
@@ -152,6 +238,7 @@ def _markdown(result: EvalResult, plots: dict[str, Path]) -> str:
     lines += [f"- {t}" for t in _explanation(result)]
     lines += ["", "Models: " + ", ".join(f"`{n}` = `{p}`" for n, p in result.models.items()), ""]
     lines += shipped_table(result)
+    lines += matched_fa_table(result.rows)
     lines += ["## Results", ""]
     lines.append("| " + " | ".join(h for _, h in COLUMNS) + " |")
     lines.append("|" + "---|" * len(COLUMNS))
@@ -172,7 +259,7 @@ def _html(result: EvalResult, plots: dict[str, Path]) -> str:
         "padding:3px 6px}th{background:#eee}tr.all{font-weight:bold}</style></head><body>",
         "<h1>Wake-word evaluation: relative FA/FR against the baseline</h1><ul>",
     ]
-    parts += [f"<li>{esc(t)}</li>" for t in _explanation(result)]
+    parts += [f"<li>{_inline_html(t)}</li>" for t in _explanation(result)]
     parts.append(
         "</ul><p>Models: "
         + ", ".join(
@@ -180,22 +267,7 @@ def _html(result: EvalResult, plots: dict[str, Path]) -> str:
         )
         + "</p>"
     )
-    shipped = [
-        line
-        for line in shipped_table(result)
-        if line.startswith("|") and not line.startswith("|---")
-    ]
-    if shipped:
-        cells = [[c.strip() for c in line.strip("|").split("|")] for line in shipped]
-        parts.append(
-            "<h2>The baseline at its shipped threshold</h2><table><tr>"
-            + "".join(f"<th>{esc(c)}</th>" for c in cells[0])
-            + "</tr>"
-        )
-        parts += [
-            "<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in cells[1:]
-        ]
-        parts.append("</table>")
+    parts.append(markdown_html(shipped_table(result) + matched_fa_table(result.rows)))
     parts.append(
         "<h2>Results</h2><table><tr>" + "".join(f"<th>{esc(h)}</th>" for _, h in COLUMNS) + "</tr>"
     )
