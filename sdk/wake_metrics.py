@@ -750,10 +750,11 @@ class MatchedFaResult:
         return rec
 
 
-def _matched_point(
+def matched_fa_thresholds(
     bp: np.ndarray, cp: np.ndarray, fa_b: FaCurve, fa_c: FaCurve, fa_level: float
 ) -> tuple[float, float, float, float]:
-    """(baseline threshold, candidate threshold, their FAs) at `fa_level`."""
+    """(baseline threshold, candidate threshold, their FAs) at `fa_level`: each model at
+    the lowest threshold of its FR grid whose FA stays within the level."""
     gb, gc = fr_grid(bp), fr_grid(cp)
     vb, vc = np.asarray(fa_b(gb), dtype=np.float64), np.asarray(fa_c(gc), dtype=np.float64)
     ib, ic = lowest_threshold_within(gb, vb, fa_level), lowest_threshold_within(gc, vc, fa_level)
@@ -821,7 +822,7 @@ def relative_fr_at_matched_fa(
         raise ValueError(f"baseline and candidate must score the same clips: {bp.size}/{cp.size}")
     if not (math.isfinite(fa_level) and fa_level >= 0):
         raise ValueError(f"fa_level must be a finite number >= 0, got {fa_level!r}")
-    point = _matched_point(bp, cp, base_fa, cand_fa, fa_level)
+    point = matched_fa_thresholds(bp, cp, base_fa, cand_fa, fa_level)
     units = np.arange(bp.size).astype(str) if pos_units is None else np.asarray(pos_units, str)
     if units.size != bp.size:
         raise ValueError("pos_units must give one unit per wake-word clip")
@@ -863,11 +864,11 @@ def relative_fr_at_matched_clip_fa(
         return fa_at(n, tb)
 
     fa_level = fa_level_of(bp, bn)
-    point = _matched_point(bp, cp, clip_fa_curve(bn), clip_fa_curve(cn), fa_level)
+    point = matched_fa_thresholds(bp, cp, clip_fa_curve(bn), clip_fa_curve(cn), fa_level)
     values = []
     for ip, ineg in _resamples(np.random.default_rng(seed), bp.size, bn.size, groups, n_boot):
         lvl = fa_level_of(bp[ip], bn[ineg])
-        tb, tc, _, _ = _matched_point(
+        tb, tc, _, _ = matched_fa_thresholds(
             bp[ip], cp[ip], clip_fa_curve(bn[ineg]), clip_fa_curve(cn[ineg]), lvl
         )
         values.append(_fr_ratio(fr_at(cp[ip], tc), fr_at(bp[ip], tb)))
