@@ -7,6 +7,8 @@ import logging
 import signal
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -198,8 +200,25 @@ def _exports(args: argparse.Namespace, client, summary, say) -> None:
         return
     if args.export:
         say(f"served model written to {client.export_served_model(args.export)}")
+        _write_gate_record(args.export, summary)
     if args.onnx:
         say(f"served model exported to {client.export_onnx(args.onnx)}")
+
+
+def gate_record_path(export: str | Path) -> Path:
+    """Where the served model's gate record is written: beside its export."""
+    return Path(export).with_suffix(".gate.json")
+
+
+def _write_gate_record(export: str | Path, summary: Any) -> None:
+    """The served model and the gate's last decision (its reason included), as JSON beside
+    the exported model, for a report on what the device serves and why."""
+    import json
+
+    from wakefl.sdk.round_training import json_safe
+
+    record = {"served": summary.served, "gate": summary.gate}
+    gate_record_path(export).write_text(json.dumps(json_safe(record), indent=1) + "\n")
 
 
 if __name__ == "__main__":
