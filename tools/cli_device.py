@@ -211,13 +211,19 @@ def gate_record_path(export: str | Path) -> Path:
 
 
 def _write_gate_record(export: str | Path, summary: Any) -> None:
-    """The served model and the gate's last decision (its reason included), as JSON beside
-    the exported model, for a report on what the device serves and why."""
+    """The served model, the gate's last decision and the decision that switched to the
+    served model (None while the device serves its baseline), reasons included, as JSON
+    beside the exported model, for a report on what the device serves and why."""
     import json
 
     from wakefl.sdk.round_training import json_safe
 
-    record = {"served": summary.served, "gate": summary.gate}
+    switched = [o.gate for o in summary.outcomes if o.gate and o.gate.get("switched")]
+    record = {
+        "served": summary.served,
+        "gate": summary.gate,
+        "switched_by": switched[-1] if switched else None,
+    }
     gate_record_path(export).write_text(json.dumps(json_safe(record), indent=1) + "\n")
 
 

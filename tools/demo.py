@@ -47,8 +47,9 @@ class DemoSettings:
     round_timeout: float = 300.0
     lr: float = 0.05
     batch_size: int = 16
-    l_max: int = 10
-    warmup_steps: int = 5
+    # None: 30 and 10 on the fleet (its users need more than a nudge), 10 and 5 elsewhere.
+    l_max: int | None = None
+    warmup_steps: int | None = None
     # The tiny test split has ~11 positives per device type: a 5% FR target would allow no
     # miss at all, so the demo's operating point is 10% FR (kept for the demo profile).
     target_fr: float = 0.1
@@ -58,11 +59,27 @@ class DemoSettings:
     # The baseline's operating point in the evaluation: its shipped threshold (None: on the
     # fleet, where what matters is how much it misses there) or the target FR on test clips.
     at_shipped_threshold: bool | None = None
+    # Whether the global model is scored on every device type beside the served models
+    # (None: not on the fleet, whose streams are long and whose question is what each
+    # device serves).
+    score_global: bool | None = None
 
     def model_width(self) -> float:
         if self.width is not None:
             return self.width
         return 0.25 if self.profile == DEFAULT_PROFILE else 1.0
+
+    def local_steps(self) -> tuple[int, int]:
+        """(l_max, warm-up steps) of Self-FL's local training."""
+        fleet = self.profile == DEFAULT_PROFILE
+        l_max = self.l_max if self.l_max is not None else (30 if fleet else 10)
+        warmup = self.warmup_steps if self.warmup_steps is not None else (10 if fleet else 5)
+        return l_max, warmup
+
+    def global_scored(self) -> bool:
+        if self.score_global is not None:
+            return self.score_global
+        return self.profile != DEFAULT_PROFILE or self.manifest is not None
 
     def shipped_threshold(self) -> bool:
         if self.at_shipped_threshold is not None:
@@ -233,8 +250,8 @@ def _server_args(
     for k, v in (
         ("lr", st.lr),
         ("batch_size", st.batch_size),
-        ("l_max", st.l_max),
-        ("warmup_steps", st.warmup_steps),
+        ("l_max", st.local_steps()[0]),
+        ("warmup_steps", st.local_steps()[1]),
     ):
         args += ["--strategy-arg", f"{k}={v}"]
     return args
@@ -352,8 +369,9 @@ def evaluate_and_report(
     # Each served model is paired with its device type: scored only there.
     paired = [f"{to_onnx(served[t])}:{t}" for t in device_types]
     base_onnx = to_onnx(baseline)
+    scored_global = [str(to_onnx(global_ckpt))] if st.global_scored() else []
     result = run_evaluation(
-        base_onnx, [str(to_onnx(global_ckpt)), *paired], manifest, _eval_settings(st, shipped)
+        base_onnx, [*scored_global, *paired], manifest, _eval_settings(st, shipped)
     )
     new_rows = _evaluate_new_users(st, manifest, base_onnx, paired, shipped)
     summary = device_summary(result.rows, device_types, _gate_records(served))

@@ -61,13 +61,16 @@ def device_summary(
         per_hour = r.get("relative_fr_at_matched_fa_per_hour")
         rec = per_hour if per_hour is not None else r.get("relative_fr_at_matched_clip_fa")
         gate = gates.get(t) or {}
-        decision = gate.get("gate") or {}
+        served = gate.get("served") or {}
+        # Why it serves what it serves: the decision that switched to it, else the last one.
+        decision = gate.get("switched_by") or gate.get("gate") or {}
         out.append(
             {
                 "device_type": t,
                 "matched_on": "FA/hour" if per_hour is not None else "FA/clip",
                 "record": rec,
-                "serves": (gate.get("served") or {}).get("model", "n/a"),
+                "serves": served.get("model", "n/a"),
+                "since_round": served.get("round"),
                 "reason": decision.get("reason", "no gate decision recorded"),
                 "n_positive": r["n_positive"],
                 "n_speakers": r["n_speakers"],
@@ -90,7 +93,11 @@ def summary_table(summary: list[dict[str, Any]]) -> list[str]:
         per_hour = s["matched_on"] == "FA/hour"
         fa_b = _fmt(rec.get("baseline_fa"), "{:.1f}") if per_hour else "n/a"
         fa_c = _fmt(rec.get("candidate_fa"), "{:.1f}") if per_hour else "n/a"
-        gate = "switched" if s["serves"] not in ("baseline", "n/a") else "kept the baseline"
+        gate = (
+            "kept the baseline"
+            if s["serves"] in ("baseline", "n/a")
+            else f"switched in round {_fmt(s.get('since_round'), '{:.0f}')}"
+        )
         rel = f"{_fmt(rec.get('relative_fr'))} {_interval(rec)}" if rec else "n/a"
         if ci_below_one(rec):
             rel = f"**{rel}**"
@@ -127,7 +134,14 @@ def resolution_lines(summary: list[dict[str, Any]]) -> list[str]:
 def gate_lines(summary: list[dict[str, Any]]) -> list[str]:
     """The gate's reason per device type, as a Markdown list."""
     return [
-        f"- **{s['device_type']}** serves the {s['serves']} model: {s['reason']}" for s in summary
+        f"- **{s['device_type']}** serves the {s['serves']} model"
+        + (
+            f" of round {_fmt(s.get('since_round'), '{:.0f}')}"
+            if s["serves"] not in ("baseline", "n/a")
+            else ""
+        )
+        + f": {s['reason']}"
+        for s in summary
     ]
 
 
