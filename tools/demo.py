@@ -64,14 +64,19 @@ class DemoSettings:
     # device serves).
     score_global: bool | None = None
 
+    def runs_fleet(self) -> bool:
+        """Whether this run is on the fleet of hard users (the default profile, no
+        `--manifest` of one's own): the defaults below then suit it."""
+        return self.profile == DEFAULT_PROFILE and self.manifest is None
+
     def model_width(self) -> float:
         if self.width is not None:
             return self.width
-        return 0.25 if self.profile == DEFAULT_PROFILE else 1.0
+        return 0.25 if self.runs_fleet() else 1.0
 
     def local_steps(self) -> tuple[int, int]:
         """(l_max, warm-up steps) of Self-FL's local training."""
-        fleet = self.profile == DEFAULT_PROFILE
+        fleet = self.runs_fleet()
         l_max = self.l_max if self.l_max is not None else (30 if fleet else 10)
         warmup = self.warmup_steps if self.warmup_steps is not None else (10 if fleet else 5)
         return l_max, warmup
@@ -79,12 +84,12 @@ class DemoSettings:
     def global_scored(self) -> bool:
         if self.score_global is not None:
             return self.score_global
-        return self.profile != DEFAULT_PROFILE or self.manifest is not None
+        return not self.runs_fleet()
 
     def shipped_threshold(self) -> bool:
         if self.at_shipped_threshold is not None:
             return self.at_shipped_threshold
-        return self.profile == DEFAULT_PROFILE and self.manifest is None
+        return self.runs_fleet()
 
 
 def _say(msg: str) -> None:
