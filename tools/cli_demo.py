@@ -48,6 +48,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "operating point where it has no shipped threshold or the profile is not the "
         "fleet (default 0.1)",
     )
+    _add_run_options(p)
+    p.set_defaults(func=_run)
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    """Where the run goes, the broker and the corpus."""
     p.add_argument(
         "--workdir",
         type=Path,
@@ -67,7 +73,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="use this corpus manifest instead of the synthetic one",
     )
     p.add_argument("--round-timeout", type=float, default=300.0)
-    p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
