@@ -16,25 +16,31 @@ The rule, for each candidate C against the served model S (and against the basel
 the model the device shipped with, when its scores are given):
 
 1. Point figures on all clips: relative FA = FA(C) / FA(S) at matched FR, relative FR
-   = FR(C) / FR(S) at those thresholds.
+   = FR(C) / FR(S) at those thresholds, and relative FR at matched FA: the FA level is
+   S's FA at its threshold, both models work at the lowest threshold whose FA stays
+   within it (wake_metrics.relative_fr_at_matched_clip_fa), and the ratio is C's FR over
+   S's there: below 1, C misses fewer wake words at no more false accepts.
 2. A paired bootstrap over units (speakers; each clip its own unit when none are given):
    every replicate draws units with replacement, refits S's threshold to the target FR on
-   the drawn clips, rematches C, and computes both ratios (unbounded counts as +inf).
+   the drawn clips, rematches C, and computes the three ratios (unbounded counts as +inf).
    Percentile intervals at `level` (the bounds are the order statistics just outside the
    nominal quantiles, as in wake_metrics).
 3. C is *worse beyond the noise* than a reference when the lower bound of its relative
-   FA interval is > 1 or the lower bound of its relative FR interval is > 1 (an
-   unbounded lower bound counts as > 1).
+   FA interval, of its relative FR interval or of its relative FR at matched FA interval
+   is > 1 (an unbounded lower bound counts as > 1): more false accepts, or more misses,
+   than the noise explains.
 4. C is *admissible* when it is not worse beyond the noise than S nor than B, and its
    point figures against S are better: relative FA <= 1 and relative FR <= 1 with at
-   least one of them < 1. (Not worse beyond the noise alone would let a model that looks
+   least one of them < 1, or fewer misses at matched FA (relative FR at matched FA < 1).
+   (Not worse beyond the noise alone would let a model that looks
    worse on the device's own clips in; checking B as well stops a chain of such switches
    from drifting away from the shipped model.) A tie, the same errors on every clip
    (including 0/0, no false accept by either model), keeps S: a switch needs evidence
    that it helps, and a device whose clips show no error has none. `ties="switch"` admits
    ties as well (relative FA <= 1 and relative FR <= 1), the rule before this one.
-5. The device serves the admissible candidate with the lowest point relative FA against S
-   (ties: the first in the order given, e.g. personalized before global); with none, it
+5. The device serves the admissible candidate with the lowest point relative FA against S,
+   then the lowest relative FR at matched FA (ties: the first in the order given, e.g.
+   personalized before global); with none, it
    keeps serving S.
 
 Without local validation clips, without wake-word clips or without other clips nothing
@@ -55,8 +61,10 @@ import numpy as np
 from wakefl.errors import NonFiniteError
 from wakefl.sdk.wake_metrics import (
     baseline_threshold,
+    clip_fa_curve,
     fa_at,
     fr_at,
+    matched_fa_thresholds,
     matched_threshold,
     percentile_interval,
     relative_fa_fr,
@@ -95,12 +103,17 @@ class Comparison:
     worse_beyond_noise: bool
     no_worse_point: bool  # point relative FA <= 1 and relative FR <= 1
     better_point: bool = False  # no worse, and relative FA < 1 or relative FR < 1
+    # FR(C) / FR(S) with both at the lowest threshold keeping S's FA (None: unbounded)
+    relative_fr_matched_fa: float | None = 1.0
+    relative_fr_matched_fa_ci: tuple[float | None, float | None] = (None, None)
+    fewer_misses: bool = False  # relative FR at matched FA < 1
 
     def as_dict(self) -> dict:
         """JSON values: an unbounded figure is "unbounded"; an interval without any
         evaluable replicate is [null, null]."""
         fa_ci = _interval(self.relative_fa_ci) if self.replicates else [None, None]
         fr_ci = _interval(self.relative_fr_ci) if self.replicates else [None, None]
+        mfa_ci = _interval(self.relative_fr_matched_fa_ci) if self.replicates else [None, None]
         return {
             "candidate": self.candidate,
             "reference": self.reference,
@@ -118,6 +131,9 @@ class Comparison:
             "worse_beyond_noise": self.worse_beyond_noise,
             "no_worse_point": self.no_worse_point,
             "better_point": self.better_point,
+            "relative_fr_matched_fa": _num(self.relative_fr_matched_fa),
+            "relative_fr_matched_fa_ci": mfa_ci,
+            "fewer_misses": self.fewer_misses,
         }
 
 
@@ -277,8 +293,12 @@ def _decision(
             admissible=(),
             **common,
         )
-    point = {c.candidate: c.relative_fa for c in comparisons if c.reference == served_name}
-    best = min(admissible, key=lambda n: (point[n], admissible.index(n)))
+    point = {
+        c.candidate: (_inf(c.relative_fa), _inf(c.relative_fr_matched_fa))
+        for c in comparisons
+        if c.reference == served_name
+    }
+    best = min(admissible, key=lambda n: (*point[n], admissible.index(n)))
     c = next(x for x in comparisons if x.candidate == best and x.reference == served_name)
     against_baseline = any(x.reference == "baseline" for x in comparisons)
     return GateDecision(
@@ -287,7 +307,9 @@ def _decision(
         reason=(
             f"{best} is served: relative FA {_fmt(c.relative_fa)} (interval "
             f"{_fmt_ci(c.relative_fa_ci)}) and relative FR {_fmt(c.relative_fr)} against "
-            f"{served_name}, not worse beyond the noise"
+            f"{served_name}; it misses {_fmt(c.relative_fr_matched_fa)} times as many wake "
+            f"words at no more false accepts (interval {_fmt_ci(c.relative_fr_matched_fa_ci)}); "
+            f"not worse beyond the noise"
             + (" nor against the baseline" if against_baseline else "")
         ),
         comparisons=tuple(comparisons),
@@ -358,13 +380,15 @@ def _admissible(
     switch_on_tie: bool,
 ) -> list[str]:
     """The candidates not worse beyond the noise against any reference and better in
-    the point figures than the served model (no worse, with `switch_on_tie`), in the order
-    given."""
+    the point figures than the served model (no worse, with `switch_on_tie`) or missing
+    fewer wake words at its false-accept rate, in the order given."""
     admissible = []
     for cname in cands:
         mine = [c for c in comparisons if c.candidate == cname]
         vs_served = next(c for c in mine if c.reference == served_name)
-        point_ok = vs_served.no_worse_point if switch_on_tie else vs_served.better_point
+        point_ok = vs_served.fewer_misses or (
+            vs_served.no_worse_point if switch_on_tie else vs_served.better_point
+        )
         if all(c.replicates > 0 and not c.worse_beyond_noise for c in mine) and point_ok:
             admissible.append(cname)
     return admissible
@@ -382,18 +406,23 @@ def _keep_reasons(comparisons: list[Comparison], served_name: str) -> list[str]:
             reasons.append(
                 f"{c.candidate} is worse than {c.reference} beyond the noise "
                 f"(relative FA {_fmt(c.relative_fa)}, interval {_fmt_ci(c.relative_fa_ci)}; "
-                f"relative FR {_fmt(c.relative_fr)}, interval {_fmt_ci(c.relative_fr_ci)})"
+                f"relative FR {_fmt(c.relative_fr)}, interval {_fmt_ci(c.relative_fr_ci)}; "
+                f"relative FR at matched FA {_fmt(c.relative_fr_matched_fa)}, interval "
+                f"{_fmt_ci(c.relative_fr_matched_fa_ci)})"
             )
-        elif c.reference == served_name and not c.no_worse_point:
+        elif c.reference != served_name or c.fewer_misses:
+            continue
+        elif not c.no_worse_point:
             reasons.append(
                 f"{c.candidate} is not as good as {c.reference} on the local clips "
                 f"(relative FA {_fmt(c.relative_fa)}, relative FR {_fmt(c.relative_fr)})"
             )
-        elif c.reference == served_name and not c.better_point:
+        elif not c.better_point:
             reasons.append(
                 f"{c.candidate} is no better than {c.reference} on the local clips "
                 f"({c.candidate_fa_count} against {c.reference_fa_count} false accepts, "
-                f"relative FR {_fmt(c.relative_fr)}): nothing shows that a switch helps"
+                f"relative FR {_fmt(c.relative_fr)}, relative FR at matched FA "
+                f"{_fmt(c.relative_fr_matched_fa)}): nothing shows that a switch helps"
             )
     return reasons
 
@@ -460,13 +489,23 @@ def _unit_draws(
 
 def _ratios(
     ref: np.ndarray, cand: np.ndarray, ip: np.ndarray, ineg: np.ndarray, target_fr: float
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
+    """Relative FA and FR at matched FR, and relative FR at matched FA, of the clips
+    `ip` (wake words) and `ineg` (others); unbounded is +inf."""
     tr = baseline_threshold(ref[ip], target_fr)
     fr_r = fr_at(ref[ip], tr)
     tc = matched_threshold(cand[ip], fr_r)
     fa, _ = safe_ratio(fa_at(cand[ineg], tc), fa_at(ref[ineg], tr), "FA")
     fr, _ = safe_ratio(fr_at(cand[ip], tc), fr_r, "FR")
-    return (math.inf if fa is None else fa), (math.inf if fr is None else fr)
+    mr, mc, _, _ = matched_fa_thresholds(
+        ref[ip],
+        cand[ip],
+        clip_fa_curve(ref[ineg]),
+        clip_fa_curve(cand[ineg]),
+        fa_at(ref[ineg], tr),
+    )
+    mfa, _ = safe_ratio(fr_at(cand[ip], mc), fr_at(ref[ip], mr), "FR")
+    return tuple(math.inf if x is None else x for x in (fa, fr, mfa))  # type: ignore[return-value]
 
 
 def _compare(
@@ -481,14 +520,11 @@ def _compare(
     level: float,
 ) -> Comparison:
     res = relative_fa_fr(ref[pos], ref[neg], cand[pos], cand[neg], target_fr)
-    fa_values, fr_values = [], []
-    for ip, ineg in draws:
-        fa, fr = _ratios(ref, cand, ip, ineg, target_fr)
-        fa_values.append(fa)
-        fr_values.append(fr)
-    fa_ci = percentile_interval(fa_values, level)
-    fr_ci = percentile_interval(fr_values, level)
-    worse = bool(draws) and (_above_one(fa_ci[0]) or _above_one(fr_ci[0]))
+    point = _ratios(ref, cand, np.flatnonzero(pos), np.flatnonzero(neg), target_fr)
+    mfa = None if math.isinf(point[2]) else point[2]
+    values = [_ratios(ref, cand, ip, ineg, target_fr) for ip, ineg in draws]
+    fa_ci, fr_ci, mfa_ci = (percentile_interval([v[k] for v in values], level) for k in range(3))
+    worse = bool(draws) and any(_above_one(ci[0]) for ci in (fa_ci, fr_ci, mfa_ci))
     no_worse = (
         res.relative_fa is not None
         and res.relative_fa <= 1.0
@@ -516,7 +552,14 @@ def _compare(
         worse_beyond_noise=worse,
         no_worse_point=no_worse,
         better_point=better,
+        relative_fr_matched_fa=mfa,
+        relative_fr_matched_fa_ci=mfa_ci,
+        fewer_misses=mfa is not None and mfa < 1.0,
     )
+
+
+def _inf(x: float | None) -> float:
+    return math.inf if x is None else x
 
 
 def _above_one(lower: float | None) -> bool:

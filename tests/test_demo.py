@@ -52,8 +52,21 @@ def test_demo_smallest_setting_writes_a_report_per_device_type(tmp_path, tiny_co
     for name in ("report.md", "report.html", "demo_summary.md", "results.json"):
         assert (report / name).is_file(), name
     summary = (report / "demo_summary.md").read_text()
+    # One row per device type: both models' FRR and FA/h, relative FR, the gate's decision.
+    assert "| device | baseline FRR | baseline FA/h | served model | served FRR |" in summary
     for t in TYPES:
-        assert f"| {t}      | global" in summary and f"| {t}      | served" in summary
+        assert f"\n| {t} | " in summary and f"- **{t}** serves the " in summary
+        gate = json.loads((workdir / "models" / f"served-{t}.gate.json").read_text())
+        assert gate["gate"]["reason"] and gate["served"]["model"] in (
+            "baseline",
+            "personalized",
+            "global",
+        )
+    assert "Resolution" in summary and "FA/h" in summary
+    # The main report leads with the same summary; the HTML shows no raw Markdown there.
+    assert (report / "report.md").read_text().count("## Summary") == 1
+    html = (report / "report.html").read_text()
+    assert "<h2>Summary" in html and "`" not in html.split("<h2>Results")[0]
     rows = json.loads((report / "results.json").read_text())["rows"]
     for t in TYPES:
         own = [
@@ -68,9 +81,24 @@ def test_demo_smallest_setting_writes_a_report_per_device_type(tmp_path, tiny_co
     # gives the absolute FRR and FA/h beside the relative figures.
     for t in TYPES:
         assert f"dev{t} serves the " in out
-    assert "| FRR " in summary and "| FA/h " in summary and "| base FA/h " in summary
     # The warm-start baseline went to the cache named by WAKEFL_CACHE, not the user's.
     assert list((tmp_path / "cache" / "baselines").glob("baseline-*.safetensors"))
+
+
+def test_demo_defaults_suit_the_fleet_and_keep_the_other_profiles():
+    from pathlib import Path
+
+    from wakefl.tools.demo import DemoSettings
+
+    fleet = DemoSettings()
+    assert fleet.profile == "fleet" and fleet.runs_fleet()
+    assert fleet.model_width() == 0.25 and fleet.shipped_threshold() and not fleet.global_scored()
+    for other in (DemoSettings(profile="demo"), DemoSettings(manifest=Path("m.csv"))):
+        assert not other.runs_fleet() and other.model_width() == 1.0
+        assert other.local_steps() == (10, 5) and other.global_scored()
+        assert not other.shipped_threshold()
+    assert DemoSettings(width=0.5, l_max=4).model_width() == 0.5
+    assert DemoSettings(l_max=4).local_steps() == (4, 10)
 
 
 def test_demo_refuses_bad_arguments_cleanly(tmp_path):

@@ -133,6 +133,12 @@ def test_eval_identical_candidate_schema_and_report(models, tiny_corpus, tmp_pat
         assert whole["fa_per_hour"] == pytest.approx(
             whole["false_accept_events"] / whole["stream_hours"]
         )
+        # Relative FR at matched FA, on the clips and on the streams: exactly 1.
+        for key in ("relative_fr_at_matched_clip_fa", "relative_fr_at_matched_fa_per_hour"):
+            rec = whole[key]
+            assert rec["relative_fr"] == 1.0 and rec["relative_fr_ci"] == [1.0, 1.0], rec
+            assert rec["baseline_threshold"] == rec["candidate_threshold"]
+        assert whole["fa_per_hour_resolution"] == pytest.approx(1.0 / whole["stream_hours"])
 
     # The other candidate: its figures agree with its own counts, and its FR is matched.
     for r in (r for r in rows if r["candidate"] == "other" and r["state"] == "all"):
@@ -146,7 +152,9 @@ def test_eval_identical_candidate_schema_and_report(models, tiny_corpus, tmp_pat
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = (report / "report.md").read_text()
     assert "| same | A | all |" in md and "det_A.png" in md
+    assert "## Relative FR at matched FA" in md and "| same | A | " in md
     html = (report / "report.html").read_text()
+    assert "`" not in html.split("<h2>Results</h2>")[0]  # Markdown rendered, not raw
     assert html.count("data:image/png;base64,") == len(devices) + 1
     assert _no_nan((report / "results.json").read_text())["rows"] == rows
 

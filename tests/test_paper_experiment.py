@@ -217,6 +217,13 @@ def test_tiny_study_end_to_end(tiny_corpus: Path, tmp_path: Path):
         r["relative_fr"] for r in rows if r["relative_fr"] is not None and r["state"] == "all"
     ]
     assert matched and sum(abs(v - 1.0) < 1e-9 for v in matched) > len(matched) / 2
+    # Every whole-device-type cell also reports relative FR at matched FA, with an interval.
+    for r in rows:
+        if r["state"] == "all" and r["n_positive"] and r["n_negative"]:
+            rec = r["relative_fr_at_matched_clip_fa"]
+            assert (
+                rec["unbounded"] == (rec["relative_fr"] is None) and len(rec["relative_fr_ci"]) == 2
+            )
     # The state rows share the device type's thresholds: their false accepts add up.
     by_cell: dict[tuple, dict[str, dict]] = {}
     for r in rows:
@@ -253,6 +260,7 @@ def test_tiny_study_end_to_end(tiny_corpus: Path, tmp_path: Path):
     for heading in (
         "Table 2a",
         "Table 2b",
+        "Relative FR at matched FA per clip",
         "Table 5",
         "Table 6",
         "Tuning",

@@ -122,8 +122,12 @@ def test_a_noisy_equal_model_follows_the_documented_rule_and_is_deterministic():
         )
         assert d == again
         c = d.comparisons[0]
-        # The rule: switch iff not worse beyond the noise and better in the point figures.
-        assert d.switched == (not c.worse_beyond_noise and c.better_point)
+        # The rule: switch iff not worse beyond the noise and better in the point figures
+        # (at matched FR, or fewer misses at matched FA).
+        assert d.switched == (not c.worse_beyond_noise and (c.better_point or c.fewer_misses))
+        assert c.fewer_misses == (
+            c.relative_fr_matched_fa is not None and c.relative_fr_matched_fa < 1
+        )
         assert c.no_worse_point == (
             c.relative_fa is not None
             and c.relative_fa <= 1
@@ -133,6 +137,64 @@ def test_a_noisy_equal_model_follows_the_documented_rule_and_is_deterministic():
         assert c.better_point == (c.no_worse_point and (c.relative_fa < 1 or c.relative_fr < 1))
         switched += d.switched
     assert 0 < switched < 12  # equal models go either way on the device's own clips
+
+
+def _units_of(per_unit: list[float], n_units: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.tile(per_unit, n_units), np.repeat([f"spk{u}" for u in range(n_units)], len(per_unit))
+
+
+@pytest.mark.parametrize(
+    ("served_neg", "cand_neg", "switches", "why"),
+    [
+        # The served model misses "0.3" at its operating point (target FR 1/4: threshold
+        # 0.5, no false accept) and must keep missing it, or accept its 0.4 negative. The
+        # candidate scores its negatives lower: at the same false-accept rate (none) it
+        # may go down to 0.3 and miss nothing. At matched FR the two tie (0/0 false
+        # accepts, same FR): only the misses at matched FA show the gain.
+        ([0.4, 0.1, 0.2], [0.1, 0.1, 0.2], True, "misses 0.00 times as many"),
+        # The same positives, and negatives at least as high: no fewer misses, kept.
+        ([0.4, 0.1, 0.2], [0.45, 0.1, 0.2], False, "no better than served"),
+        # Everything the same: a tie, kept.
+        ([0.4, 0.1, 0.2], [0.4, 0.1, 0.2], False, "no better than served"),
+    ],
+)
+def test_fewer_misses_at_equal_false_accepts_switches(served_neg, cand_neg, switches, why):
+    pos = [0.3, 0.5, 0.6, 0.8]
+    labels, units = _units_of([1, 1, 1, 1, 0, 0, 0], 10)
+    served, _ = _units_of([*pos, *served_neg], 10)
+    cand, _ = _units_of([*pos, *cand_neg], 10)
+    d = decide_served_model(
+        labels, served, {"personalized": cand}, units=units, target_fr=0.25, n_boot=50
+    )
+    c = d.comparisons[0]
+    assert c.relative_fa == 1.0 and c.relative_fr == 1.0 and not c.better_point
+    assert d.switched == switches and c.fewer_misses == switches, d.reason
+    assert why in d.reason
+    if switches:
+        assert c.relative_fr_matched_fa == 0.0 and c.relative_fr_matched_fa_ci == (0.0, 0.0)
+        assert d.as_dict()["comparisons"][0]["fewer_misses"] is True
+
+
+def test_fewer_misses_bought_with_false_accepts_beyond_the_noise_keeps_the_served_model():
+    for seed in range(8):
+        rng = np.random.default_rng(seed)
+        labels, units = _units_of([1, 1, 1, 1] + [0] * 8, 15)
+        n = labels.size
+        # The served model scores half the wake words low, yet above every negative: at
+        # its operating point it false-accepts nothing. The candidate scores every wake
+        # word high, but a third of the negatives among them: its false accepts rise.
+        served = np.where(
+            labels == 1, rng.choice([0.2, 0.8], n) + 0.1 * rng.random(n), 0.15 * rng.random(n)
+        )
+        high = rng.random(n) < 1 / 3
+        cand = np.where(labels == 1, 0.7 + 0.2 * rng.random(n), np.where(high, 0.95, 0.1))
+        d = decide_served_model(
+            labels, served, {"personalized": cand}, units=units, n_boot=200, seed=seed
+        )
+        c = d.comparisons[0]
+        assert c.worse_beyond_noise and not d.switched and d.serve == "served"
+        assert c.relative_fa_ci[0] is None or c.relative_fa_ci[0] > 1.0
+        assert "worse than served beyond the noise" in d.reason
 
 
 def test_a_tie_keeps_the_served_model_unless_ties_switch():

@@ -14,13 +14,18 @@ from wakefl.sdk.wake_metrics import (
     baseline_threshold,
     bootstrap_relative_fa_by_subset,
     bootstrap_relative_fa_ci,
+    clip_fa_curve,
     det_curve,
     fa_at,
     false_accepts_per_hour,
     fr_at,
+    fr_grid,
     local_relative_report,
+    lowest_threshold_within,
     matched_threshold,
     relative_fa_fr,
+    relative_fr_at_matched_clip_fa,
+    relative_fr_at_matched_fa,
 )
 
 POS = [0.1, 0.4, 0.4, 0.7, 0.9]
@@ -315,3 +320,91 @@ def test_saturation_and_explicit_unbounded_intervals():
     assert interval_record((None, None), None)["upper"] == "unbounded"
     assert interval_record((0.5, 0.9), 0.7) == {"lower": 0.5, "upper": 0.9, "note": ""}
     assert interval_record((None, None), None, measured=False)["upper"] is None
+
+
+# --- relative FR at matched FA ---------------------------------------------------------
+
+
+def test_relative_fr_at_matched_fa_is_one_for_identical_models():
+    rng = np.random.default_rng(4)
+    pos, neg = rng.random(40), rng.random(60) * 0.8
+    units = [f"s{i % 8}" for i in range(40)]
+    curve = clip_fa_curve(neg)
+    res = relative_fr_at_matched_fa(pos, pos.copy(), curve, curve, 0.05, units, n_boot=100)
+    assert res.relative_fr == 1.0 and res.relative_fr_ci == (1.0, 1.0)
+    assert res.baseline_threshold == res.candidate_threshold and not res.unbounded
+    clip = relative_fr_at_matched_clip_fa(pos, neg, pos.copy(), neg.copy(), 0.1, n_boot=100)
+    assert clip.relative_fr == 1.0 and clip.relative_fr_ci == (1.0, 1.0)
+
+
+def test_relative_fr_at_matched_clip_fa_on_a_known_pair():
+    # The baseline ships 0.6 and false-accepts nothing there: FA level 0. Its lowest
+    # threshold without a false accept is 0.6 (0.3 would accept the 0.5 negative): it
+    # misses 0.2 and 0.3, FR 1/2. The candidate's negatives stop at 0.4, so it may go down
+    # to 0.55 and misses only 0.3: FR 1/4, relative FR 0.5.
+    res = relative_fr_at_matched_clip_fa(
+        [0.2, 0.3, 0.6, 0.8],
+        [0.5, 0.1, 0.1, 0.1],
+        [0.55, 0.7, 0.9, 0.3],
+        [0.4, 0.1, 0.2, 0.2],
+        target_fr=0.05,
+        baseline_thr=0.6,
+        n_boot=50,
+    )
+    assert res.fa_level == 0.0 and res.baseline_fa == res.candidate_fa == 0.0
+    assert (res.baseline_threshold, res.candidate_threshold) == (0.6, 0.55)
+    assert (res.baseline_fr, res.candidate_fr, res.relative_fr) == (0.5, 0.25, 0.5)
+
+
+def test_relative_fr_at_matched_fa_per_hour_on_a_known_pair():
+    # FA/h on streams: the baseline makes 10/h below 0.5, the candidate below 0.25. Held to
+    # the baseline's 0/h, the baseline must work at 0.6 (4 of 8 missed), the candidate at
+    # 0.3 (2 of 8 missed): relative FR 0.5, and each clip its own unit.
+    pos = np.array([0.1, 0.2, 0.3, 0.4, 0.6, 0.7, 0.8, 0.9])
+    res = relative_fr_at_matched_fa(
+        pos,
+        pos.copy(),
+        lambda t: np.where(t < 0.5, 10.0, 0.0),
+        lambda t: np.where(t < 0.25, 10.0, 0.0),
+        fa_level=0.0,
+        n_boot=300,
+        seed=1,
+    )
+    assert (res.baseline_threshold, res.candidate_threshold) == (0.6, 0.3)
+    assert (res.baseline_fr, res.candidate_fr, res.relative_fr) == (0.5, 0.25, 0.5)
+    lo, hi = res.relative_fr_ci
+    assert lo is not None and hi is not None and lo <= 0.5 <= hi <= 1.0
+    rec = res.as_record()
+    json.dumps(rec, allow_nan=False)
+    assert rec["relative_fr"] == 0.5 and not rec["unbounded"]
+
+
+def test_relative_fr_at_matched_fa_is_unbounded_and_flagged_when_the_baseline_misses_none():
+    pos = np.array([0.6, 0.7, 0.8, 0.9])
+    res = relative_fr_at_matched_fa(
+        pos,
+        np.array([0.2, 0.7, 0.8, 0.9]),
+        lambda t: np.zeros(np.shape(t)),
+        lambda t: np.where(t < 0.5, 10.0, 0.0),
+        fa_level=0.0,
+        n_boot=50,
+    )
+    assert res.baseline_fr == 0.0 and res.candidate_fr == 0.25
+    assert res.relative_fr is None and res.unbounded and "unbounded" in res.note
+    rec = res.as_record()
+    assert rec["relative_fr"] == "unbounded" and rec["unbounded"] is True
+    json.dumps(rec, allow_nan=False)
+    # Both missing nothing is no difference: 1, not unbounded.
+    same = relative_fr_at_matched_fa(
+        pos, pos.copy(), lambda t: np.zeros(np.shape(t)), lambda t: np.zeros(np.shape(t)), 0.0
+    )
+    assert same.relative_fr == 1.0 and not same.unbounded
+
+
+def test_lowest_threshold_within_holds_the_level_above_the_point():
+    grid = np.array([0.1, 0.2, 0.3, 0.4])
+    # Not monotone: 0.2 is within the level but 0.3 above it is not.
+    assert lowest_threshold_within(grid, np.array([5.0, 0.0, 3.0, 0.0]), 1.0) == 3
+    assert lowest_threshold_within(grid, np.array([0.0, 0.0, 0.0, 0.0]), 0.0) == 0
+    assert lowest_threshold_within(grid, np.array([5.0, 5.0, 5.0, 5.0]), 1.0) == 3
+    assert list(fr_grid([0.3, 0.1, 0.3])[:2]) == [0.1, 0.3]

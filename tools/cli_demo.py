@@ -12,14 +12,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--profile",
-        choices=["demo", "tiny", "small"],
-        default="demo",
-        help="corpus profile (default demo: tiny's training data with 240 test clips per "
-        "device type, within about 10 minutes on 2 cores; tiny: 24 test clips)",
+        choices=["fleet", "demo", "tiny", "small"],
+        default="fleet",
+        help="corpus profile (default fleet: per device type its own users, speaking with "
+        "voices the shipped model never heard in training, 120 test clips and 6 minutes of "
+        "streams per device type, and users kept out of training; demo: the training "
+        "engines' voices, 240 test clips; tiny: 24 test clips)",
     )
     p.add_argument("--rounds", type=int, default=3, help="Self-FL rounds (default 3)")
     p.add_argument(
-        "--width", type=float, default=1.0, help="model width (default 1.0: the shipped full model)"
+        "--width",
+        type=float,
+        default=None,
+        help="model width (default: 0.25, the shipped small model, on the fleet profile; "
+        "1.0, the shipped full model, on the others)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
@@ -38,8 +44,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--target-fr",
         type=float,
         default=0.1,
-        help="baseline operating point: FR target per device type (default 0.1)",
+        help="FR target of each device's served-model gate, and of the baseline's "
+        "operating point where it has no shipped threshold or the profile is not the "
+        "fleet (default 0.1)",
     )
+    _add_run_options(p)
+    p.set_defaults(func=_run)
+
+
+def _add_run_options(p: argparse.ArgumentParser) -> None:
+    """Where the run goes, the broker and the corpus."""
     p.add_argument(
         "--workdir",
         type=Path,
@@ -59,7 +73,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="use this corpus manifest instead of the synthetic one",
     )
     p.add_argument("--round-timeout", type=float, default=300.0)
-    p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:

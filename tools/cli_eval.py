@@ -179,7 +179,7 @@ def empty_cell_notes(rows: list[dict]) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from wakefl.errors import ConfigError
-    from wakefl.tools.eval_report import result_json, write_report
+    from wakefl.tools.eval_report import matched_fa_table, result_json, write_report
     from wakefl.tools.evaluation import (
         EvalSettings,
         parse_candidate,
@@ -222,6 +222,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(result_json(result), allow_nan=False))
     else:
         print(_table(result.rows))
+        print("\n".join(["", *matched_fa_table(result.rows)]))
     return 0
 
 

@@ -12,6 +12,7 @@ import json
 import shutil
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import soundfile as sf
@@ -32,6 +33,8 @@ from wakefl.tools.corpus_plan import (
     Speaker,
     clip_counts,
     clip_recipes,
+    fleet_device_of,
+    is_new_user,
     make_speakers,
     make_unseen_speakers,
     phrase_variants,
@@ -46,12 +49,46 @@ _KIND_CLIP, _KIND_STREAM, _KIND_ROOM = 0, 1, 2
 # Added to the kinds above for the unseen-voices corpus, so its draws never repeat the main one's.
 _UNSEEN_KIND_OFFSET = 10
 UNSEEN_DIR = "unseen"
+# The fleet profile's test corpus of the users kept out of their device type's training data.
+NEW_USERS_DIR = "new-users"
+_NEW_USERS_KIND_OFFSET = 30
 _DEVICE_INDEX = {name: i for i, name in enumerate(DEVICE_PROFILES)}
 _MAX_PHRASE_S = 1.4  # the phrase must fit in the 1.5 s window with a margin
 _EDGE_S = 0.04
 _SPEECH_LEVEL_DB = (-32.0, -20.0)  # acoustic speech level at the device, dBFS RMS
 _STATE_SNR_FALLBACK = (5.0, 15.0)
 _CORPUS_INFO = "corpus.json"
+
+
+class Acoustics(Protocol):
+    """How a device hears a sound field: the rooms it stands in and its capture chain (a
+    corpus profile names one in `ACOUSTICS`; another simulator plugs in there)."""
+
+    def room(self, seed: int, device: str, index: int) -> np.ndarray:
+        """Room impulse response `index` of `device`'s rooms, a function of the seed."""
+        ...
+
+    def capture(self, rng: np.random.Generator, device: str, field_: np.ndarray) -> np.ndarray:
+        """The recording `device` makes of the acoustic field at its microphone."""
+        ...
+
+
+class DeviceAcoustics:
+    """The device types' own acoustics (tools/device_acoustics.py): exponential-decay
+    rooms with the type's RT60 and direct-to-reverberant ratio, its microphone, gain,
+    clipping and sensor noise."""
+
+    def room(self, seed: int, device: str, index: int) -> np.ndarray:
+        prof = DEVICE_PROFILES[device]
+        rng = np.random.default_rng([seed, _DEVICE_INDEX[device], _KIND_ROOM, index])
+        return exponential_rir(rng, rng.uniform(*prof.rt60_s), rng.uniform(*prof.drr_db))
+
+    def capture(self, rng: np.random.Generator, device: str, field_: np.ndarray) -> np.ndarray:
+        return capture(rng, DEVICE_PROFILES[device], field_)
+
+
+# Acoustic simulators by the name a profile gives (`CorpusProfile.acoustics`).
+ACOUSTICS: dict[str, Acoustics] = {"device": DeviceAcoustics()}
 
 
 @dataclass
@@ -63,16 +100,20 @@ class _Context:
     phrases: tuple[str, ...]
     rooms: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
     kind_offset: int = 0
+    acoustics: Acoustics = field(default_factory=DeviceAcoustics)
 
     def room(self, device: str, index: int) -> np.ndarray:
         key = (device, index)
         if key not in self.rooms:
-            prof = DEVICE_PROFILES[device]
-            rng = np.random.default_rng([self.seed, _DEVICE_INDEX[device], _KIND_ROOM, index])
-            self.rooms[key] = exponential_rir(
-                rng, rng.uniform(*prof.rt60_s), rng.uniform(*prof.drr_db)
-            )
+            self.rooms[key] = self.acoustics.room(self.seed, device, index)
         return self.rooms[key]
+
+    def pool(self, device: str, split: str) -> list[Speaker]:
+        """Who speaks on `device` in `split`: the split's speakers, or in a fleet (each
+        device type has its own users) the device type's."""
+        if self.profile.voice_set != "fleet":
+            return self.speakers[split]
+        return [s for s in self.speakers[split] if fleet_device_of(s.speaker_id) == device]
 
 
 def resolve_profile(profile: str | CorpusProfile) -> CorpusProfile:
@@ -233,7 +274,7 @@ def render_clip(ctx: _Context, recipe: ClipRecipe) -> tuple[np.ndarray, str]:
         if background is not None:
             field_ += scale_to(reverberate(background, room), ref_db)
     else:
-        pool = ctx.speakers[recipe.split]
+        pool = ctx.pool(recipe.device_type, recipe.split)
         speaker = pool[int(rng.integers(len(pool)))]
         speaker_id = speaker.speaker_id
         dry = _dry_speech(ctx, rng, speaker, recipe.content)
@@ -241,7 +282,7 @@ def render_clip(ctx: _Context, recipe: ClipRecipe) -> tuple[np.ndarray, str]:
         if background is not None:
             snr = rng.uniform(*dev.snr_db.get(recipe.state, _STATE_SNR_FALLBACK))
             field_ += scale_to(reverberate(background, room), ref_db - snr)
-    return capture(rng, dev, field_), speaker_id
+    return ctx.acoustics.capture(rng, recipe.device_type, field_), speaker_id
 
 
 def _gate(
@@ -284,7 +325,7 @@ def render_stream(
     room = ctx.room(device, int(rng.integers(ctx.profile.rooms_per_device)))
     ref_db = float(np.mean(_SPEECH_LEVEL_DB))
     dry = np.zeros(n)
-    pool = ctx.speakers[split]
+    pool = ctx.pool(device, split)
     t = int(rng.uniform(0.2, 2.0) * SAMPLE_RATE)
     transcript: list[StreamUtterance] = []
     while t < n:
@@ -311,7 +352,7 @@ def render_stream(
             background = background * _gate(rng, n, (3.0, 8.0), (5.0, 15.0))
         snr = rng.uniform(*dev.snr_db.get(state, _STATE_SNR_FALLBACK))
         field_ += scale_to(reverberate(background, room), ref_db - snr)
-    return capture(rng, dev, field_), state, transcript
+    return ctx.acoustics.capture(rng, device, field_), state, transcript
 
 
 def transcript_path(stream: Path) -> Path:
@@ -362,7 +403,7 @@ def _prepare_out_dir(out: Path) -> None:
             raise ConfigError(
                 f"--out {out} is not empty and holds no wakefl corpus; choose an empty or new folder"
             )
-        for sub in ("clips", "streams", UNSEEN_DIR):
+        for sub in ("clips", "streams", UNSEEN_DIR, NEW_USERS_DIR):
             shutil.rmtree(out / sub, ignore_errors=True)
         for f in ("manifest.csv", "speakers.csv", _CORPUS_INFO):
             (out / f).unlink(missing_ok=True)
@@ -460,6 +501,26 @@ def _build_unseen(
     return write_manifest(rows, udir / "manifest.csv")
 
 
+def _build_new_users(out: Path, ctx: _Context, progress: bool, tts_cache_dir: Path | None) -> Path:
+    """The fleet's new-users test corpus in `out/new-users/`: test clips of each device
+    type's users that its training, validation and test data never hear."""
+    prof, speakers = ctx.profile, ctx.speakers["test"]
+    jobs = [(s.voice, t) for s in speakers for t in (*ctx.phrases, *s.confusables, *s.others)]
+    speech = synthesize_many(jobs, tts_cache_dir, progress=progress)
+    sub = replace(prof, train_unit=0, val_clips=0, test_clips=prof.new_user_test_clips)
+    nctx = replace(ctx, profile=sub, speech=speech, kind_offset=_NEW_USERS_KIND_OFFSET, rooms={})
+    recipes = [r for r in clip_recipes(ctx.seed + _NEW_USERS_KIND_OFFSET, sub) if r.split == "test"]
+    ndir = out / NEW_USERS_DIR
+    ndir.mkdir(parents=True, exist_ok=True)
+    rows = _render_clips(nctx, recipes, ndir, progress, "clips (new users)")
+    _write_speakers(ndir / "speakers.csv", speakers)
+    (ndir / _CORPUS_INFO).write_text(
+        _corpus_info(ctx.seed, prof, " ".join(ctx.phrases[0].split()), subset="new-users"),
+        encoding="utf-8",
+    )
+    return write_manifest(rows, ndir / "manifest.csv")
+
+
 def _texts_said(prof: CorpusProfile, speaker: Speaker, phrases: tuple[str, ...]) -> list[str]:
     """What `speaker` may say in a corpus of `prof`: only what its split's clips and
     streams use (streams hold confusables and other speech)."""
@@ -510,12 +571,20 @@ def build_corpus(
 
         return build_field_corpus(out, seed, prof, phrase, progress, cache)
 
-    speakers = make_speakers(seed, prof, phrase)
+    if prof.acoustics not in ACOUSTICS:
+        raise ConfigError(
+            f"profile {prof.name}: unknown acoustics {prof.acoustics!r}; one of {', '.join(ACOUSTICS)}"
+        )
+    everyone = make_speakers(seed, prof, phrase)
+    speakers = [s for s in everyone if not is_new_user(s.speaker_id)]
     phrases = phrase_variants(phrase)
     jobs = [(s.voice, t) for s in speakers for t in _texts_said(prof, s, phrases)]
     speech = synthesize_many(jobs, cache, progress=progress)
     by_split = {sp: [s for s in speakers if s.split == sp] for sp in SPLITS}
-    ctx = _Context(seed, prof, by_split, speech, phrases, kind_offset=prof.draw_offset)
+    ctx = _Context(
+        seed, prof, by_split, speech, phrases, kind_offset=prof.draw_offset,
+        acoustics=ACOUSTICS[prof.acoustics],
+    )  # fmt: skip
 
     recipes = clip_recipes(seed + prof.draw_offset, prof)
     rows = _render_clips(ctx, recipes, out, progress, f"clips ({prof.name})")
@@ -523,6 +592,9 @@ def build_corpus(
     _write_speakers(out / "speakers.csv", speakers)
     if prof.unseen_speakers > 0:
         _build_unseen(out, seed, prof, phrase, phrases, progress, cache)
+    new_users = [s for s in everyone if is_new_user(s.speaker_id)]
+    if new_users and prof.new_user_test_clips > 0:
+        _build_new_users(out, replace(ctx, speakers={"test": new_users}), progress, cache)
     # Written last: its presence marks a finished build.
     (out / _CORPUS_INFO).write_text(_corpus_info(seed, prof, phrase), encoding="utf-8")
     return write_manifest(rows, out / "manifest.csv")

@@ -135,6 +135,16 @@ class CorpusProfile:
     # the base draw did not give it, drawn apart from the base's draws, so an add-on keeps
     # the main corpus's speakers and splits while pairing them with near-rhymes anew.
     new_confusables: int = 0
+    # voice_set "fleet": each device type has its own users (`make_fleet_speakers`), this
+    # many in its training, validation and test data (other takes in each), and
+    # `new_users_per_device` more kept out of its training data, heard only in the
+    # new-users test corpus (`new_user_test_clips` clips per device type).
+    users_per_device: int = 0
+    new_users_per_device: int = 0
+    new_user_test_clips: int = 0
+    # How a device hears a sound field (room and capture chain): a name in
+    # corpus_build.ACOUSTICS ("device": tools/device_acoustics.py).
+    acoustics: str = "device"
 
     def __post_init__(self) -> None:
         if not self.contents or not set(self.contents) <= set(CONTENT_SHARE):
@@ -336,6 +346,24 @@ PROFILES["pretrain-acoustics-micro"] = _acoustics_addon(
 FIELD_ACOUSTICS_PROFILES = ("pretrain-acoustics", "pretrain-acoustics-micro")
 
 
+# A fleet of users the shipped model serves badly (`wakefl demo`'s default): each device type
+# A-E has its own users, all speaking with voices the pretraining corpus never uses
+# (FLEET_VOICES), with their own rooms, background and near-miss speech. 4 users per device
+# type train, validate and are tested (other takes); 2 more are kept out of its training
+# data (the new-users test corpus). 96 validation clips per device type, so that the
+# served-model gate sees enough negatives to set a false-accept level; 6 minutes of test
+# stream per device type: one false accept is 10 FA/h.
+PROFILES["fleet"] = CorpusProfile(
+    "fleet", 0, 40, 96, 120, 3, 120.0, 4, 3, 16, "fleet",
+    users_per_device=4, new_users_per_device=2, new_user_test_clips=60,
+)  # fmt: skip
+# The same recipe at a size a test builds in seconds.
+PROFILES["fleet-micro"] = CorpusProfile(
+    "fleet-micro", 0, 2, 3, 3, 1, 6.0, 1, 1, 2, "fleet",
+    users_per_device=1, new_users_per_device=1, new_user_test_clips=2,
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Speaker:
     speaker_id: str
@@ -400,6 +428,8 @@ def make_speakers(seed: int, profile: CorpusProfile, phrase: str) -> list[Speake
     (stratified by engine, so every split hears both synthesisers)."""
     if profile.voice_set in ("pretrain", "pico-other", "engines"):
         return make_pretrain_speakers(seed, profile, phrase)
+    if profile.voice_set == "fleet":
+        return make_fleet_speakers(seed, profile, phrase)
     rng = np.random.default_rng([seed, 9001])
     n_flite = max(3, profile.n_speakers // 4)
     n_espeak = profile.n_speakers - n_flite
@@ -712,3 +742,77 @@ def clip_recipes(seed: int, profile: CorpusProfile) -> list[ClipRecipe]:
             order = np.random.default_rng([seed, d_idx, 7, s_idx]).permutation(len(slots))
             recipes += [ClipRecipe(name, split, i, *slots[j]) for i, j in enumerate(order)]
     return recipes
+
+
+# --------------------------------------------------------------------------------------
+# The fleet of hard users
+# --------------------------------------------------------------------------------------
+
+# (engine, voice) of the fleet's users: every voice the pretraining corpus keeps out (Pico's
+# English voices, festival's HTS voice, the held-out espeak-ng families; see
+# `unseen_voices`). Each device type's users go round this list from its own place.
+FLEET_VOICES: tuple[tuple[str, str], ...] = (
+    ("pico", "en-US"),
+    ("festival", UNSEEN_FESTIVAL_VOICES[0]),
+    ("espeak-ng", UNSEEN_ESPEAK_VOICES[0]),
+    ("pico", "en-GB"),
+    ("espeak-ng", UNSEEN_ESPEAK_VOICES[1]),
+)
+# Speaker ids of the users kept out of their device type's training data: "<type>-new<k>".
+NEW_USER_TAG = "-new"
+
+
+def fleet_device_of(speaker_id: str) -> str:
+    """The device type a fleet user belongs to (its id is "<type>-user<k>" or "<type>-new<k>")."""
+    return speaker_id.split("-", 1)[0]
+
+
+def is_new_user(speaker_id: str) -> bool:
+    """Whether a fleet user is kept out of its device type's training data."""
+    return NEW_USER_TAG in speaker_id
+
+
+def _fleet_voice(rng: np.random.Generator, engine: str, name: str) -> Voice:
+    """A user's voice: the engine's voice at the user's own speed and pitch."""
+    if engine == "pico":
+        return Voice(engine, name, "", int(rng.integers(80, 131)), int(rng.integers(75, 141)))
+    if engine == "festival":
+        return Voice(engine, name, "", int(rng.integers(80, 126)), 0)
+    variant = ESPEAK_VARIANTS[int(rng.integers(len(ESPEAK_VARIANTS)))]
+    return Voice(engine, name, variant, int(rng.integers(120, 211)), int(rng.integers(15, 86)))
+
+
+def _other_take(rng: np.random.Generator, voice: Voice) -> Voice:
+    """The same user on another day: speed within 10 % and pitch a little apart."""
+    rate = max(60, int(round(voice.rate * rng.uniform(0.9, 1.1))))
+    pitch = (
+        voice.pitch
+        if voice.engine == "festival"
+        else max(0, voice.pitch + int(rng.integers(-8, 9)))
+    )
+    return replace(voice, rate=rate, pitch=pitch)
+
+
+def make_fleet_speakers(seed: int, profile: CorpusProfile, phrase: str) -> list[Speaker]:
+    """The fleet's users per device type, one `Speaker` per (user, split) it speaks in:
+    "<type>-user<k>" in train, val and test (its training voice, then another take of it
+    for each held-out split), "<type>-new<k>" in test only (kept out of training)."""
+    rng = np.random.default_rng([seed, 9006])
+    confusables, others = texts_for(profile, phrase)
+    out: list[Speaker] = []
+    for d_idx, device in enumerate(DEVICE_PROFILES):
+        for u in range(profile.users_per_device + profile.new_users_per_device):
+            engine, name = FLEET_VOICES[(d_idx + u) % len(FLEET_VOICES)]
+            voice = _fleet_voice(rng, engine, name)
+            n_conf = min(profile.confusables_per_speaker, len(confusables))
+            conf = tuple(
+                confusables[j] for j in sorted(rng.choice(len(confusables), n_conf, replace=False))
+            )
+            n_oth = min(profile.others_per_speaker, len(others))
+            oth = tuple(others[j] for j in sorted(rng.choice(len(others), n_oth, replace=False)))
+            new = u >= profile.users_per_device
+            sid = f"{device}{NEW_USER_TAG if new else '-user'}{u:02d}"
+            for split in ("test",) if new else SPLITS:
+                take = voice if split == "train" else _other_take(rng, voice)
+                out.append(Speaker(sid, take, split, conf, oth))
+    return out

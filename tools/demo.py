@@ -26,12 +26,17 @@ from typing import Any
 from wakefl.cache_location import cache_root
 from wakefl.errors import WakeflError
 
+# The profile `wakefl demo` runs unless told otherwise: users the shipped model serves badly.
+DEFAULT_PROFILE = "fleet"
+
 
 @dataclass(frozen=True)
 class DemoSettings:
-    profile: str = "demo"
+    profile: str = DEFAULT_PROFILE
     rounds: int = 3
-    width: float = 1.0
+    # None: the shipped `small` model on the fleet (it trains within the demo's few
+    # minutes on 2 cores), `full` on the other profiles.
+    width: float | None = None
     seed: int = 0
     warm_epochs: int = 30
     # The warm start: the shipped pretrained model of `width` unless told otherwise
@@ -42,14 +47,49 @@ class DemoSettings:
     round_timeout: float = 300.0
     lr: float = 0.05
     batch_size: int = 16
-    l_max: int = 10
-    warmup_steps: int = 5
+    # None: 30 and 10 on the fleet (its users need more than a nudge), 10 and 5 elsewhere.
+    l_max: int | None = None
+    warmup_steps: int | None = None
     # The tiny test split has ~11 positives per device type: a 5% FR target would allow no
     # miss at all, so the demo's operating point is 10% FR (kept for the demo profile).
     target_fr: float = 0.1
     manifest: Path | None = None
     # Bounds every wait, so a broken process can never hang the demo.
     max_run_s: float = 1800.0
+    # The baseline's operating point in the evaluation: its shipped threshold (None: on the
+    # fleet, where what matters is how much it misses there) or the target FR on test clips.
+    at_shipped_threshold: bool | None = None
+    # Whether the global model is scored on every device type beside the served models
+    # (None: not on the fleet, whose streams are long and whose question is what each
+    # device serves).
+    score_global: bool | None = None
+
+    def runs_fleet(self) -> bool:
+        """Whether this run is on the fleet of hard users (the default profile, no
+        `--manifest` of one's own): the defaults below then suit it."""
+        return self.profile == DEFAULT_PROFILE and self.manifest is None
+
+    def model_width(self) -> float:
+        if self.width is not None:
+            return self.width
+        return 0.25 if self.runs_fleet() else 1.0
+
+    def local_steps(self) -> tuple[int, int]:
+        """(l_max, warm-up steps) of Self-FL's local training."""
+        fleet = self.runs_fleet()
+        l_max = self.l_max if self.l_max is not None else (30 if fleet else 10)
+        warmup = self.warmup_steps if self.warmup_steps is not None else (10 if fleet else 5)
+        return l_max, warmup
+
+    def global_scored(self) -> bool:
+        if self.score_global is not None:
+            return self.score_global
+        return not self.runs_fleet()
+
+    def shipped_threshold(self) -> bool:
+        if self.at_shipped_threshold is not None:
+            return self.at_shipped_threshold
+        return self.runs_fleet()
 
 
 def _say(msg: str) -> None:
@@ -216,8 +256,8 @@ def _server_args(
     for k, v in (
         ("lr", st.lr),
         ("batch_size", st.batch_size),
-        ("l_max", st.l_max),
-        ("warmup_steps", st.warmup_steps),
+        ("l_max", st.local_steps()[0]),
+        ("warmup_steps", st.local_steps()[1]),
     ):
         args += ["--strategy-arg", f"{k}={v}"]
     return args
@@ -270,99 +310,97 @@ def to_onnx(checkpoint: Path, baseline: Path | None = None) -> Path:
     return export_onnx(model, checkpoint.with_suffix(".onnx"), operating_point=point)
 
 
-def summary_rows(rows: list[dict[str, Any]], device_types: list[str]) -> list[dict[str, Any]]:
-    """Global model on every device type, and the model each device serves on its own
-    device type: the figures the demo reports."""
-    out = []
-    for t in device_types:
-        for model, cand in (("global", "global"), ("served", f"served-{t}")):
-            match = [
-                r
-                for r in rows
-                if r["candidate"] == cand and r["device_type"] == t and r["state"] == "all"
-            ]
-            if not match:
-                raise WakeflError(f"the evaluation has no row for {cand} on device type {t}")
-            r = match[0]
-            out.append(
-                {
-                    "device_type": t,
-                    "model": model,
-                    **{
-                        k: r.get(k)
-                        for k in (
-                            "relative_fa",
-                            "relative_fr",
-                            "relative_fa_ci",
-                            "fr",
-                            "baseline_fr",
-                            "fa_per_hour",
-                            "baseline_fa_per_hour",
-                            "n_positive",
-                            "n_negative",
-                        )
-                    },
-                }
-            )
+def _gate_records(served: dict[str, Path]) -> dict[str, dict[str, Any]]:
+    """Each device's served model and its gate's last decision (written by `wakefl device`
+    beside the export)."""
+    import json
+
+    from wakefl.tools.cli_device import gate_record_path
+
+    out = {}
+    for t, path in served.items():
+        rec = gate_record_path(path)
+        if rec.is_file():
+            out[t] = json.loads(rec.read_text())
     return out
 
 
-def _fmt(x: Any) -> str:
-    if x is None:
-        return "n/a"
-    if isinstance(x, list | tuple):
-        return "[" + ", ".join(_fmt(v) for v in x) + "]"
-    if isinstance(x, dict):  # an interval record: {"lower", "upper", "note"}
-        return _fmt([x.get("lower"), x.get("upper")])
-    return f"{x:.2f}" if isinstance(x, float) else str(x)
+def _baseline_note(st: DemoSettings, shipped: bool) -> str:
+    if shipped:
+        return (
+            "The baseline (the shipped model) works at its shipped threshold on each device "
+            "type's test clips and streams."
+        )
+    return (
+        f"The baseline works at the threshold where its FRR on each device type's test clips "
+        f"is {st.target_fr:.0%}."
+    )
 
 
-def format_table(rows: list[dict[str, Any]]) -> str:
-    head = [
-        "device",
-        "model",
-        "rel. FA",
-        "rel. FA 95% CI",
-        "rel. FR",
-        "FRR",
-        "base FRR",
-        "FA/h",
-        "base FA/h",
-        "pos",
-        "neg",
-    ]
-    body = [
-        [
-            r["device_type"],
-            r["model"],
-            _fmt(r["relative_fa"]),
-            _fmt(r["relative_fa_ci"]),
-            _fmt(r["relative_fr"]),
-            _fmt(r.get("fr")),
-            _fmt(r.get("baseline_fr")),
-            _fmt(r["fa_per_hour"]),
-            _fmt(r.get("baseline_fa_per_hour")),
-            _fmt(r["n_positive"]),
-            _fmt(r["n_negative"]),
-        ]
-        for r in rows
-    ]
-    widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
-    lines = [
-        "| " + " | ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)) + " |",
-        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
-    ]
-    lines += [
-        "| " + " | ".join(c.ljust(w) for c, w in zip(b, widths, strict=True)) + " |" for b in body
-    ]
-    return "\n".join(lines)
+def _evaluate_new_users(
+    st: DemoSettings, manifest: Path, baseline_onnx: Path, candidates: list[str], shipped: bool
+) -> list[dict[str, Any]] | None:
+    """The served models on the users kept out of training (the fleet's new-users corpus),
+    None when the corpus has none."""
+    from wakefl.tools.corpus_build import NEW_USERS_DIR
+    from wakefl.tools.evaluation import run_evaluation
+
+    new_users = manifest.parent / NEW_USERS_DIR / "manifest.csv"
+    if not new_users.is_file():
+        return None
+    _say("evaluating the served models on the users kept out of training")
+    return run_evaluation(baseline_onnx, candidates, new_users, _eval_settings(st, shipped)).rows
+
+
+def _eval_settings(st: DemoSettings, shipped: bool) -> Any:
+    from wakefl.tools.evaluation import EvalSettings
+
+    return EvalSettings(
+        split="test", target_fr=st.target_fr, seed=st.seed, progress=True,
+        at_shipped_threshold=shipped,
+    )  # fmt: skip
+
+
+def evaluate_and_report(
+    st: DemoSettings,
+    manifest: Path,
+    baseline: Path,
+    global_ckpt: Path,
+    served: dict[str, Path],
+    run_dir: Path,
+) -> tuple[Path, list[str]]:
+    """Scores the baseline, the global model and each served model (on its own device type)
+    on the test clips and streams, and writes the report with the summary on top. Returns
+    the report folder and the summary's Markdown lines."""
+    from wakefl.tools.demo_report import device_summary, summary_markdown
+    from wakefl.tools.eval_report import write_report
+    from wakefl.tools.evaluation import card_threshold, run_evaluation
+
+    # At the shipped threshold only when the baseline has one (not one trained from scratch).
+    shipped = st.shipped_threshold() and card_threshold(baseline) is not None
+    _say("exporting the models to ONNX and evaluating them as the edge runtime runs them")
+    device_types = sorted(served)
+    # Each served model is paired with its device type: scored only there.
+    paired = [f"{to_onnx(served[t], baseline)}:{t}" for t in device_types]
+    base_onnx = to_onnx(baseline)
+    scored_global = [str(to_onnx(global_ckpt, baseline))] if st.global_scored() else []
+    result = run_evaluation(
+        base_onnx, [*scored_global, *paired], manifest, _eval_settings(st, shipped)
+    )
+    new_rows = _evaluate_new_users(st, manifest, base_onnx, paired, shipped)
+    summary = device_summary(result.rows, device_types, _gate_records(served))
+    md = summary_markdown(summary, new_rows, device_types, _baseline_note(st, shipped))
+    report_dir = run_dir / "report"
+    write_report(result, report_dir, summary=md)
+    (report_dir / "demo_summary.md").write_text(
+        "# wakefl demo: the served models against the shipped baseline\n\n" + "\n".join(md)
+    )
+    return report_dir, md
 
 
 def run_demo(st: DemoSettings) -> Path:
     """Runs the demo; returns the report folder."""
     from wakefl.sdk.manifest import read_manifest
-    from wakefl.tools.eval_report import write_report
-    from wakefl.tools.evaluation import EvalSettings, run_evaluation
     from wakefl.tools.warm_start import resolve_baseline
 
     t0 = time.monotonic()
@@ -370,7 +408,12 @@ def run_demo(st: DemoSettings) -> Path:
     device_types = sorted({r.device_type for r in read_manifest(manifest) if r.kind == "clip"})
     _say(f"device types: {', '.join(device_types)}")
     baseline = resolve_baseline(
-        st.baseline, manifest, width=st.width, seed=st.seed, epochs=st.warm_epochs, progress=True
+        st.baseline,
+        manifest,
+        width=st.model_width(),
+        seed=st.seed,
+        epochs=st.warm_epochs,
+        progress=True,
     )
     run_dir = st.workdir.resolve()
     # A demo run starts from a clean federation; the corpus and baseline stay cached.
@@ -387,32 +430,9 @@ def run_demo(st: DemoSettings) -> Path:
     )
     served = run_federation(st, manifest, baseline, run_dir, device_types)
     global_ckpt = export_global(run_dir, baseline)
-
-    _say("exporting the models to ONNX and evaluating them as the edge runtime runs them")
-    # Each served model is paired with its device type: scored only there.
-    candidates = [str(to_onnx(global_ckpt, baseline))]
-    candidates += [f"{to_onnx(served[t], baseline)}:{t}" for t in device_types]
-    result = run_evaluation(
-        to_onnx(baseline),
-        candidates,
-        manifest,
-        EvalSettings(split="test", target_fr=st.target_fr, seed=st.seed, progress=True),
-    )
-    report_dir = run_dir / "report"
-    write_report(result, report_dir)
-    table = format_table(summary_rows(result.rows, device_types))
-    (report_dir / "demo_summary.md").write_text(
-        "# wakefl demo: relative FA/FR against the warm-start baseline\n\n"
-        f"Test split, operating point FR target {st.target_fr} per device type; relative FA < 1 "
-        "is better; relative FR near 1 shows the FR match held. FRR is the false-reject rate "
-        "on the test clips, FA/h the false accepts per hour on the test streams (base: the "
-        "baseline's). The global model is scored on every device type; each device's served "
-        "model (what its served-model gate chose: personalized, global or the baseline) on "
-        "its own device type. Read the confidence intervals.\n\n" + table + "\n"
-    )
+    report_dir, md = evaluate_and_report(st, manifest, baseline, global_ckpt, served, run_dir)
     print()
-    print(table)
-    print()
+    print("\n".join(md))
     _say(
         f"done in {time.monotonic() - t0:.0f} s; report: {report_dir / 'report.html'} "
         f"(also report.md, demo_summary.md)"

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from wakefl.tools.det_plot import plot_det
+from wakefl.tools.det_plot import coinciding, plot_det
 from wakefl.tools.evaluation import ALL, BASELINE, EvalResult
 
 COLUMNS = (
@@ -41,10 +41,27 @@ def _fph(x: float | None, saturated: bool) -> str:
     return _num(x, "{:.1f}") + (" (saturated)" if saturated else "")
 
 
-def _cells(row: dict[str, Any]) -> list[str]:
+def row_notes(row: dict[str, Any]) -> list[str]:
+    """A row's notes, each once, its interval's note included."""
+    parts = [p for n in (row["note"], row["relative_fa_ci"]["note"]) for p in n.split("; ") if p]
+    return list(dict.fromkeys(parts))
+
+
+def note_refs(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Every distinct note of `rows`, numbered in order of appearance: a table cites a note
+    by number and lists each once below it, instead of repeating it on every row."""
+    refs: dict[str, int] = {}
+    for r in rows:
+        for n in row_notes(r):
+            refs.setdefault(n, len(refs) + 1)
+    return refs
+
+
+def _cells(row: dict[str, Any], refs: dict[str, int] | None = None) -> list[str]:
     ci_rec = row["relative_fa_ci"]
     ci = f"[{_bound(ci_rec['lower'])}, {_bound(ci_rec['upper'])}]"
-    note = "; ".join(n for n in (row["note"], ci_rec["note"]) if n)
+    notes = row_notes(row)
+    note = "; ".join(notes) if refs is None else " ".join(f"[{refs[n]}]" for n in notes)
     return [
         row["candidate"],
         row["device_type"],
@@ -128,6 +145,92 @@ def shipped_table(result: EvalResult) -> list[str]:
     return [*lines, ""]
 
 
+def _matched_cell(rec: dict[str, Any] | None) -> str:
+    """`0.42 [0.20, 0.81]` from a relative-FR-at-matched-FA record; n/a without one."""
+    if rec is None:
+        return "n/a"
+    lo, hi = rec["relative_fr_ci"]
+    return f"{_bound(rec['relative_fr'])} [{_bound(lo)}, {_bound(hi)}]"
+
+
+def matched_fa_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines: per candidate and device type, both models' FRR and FA/hour at the
+    operating point, and the relative FR at matched FA (on the streams, per hour, and on
+    the clips) with its speaker bootstrap interval; the FA/hour one event amounts to."""
+    whole = [r for r in rows if r["state"] == ALL and "relative_fr_at_matched_clip_fa" in r]
+    if not whole:
+        return []
+    lines = [
+        "## Relative FR at matched FA",
+        "",
+        "Both models at the lowest threshold whose false accepts stay at the baseline's "
+        "(at its operating point): relative FR below 1 means the candidate misses fewer "
+        "wake words at no more false accepts; `unbounded` where the baseline misses none.",
+        "",
+        "| candidate | device | FRR base→cand | FA/hour base→cand | rel. FR at matched FA/hour "
+        "[95% CI] | rel. FR at matched FA/clip [95% CI] | one event = FA/hour |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in whole:
+        res = r.get("fa_per_hour_resolution")
+        lines.append(
+            f"| {r['candidate']} | {r['device_type']} | {_num(r['baseline_fr'])} → "
+            f"{_num(r['fr'])} | {_num(r['baseline_fa_per_hour'], '{:.1f}')} → "
+            f"{_num(r['fa_per_hour'], '{:.1f}')} | "
+            f"{_matched_cell(r.get('relative_fr_at_matched_fa_per_hour'))} | "
+            f"{_matched_cell(r['relative_fr_at_matched_clip_fa'])} | {_num(res, '{:.1f}')} |"
+        )
+    return [*lines, ""]
+
+
+def _inline_html(text: str) -> str:
+    """Markdown's inline code and bold as HTML, the rest escaped."""
+    parts = html.escape(text).split("`")
+    out = "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+    bold = out.split("**")
+    return "".join(f"<b>{p}</b>" if i % 2 else p for i, p in enumerate(bold))
+
+
+def _md_table_html(rows: list[list[str]]) -> str:
+    head, *body = rows
+    cells = ["<table><tr>" + "".join(f"<th>{_inline_html(c)}</th>" for c in head) + "</tr>"]
+    cells += ["<tr>" + "".join(f"<td>{_inline_html(c)}</td>" for c in r) + "</tr>" for r in body]
+    return "\n".join([*cells, "</table>"])
+
+
+def markdown_html(lines: list[str]) -> str:
+    """The Markdown this report writes (headings, paragraphs, lists, tables, inline code) as
+    HTML, so the HTML report shows what the Markdown one says without raw markup."""
+    out: list[str] = []
+    block: list[Any] = []  # the open table's rows, or the open list's items
+    kind = ""
+
+    def close() -> None:
+        if kind == "table" and block:
+            out.append(_md_table_html(block))
+        elif kind == "list" and block:
+            out.append("<ul>" + "".join(f"<li>{_inline_html(t)}</li>" for t in block) + "</ul>")
+        block.clear()
+
+    for line in lines:
+        now = "table" if line.startswith("|") else "list" if line.startswith("- ") else ""
+        if now != kind:
+            close()
+            kind = now
+        if now == "table":
+            if not line.startswith("|---"):
+                block.append([c.strip() for c in line.strip().strip("|").split(" | ")])
+        elif now == "list":
+            block.append(line[2:])
+        elif line.startswith("#"):
+            level = len(line) - len(line.lstrip("#"))
+            out.append(f"<h{level}>{_inline_html(line[level:].strip())}</h{level}>")
+        elif line.strip():
+            out.append(f"<p>{_inline_html(line)}</p>")
+    close()
+    return "\n".join(out)
+
+
 def _plots(result: EvalResult, out_dir: Path) -> dict[str, Path]:
     plots = {}
     for device, curves in result.det.items():
@@ -147,32 +250,55 @@ def _plots(result: EvalResult, out_dir: Path) -> dict[str, Path]:
     return plots
 
 
-def _markdown(result: EvalResult, plots: dict[str, Path]) -> str:
-    lines = ["# Wake-word evaluation: relative FA/FR against the baseline", ""]
+def _same_as_base(result: EvalResult, device: str) -> list[str]:
+    return coinciding(result.det.get(device, {}))
+
+
+def results_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Markdown lines of every row, with each distinct note once below the table."""
+    refs = note_refs(rows)
+    lines = ["## Results", "", "| " + " | ".join(h for _, h in COLUMNS) + " |"]
+    lines.append("|" + "---|" * len(COLUMNS))
+    for row in rows:
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in _cells(row, refs)) + " |")
+    lines.append("")
+    if refs:
+        lines += ["Notes:", ""] + [f"- [{k}] {n}" for n, k in refs.items()] + [""]
+    return lines
+
+
+def _markdown(result: EvalResult, plots: dict[str, Path], summary: list[str]) -> str:
+    lines = ["# Wake-word evaluation: relative FA/FR against the baseline", "", *summary]
+    if summary:
+        lines += ["## How the evaluation was done", ""]
     lines += [f"- {t}" for t in _explanation(result)]
     lines += ["", "Models: " + ", ".join(f"`{n}` = `{p}`" for n, p in result.models.items()), ""]
     lines += shipped_table(result)
-    lines += ["## Results", ""]
-    lines.append("| " + " | ".join(h for _, h in COLUMNS) + " |")
-    lines.append("|" + "---|" * len(COLUMNS))
-    for row in result.rows:
-        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in _cells(row)) + " |")
-    lines += ["", "## DET curves", ""]
+    lines += matched_fa_table(result.rows)
+    lines += results_table(result.rows)
+    lines += ["## DET curves", ""]
     for device, path in plots.items():
         lines += [f"### {device}", "", f"![DET {device}]({path.name})", ""]
+        lines += [
+            f"{n} has the same DET curve as the baseline." for n in _same_as_base(result, device)
+        ]
+        lines.append("")
     return "\n".join(lines) + "\n"
 
 
-def _html(result: EvalResult, plots: dict[str, Path]) -> str:
+def _html(result: EvalResult, plots: dict[str, Path], summary: list[str]) -> str:
     esc = html.escape
     parts = [
         "<!DOCTYPE html><html><head><meta charset='utf-8'>",
         "<title>wakefl evaluation</title><style>body{font-family:sans-serif;margin:2em}"
         "table{border-collapse:collapse;font-size:0.85em}td,th{border:1px solid #bbb;"
         "padding:3px 6px}th{background:#eee}tr.all{font-weight:bold}</style></head><body>",
-        "<h1>Wake-word evaluation: relative FA/FR against the baseline</h1><ul>",
+        "<h1>Wake-word evaluation: relative FA/FR against the baseline</h1>",
+        markdown_html(summary),
+        "<h2>How the evaluation was done</h2>" if summary else "",
+        "<ul>",
     ]
-    parts += [f"<li>{esc(t)}</li>" for t in _explanation(result)]
+    parts += [f"<li>{_inline_html(t)}</li>" for t in _explanation(result)]
     parts.append(
         "</ul><p>Models: "
         + ", ".join(
@@ -180,34 +306,18 @@ def _html(result: EvalResult, plots: dict[str, Path]) -> str:
         )
         + "</p>"
     )
-    shipped = [
-        line
-        for line in shipped_table(result)
-        if line.startswith("|") and not line.startswith("|---")
-    ]
-    if shipped:
-        cells = [[c.strip() for c in line.strip("|").split("|")] for line in shipped]
-        parts.append(
-            "<h2>The baseline at its shipped threshold</h2><table><tr>"
-            + "".join(f"<th>{esc(c)}</th>" for c in cells[0])
-            + "</tr>"
-        )
-        parts += [
-            "<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in cells[1:]
-        ]
-        parts.append("</table>")
-    parts.append(
-        "<h2>Results</h2><table><tr>" + "".join(f"<th>{esc(h)}</th>" for _, h in COLUMNS) + "</tr>"
-    )
-    for row in result.rows:
-        cls = " class='all'" if row["state"] == ALL else ""
-        parts.append(f"<tr{cls}>" + "".join(f"<td>{esc(c)}</td>" for c in _cells(row)) + "</tr>")
-    parts.append("</table><h2>DET curves</h2>")
+    parts.append(markdown_html(shipped_table(result) + matched_fa_table(result.rows)))
+    parts.append(markdown_html(results_table(result.rows)))
+    parts.append("<h2>DET curves</h2>")
     for device, path in plots.items():
         data = base64.b64encode(path.read_bytes()).decode("ascii")
         parts.append(
             f"<h3>{esc(device)}</h3><img alt='DET {esc(device)}' src='data:image/png;base64,{data}'>"
         )
+        parts += [
+            f"<p>{esc(n)} has the same DET curve as the baseline.</p>"
+            for n in _same_as_base(result, device)
+        ]
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
 
@@ -231,19 +341,24 @@ def result_json(result: EvalResult) -> dict[str, Any]:
 
 
 def write_report(
-    result: EvalResult, out_dir: str | Path, formats: tuple[str, ...] = ("md", "html")
+    result: EvalResult,
+    out_dir: str | Path,
+    formats: tuple[str, ...] = ("md", "html"),
+    summary: list[str] | None = None,
 ) -> dict[str, Path]:
-    """Writes the plots, the report(s) and results.json into `out_dir`; returns the paths."""
+    """Writes the plots, the report(s) and results.json into `out_dir`; returns the paths.
+    `summary`: Markdown lines put first in the reports (the demo's at-a-glance table)."""
+    summary = summary or []
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     plots = _plots(result, out)
     written: dict[str, Path] = {f"det_{d}": p for d, p in plots.items()}
     if "md" in formats:
         written["md"] = out / "report.md"
-        written["md"].write_text(_markdown(result, plots), encoding="utf-8")
+        written["md"].write_text(_markdown(result, plots, summary), encoding="utf-8")
     if "html" in formats:
         written["html"] = out / "report.html"
-        written["html"].write_text(_html(result, plots), encoding="utf-8")
+        written["html"].write_text(_html(result, plots, summary), encoding="utf-8")
     written["json"] = out / "results.json"
     written["json"].write_text(json.dumps(result_json(result), indent=2, allow_nan=False) + "\n")
     return written

@@ -50,6 +50,8 @@ from wakefl.sdk.wake_metrics import (
     interval_record,
     is_saturated,
     relative_by_subset,
+    relative_fr_at_matched_clip_fa,
+    relative_fr_at_matched_fa,
     safe_ratio,
 )
 from wakefl.tools.model_scoring import (
@@ -615,6 +617,67 @@ def _stream_figures(
     }
 
 
+def _stream_fa_curve(
+    post: dict[tuple[str, str], StreamPosteriors],
+    srows: list[ManifestRow],
+    model_of: dict[str, str],
+    hours: float,
+) -> Any:
+    """False accepts per hour on `srows` at any thresholds, each stream scored by the model
+    `model_of` names for its device type."""
+
+    def curve(thresholds: np.ndarray) -> np.ndarray:
+        return np.array(
+            [
+                sum(len(detection_times(post[(model_of[r.device_type], r.path)], t)) for r in srows)
+                / hours
+                for t in np.asarray(thresholds, dtype=np.float64)
+            ]
+        )
+
+    return curve
+
+
+def _matched_fa_figures(
+    cell: _Cell,
+    scores: dict[str, np.ndarray],
+    clips: _Clips,
+    streams: list[ManifestRow],
+    post: dict[tuple[str, str], StreamPosteriors],
+    st: EvalSettings,
+) -> dict[str, Any]:
+    """Relative FR at matched FA of one cell: per clip, and per hour on its streams (both
+    with a speaker bootstrap), plus the FA/hour one event on those streams amounts to."""
+    out: dict[str, Any] = {
+        "relative_fr_at_matched_clip_fa": None,
+        "relative_fr_at_matched_fa_per_hour": None,
+        "fa_per_hour_resolution": None,
+    }
+    if cell.op is None:
+        return out
+    lab = clips.labels[cell.mask]
+    pos, neg = lab == 1, lab == 0
+    base, cand = scores[BASELINE][cell.mask], _cell_scores(cell, scores, clips)
+    units = bootstrap_units(clips.speakers[cell.mask])
+    tb = cell.op.baseline_threshold
+    out["relative_fr_at_matched_clip_fa"] = relative_fr_at_matched_clip_fa(
+        base[pos], base[neg], cand[pos], cand[neg], st.target_fr, (units[pos], units[neg]),
+        st.n_boot, st.seed, baseline_thr=tb,
+    ).as_record()  # fmt: skip
+    srows = [r for r in streams if r.device_type in cell.members]
+    hours = sum(r.duration_s for r in srows) / 3600.0
+    if not srows or hours <= 0:
+        return out
+    fa_b = _stream_fa_curve(post, srows, dict.fromkeys(cell.members, BASELINE), hours)
+    fa_c = _stream_fa_curve(post, srows, cell.members, hours)
+    out["relative_fr_at_matched_fa_per_hour"] = relative_fr_at_matched_fa(
+        base[pos], cand[pos], fa_b, fa_c, float(fa_b(np.array([tb]))[0]), units[pos],
+        st.n_boot, st.seed,
+    ).as_record()  # fmt: skip
+    out["fa_per_hour_resolution"] = 1.0 / hours
+    return out
+
+
 def _row(
     cell: _Cell,
     state: str,
@@ -720,12 +783,7 @@ def run_evaluation(
         else:
             skipped.append(cell.name)
     post = _stream_posteriors(cells, models, streams, manifest_dir, st)
-    ceiling = _events_ceiling(post)
-    rows = [
-        _row(c, state, clips, _stream_figures(c, state, streams, post, ceiling), st, models)
-        for c in cells
-        for state in c.figures
-    ]
+    rows = _rows(cells, scores, clips, streams, post, st, models)
     det, op_points = _det_curves(cells, scores, clips)
     return EvalResult(
         rows=rows,
@@ -736,6 +794,29 @@ def run_evaluation(
         manifest=str(manifest_path),
         summary=_summary(clip_rows, streams, devices, shipped, models, skipped),
     )
+
+
+def _rows(
+    cells: list[_Cell],
+    scores: dict[str, np.ndarray],
+    clips: _Clips,
+    streams: list[ManifestRow],
+    post: dict[tuple[str, str], StreamPosteriors],
+    st: EvalSettings,
+    models: _Models,
+) -> list[dict[str, Any]]:
+    """A row per (cell, state); the cell's relative FR at matched FA on its `all` row."""
+    ceiling = _events_ceiling(post)
+    rows = []
+    for cell in cells:
+        for state in cell.figures:
+            row = _row(
+                cell, state, clips, _stream_figures(cell, state, streams, post, ceiling), st, models
+            )
+            if state == ALL:
+                row.update(_matched_fa_figures(cell, scores, clips, streams, post, st))
+            rows.append(row)
+    return rows
 
 
 def _events_ceiling(post: dict[tuple[str, str], StreamPosteriors]) -> float | None:

@@ -295,7 +295,49 @@ def relative_records(
         n_boot,
         seed,
     )
-    return {st: study_record(cell) for st, cell in cells.items()}
+    out = {st: study_record(cell) for st, cell in cells.items()}
+    if ALL_STATES in out and (labels == 1).any() and (labels == 0).any():
+        out[ALL_STATES]["relative_fr_at_matched_clip_fa"] = matched_fa_record(
+            np.tile(ev.baseline_scores, repeats),
+            cand_scores,
+            labels,
+            np.tile(ev.speakers, repeats),
+            target_fr,
+            n_boot,
+            seed,
+        )
+    return out
+
+
+def matched_fa_record(
+    base: np.ndarray,
+    cand: np.ndarray,
+    labels: np.ndarray,
+    units: np.ndarray,
+    target_fr: float,
+    n_boot: int,
+    seed: int,
+) -> dict[str, Any]:
+    """Relative FR at matched FA per clip (wake_metrics.relative_fr_at_matched_clip_fa):
+    how many fewer wake words the candidate misses at the baseline's false-accept rate, with
+    a speaker-bootstrap interval; rounded for byte-stable output."""
+    from wakefl.sdk.wake_metrics import relative_fr_at_matched_clip_fa
+
+    pos, neg = labels == 1, labels == 0
+    res = relative_fr_at_matched_clip_fa(
+        base[pos], base[neg], cand[pos], cand[neg], target_fr,
+        (units[pos], units[neg]), n_boot, seed,
+    )  # fmt: skip
+    lo, hi = res.relative_fr_ci
+    return {
+        "relative_fr": _round(res.relative_fr),
+        "relative_fr_ci": [_round(lo), _round(hi)],
+        "unbounded": res.unbounded,
+        "baseline_fr": _round(res.baseline_fr),
+        "candidate_fr": _round(res.candidate_fr),
+        "fa_level": _round(res.fa_level),
+        "note": res.note,
+    }
 
 
 def study_record(cell: Any) -> dict[str, Any]:

@@ -1,0 +1,95 @@
+"""The fleet profile of hard users: each device type's own users, from voices the
+pretraining corpus keeps out, deterministic per seed, with users kept out of training."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from wakefl.sdk.manifest import read_manifest
+from wakefl.tools.corpus_build import ACOUSTICS, NEW_USERS_DIR, build_corpus
+from wakefl.tools.corpus_plan import (
+    FLEET_VOICES,
+    PROFILES,
+    SPLITS,
+    fleet_device_of,
+    is_new_user,
+    make_speakers,
+)
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7])
+def test_fleet_voices_are_kept_out_of_every_pretraining_profile(seed):
+    fleet = set(FLEET_VOICES)
+    pretraining = [
+        name for name, p in PROFILES.items() if p.voice_set in ("pretrain", "pico-other")
+    ]
+    assert {"pretrain", "pretrain-micro", "pretrain-voices"} <= set(pretraining)
+    for name in pretraining:
+        voices = {
+            (s.voice.engine, s.voice.voice) for s in make_speakers(seed, PROFILES[name], "hey nova")
+        }
+        assert voices and not voices & fleet, name
+    for name in ("fleet", "fleet-micro"):
+        users = make_speakers(seed, PROFILES[name], "hey nova")
+        assert {(s.voice.engine, s.voice.voice) for s in users} <= fleet
+
+
+def test_fleet_plan_gives_each_device_type_its_own_users_and_other_takes():
+    prof = PROFILES["fleet"]
+    users = make_speakers(0, prof, "hey nova")
+    assert users == make_speakers(0, prof, "hey nova")
+    assert users != make_speakers(1, prof, "hey nova")
+    for device in "ABCDE":
+        mine = [s for s in users if fleet_device_of(s.speaker_id) == device]
+        kept = {s.speaker_id for s in mine if not is_new_user(s.speaker_id)}
+        new = {s.speaker_id for s in mine if is_new_user(s.speaker_id)}
+        assert len(kept) == prof.users_per_device and len(new) == prof.new_users_per_device
+        for sid in kept:  # every kept user speaks in every split, each a take of its own
+            takes = {s.split: s.voice for s in mine if s.speaker_id == sid}
+            assert set(takes) == set(SPLITS)
+            assert len({(v.engine, v.voice, v.variant) for v in takes.values()}) == 1
+        assert {s.split for s in mine if s.speaker_id in new} == {"test"}
+        # several engines per device type
+        assert len({s.voice.engine for s in mine}) >= 3
+    assert PROFILES["fleet"].acoustics in ACOUSTICS
+
+
+@pytest.mark.slow  # three builds, the first with the speech engines
+def test_micro_fleet_build_is_deterministic_per_seed(tmp_path: Path):
+    # One speech cache for all: Pico's output can depend on what the engine said before in
+    # the same process (tools/CORPUS.md), so a build is deterministic given its speech.
+    def build(name: str, seed: int, cache: str) -> Path:
+        return build_corpus(
+            tmp_path / name, seed=seed, profile="fleet-micro", progress=False,
+            tts_cache_dir=tmp_path / cache,
+        )  # fmt: skip
+
+    m1, m2 = build("a", 3, "tts"), build("b", 3, "tts")
+    d1 = _digest(m1.parent)
+    assert d1 == _digest(m2.parent) and f"{NEW_USERS_DIR}/manifest.csv" in d1
+    d3 = _digest(build("c", 4, "tts").parent)
+    wavs = [k for k in d1 if k.endswith(".wav") and k in d3]
+    assert wavs and sum(d1[k] != d3[k] for k in wavs) > 0.9 * len(wavs)
+
+    rows = read_manifest(m1)
+    clips = [r for r in rows if r.kind == "clip" and r.speaker.startswith(tuple("ABCDE"))]
+    assert all(fleet_device_of(r.speaker) == r.device_type for r in clips)
+    assert not any(is_new_user(r.speaker) for r in rows)
+    trained = {r.speaker for r in clips if r.split == "train"}
+    assert {r.speaker for r in clips if r.split == "test"} <= trained  # the same users
+    assert any(r.kind == "stream" and r.split == "test" for r in rows)
+    new = read_manifest(m1.parent / NEW_USERS_DIR / "manifest.csv")
+    new_speech = [r for r in new if not r.speaker.startswith("nospeech")]
+    assert new_speech and all(is_new_user(r.speaker) for r in new_speech)
+    assert not {r.speaker for r in new_speech} & trained
