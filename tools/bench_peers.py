@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from collections.abc import Iterator
@@ -48,9 +47,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from wakefl.edge_runtime.detection_rule import count_events, refractory_hops
 from wakefl.errors import ConfigError, WakeflError
 from wakefl.tools.bench_detection import SplitScores, frr_at_fa, lowest_threshold
-from wakefl.tools.pretrain import count_events
 
 SAMPLE_RATE = 16000
 LEAD_S = 2.0  # background before each clip: every detector's context is warm at its start
@@ -301,7 +300,7 @@ def score_device(det: Detector, audio: DeviceAudio) -> SplitScores:
 
 def stream_events(sc: SplitScores, threshold: float) -> int:
     """Events on the streams at `threshold`, the refractory period a whole number of hops."""
-    hops = math.ceil(REFRACTORY_S / sc.hop_s - 1e-9)
+    hops = refractory_hops(REFRACTORY_S, sc.hop_s, SAMPLE_RATE)
     return sum(count_events(s, threshold, hops) for s in sc.streams)
 
 
