@@ -236,3 +236,37 @@ def test_retimed_phrases_report_each_types_misses_at_the_shipped_threshold(tmp_p
         score_retimed(scorer, tmp_path / "manifest.csv", "train", 0.5)
     with pytest.raises(ConfigError, match="does not exist"):
         score_retimed(scorer, tmp_path / "none.csv", "test", 0.5)
+
+
+def test_phrases_in_running_speech_are_reported_beside_isolated_ones(tmp_path) -> None:
+    import soundfile as sf
+
+    from wakefl.tools.bench_detection import carrier_lines, format_table, score_addon_clips
+
+    rng = np.random.default_rng(3)
+    rows = ["path,label,device_type,state,speaker,split,duration_s,kind"]
+    # A: a loud and a quiet phrase, one loud confusable (accepted) and a quiet one.
+    for i, (label, gain) in enumerate(((1, 0.3), (1, 0.01), (0, 0.3), (0, 0.01))):
+        sf.write(tmp_path / f"r{i}.wav", gain * rng.standard_normal(WINDOW), SR)
+        rows.append(f"r{i}.wav,{label},A,normal,s{i},test,1.5,clip")
+    (tmp_path / "manifest.csv").write_text("\n".join(rows) + "\n")
+    out = score_addon_clips(EnergyScorer(), tmp_path / "manifest.csv", "test", 0.5, "--carrier")
+    assert out == {
+        "A": {
+            "positives": 2,
+            "frr_at_shipped_threshold": 0.5,
+            "negatives": 2,
+            "fa_share_at_shipped_threshold": 0.5,
+        }
+    }
+    isolated = {"A": {"at_shipped_threshold": {"frr": 0.125}}}
+    lines = carrier_lines({"fp32": out}, {"fp32": {"held-out speakers": isolated}})
+    assert lines == [
+        "\nfp32, phrases in running speech, FRR at the shipped threshold (clips): "
+        "A 0.500 (2; isolated 0.125), confusables accepted 0.500 (2)"
+    ]
+    assert "phrases in running speech" in format_table(
+        {"hop_s": 0.1, "smoothing": 3, "carrier_phrases": {"fp32": out}}
+    )
+    with pytest.raises(ConfigError, match="--carrier: .* has no val wake-phrase clips"):
+        score_addon_clips(EnergyScorer(), tmp_path / "manifest.csv", "val", 0.5, "--carrier")

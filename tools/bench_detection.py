@@ -370,19 +370,42 @@ def score_retimed(
 ) -> dict[str, Any]:
     """Per device type, the wake-phrase clips of `split` in `manifest` and the share the
     model misses at the shipped threshold (None without one)."""
+    return score_addon_clips(scorer, manifest, split, shipped, "--retimed", batch)
+
+
+def score_addon_clips(
+    scorer: Any,
+    manifest: Path,
+    split: str,
+    shipped: float | None,
+    flag: str,
+    batch: int = 128,
+) -> dict[str, Any]:
+    """Per device type, an add-on's wake-phrase clips of `split` and the share the model
+    misses at the shipped threshold (None without one); where the add-on also has other
+    clips (a `pretrain-carrier` build's confusables in running speech), the share of them
+    it accepts there."""
     from wakefl.sdk.manifest import read_manifest
 
     if not manifest.exists():
-        raise ConfigError(f"--retimed: {manifest} does not exist")
-    rows = [r for r in read_manifest(manifest) if r.split == split and r.label == 1]
-    if not rows:
-        raise ConfigError(f"--retimed: {manifest} has no {split} wake-phrase clips")
+        raise ConfigError(f"{flag}: {manifest} does not exist")
+    rows = [r for r in read_manifest(manifest) if r.split == split and r.kind == "clip"]
+    if not any(r.label == 1 for r in rows):
+        raise ConfigError(f"{flag}: {manifest} has no {split} wake-phrase clips")
     out: dict[str, Any] = {}
-    for d in sorted({r.device_type for r in rows}):
-        mine = [r for r in rows if r.device_type == d]
-        scores = _clip_scores(scorer, mine, manifest, batch)
-        frr = None if shipped is None else float(np.mean(scores < shipped))
-        out[d] = {"positives": len(mine), "frr_at_shipped_threshold": frr}
+    for d in sorted({r.device_type for r in rows if r.label == 1}):
+        cell: dict[str, Any] = {}
+        for label, count, share in ((1, "positives", "frr"), (0, "negatives", "fa_share")):
+            mine = [r for r in rows if r.device_type == d and r.label == label]
+            if label == 0 and not mine:
+                continue
+            scores = _clip_scores(scorer, mine, manifest, batch)
+            hit = None if shipped is None else float(np.mean((scores >= shipped) == bool(label)))
+            cell[count] = len(mine)
+            cell[f"{share}_at_shipped_threshold"] = (
+                None if hit is None else (1.0 - hit if label == 1 else hit)
+            )
+        out[d] = cell
     return out
 
 
@@ -571,11 +594,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         paths, shipped, _ = _export(args, Path(tmp))
         result["shipped_threshold"] = shipped
         scorers = {k: OnnxScorer(p, threads=args.threads) for k, p in paths.items()}
-        if args.retimed is not None:
-            result["retimed_phrases"] = {
-                k: score_retimed(sc, args.retimed / "manifest.csv", args.split, shipped)
-                for k, sc in scorers.items()
-            }
+        result.update(_addon_phrases(args, scorers, shipped))
         for split, manifest in splits.items():
             devices = sorted(
                 {r.device_type for r in read_manifest(manifest) if r.split == args.split}
@@ -608,6 +627,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 plot(curves, f"DET, {split}", args.plots / f"det-{split.replace(' ', '-')}.png")
     result["conditions"] = held_out_conditions(result.get("fp32", {}))
     return result
+
+
+def _addon_phrases(
+    args: argparse.Namespace, scorers: dict[str, Any], shipped: float | None
+) -> dict[str, Any]:
+    """The re-timed and running-speech add-ons' clips, scored by each precision."""
+    out: dict[str, Any] = {}
+    for key, folder, flag in (
+        ("retimed_phrases", args.retimed, "--retimed"),
+        ("carrier_phrases", getattr(args, "carrier", None), "--carrier"),
+    ):
+        if folder is not None:
+            out[key] = {
+                k: score_addon_clips(sc, folder / "manifest.csv", args.split, shipped, flag)
+                for k, sc in scorers.items()
+            }
+    return out
 
 
 def _scored_splits(args: argparse.Namespace) -> dict[str, Path]:
@@ -743,6 +779,7 @@ def format_table(result: dict[str, Any]) -> str:
     lines += condition_lines(result.get("conditions", {}))
     lines += _voice_lines(result.get("fp32", {}))
     lines += _retimed_lines(result.get("retimed_phrases", {}))
+    lines += carrier_lines(result.get("carrier_phrases", {}), result)
     lines += _event_lines(result.get("fp32", {}))
     for split, ag in result.get("int8_agreement", {}).items():
         lines.append(
@@ -806,6 +843,37 @@ def _retimed_lines(by_precision: dict[str, Any]) -> list[str]:
             + " | ".join(cells)
         )
     return lines
+
+
+def carrier_lines(by_precision: dict[str, Any], result: dict[str, Any]) -> list[str]:
+    """The phrase in running speech beside the isolated phrase of the same held-out split,
+    both at the shipped threshold (clips), per device type."""
+    lines = []
+    for precision, rows in by_precision.items():
+        splits = result.get(precision, {})
+        isolated = splits.get("held-out speakers") or splits.get("validation") or {}
+        cells = []
+        for d, r in rows.items():
+            frr = r["frr_at_shipped_threshold"]
+            alone = (isolated.get(d) or {}).get("at_shipped_threshold", {}).get("frr")
+            fa = r.get("fa_share_at_shipped_threshold")
+            cells.append(
+                f"{d} {_share(frr)} ({r['positives']}; isolated {_share(alone)})"
+                + (
+                    f", confusables accepted {_share(fa)} ({r['negatives']})"
+                    if "negatives" in r
+                    else ""
+                )
+            )
+        lines.append(
+            f"\n{precision}, phrases in running speech, FRR at the shipped threshold (clips): "
+            + " | ".join(cells)
+        )
+    return lines
+
+
+def _share(x: float | None) -> str:
+    return "-" if x is None else format(x, ".3f")
 
 
 def _event_lines(splits: dict[str, Any]) -> list[str]:
@@ -874,6 +942,15 @@ def _add_addon_arguments(p: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         help="also a `--profile pretrain-timing` corpus folder: FRR on its re-timed phrases",
+    )
+    p.add_argument(
+        "--carrier",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="also a `--profile pretrain-carrier` corpus folder: FRR on its phrases in running "
+        "speech (beside the isolated phrases') and the share of its confusables in running "
+        "speech accepted, at the shipped threshold",
     )
     p.add_argument(
         "--extra-streams",
