@@ -105,24 +105,24 @@ def beside_weights(weights: Path | str) -> OperatingPoint | None:
 
 
 @lru_cache(maxsize=4)
-def _shipped_params(name: str) -> tuple[dict[str, Any], torch.Tensor]:
+def _shipped_params(name: str) -> torch.Tensor:
     from .pretrained import load_pretrained
 
-    model = load_pretrained(name)
-    return model.cfg.to_dict(), get_flat_params(model)
+    return get_flat_params(load_pretrained(name))
 
 
 def shipped_name(model: KwsCnn) -> str | None:
     """The name of the shipped model whose weights `model` holds exactly (as loaded, or
-    as sent over the wire in fp32 or fp16), else None."""
-    from .pretrained import NAMES, is_available
+    as sent over the wire in fp32 or fp16), else None. Only a shipped model of the same
+    config is loaded to compare."""
+    from .checkpoint import read_config
+    from .pretrained import NAMES, is_available, pretrained_path
 
-    flat = get_flat_params(model)
+    cfg = model.cfg.to_dict()
     for name in NAMES:
-        if not is_available(name):
+        if not is_available(name) or read_config(pretrained_path(name)).to_dict() != cfg:
             continue
-        cfg, params = _shipped_params(name)
-        if cfg == model.cfg.to_dict() and torch.equal(params, flat):
+        if torch.equal(_shipped_params(name), get_flat_params(model)):
             return name
     return None
 
