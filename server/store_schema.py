@@ -52,11 +52,24 @@ def open_database(root: Path) -> sqlite3.Connection:
         db.row_factory = sqlite3.Row
         db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
-        _check_format(db, root)
-        db.executescript(SCHEMA)
-        db.execute(
-            "INSERT OR IGNORE INTO meta VALUES ('store_format', ?)", (json.dumps(STORE_FORMAT),)
-        )
+        # Checked and created in one transaction: a process opening the folder meanwhile
+        # (an aggregation worker waiting for its coordinator) never sees the tables
+        # without their format.
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            _check_format(db, root)
+            for statement in filter(str.strip, SCHEMA.split(";")):
+                db.execute(statement)
+            db.execute(
+                "INSERT OR IGNORE INTO meta VALUES ('store_format', ?)",
+                (json.dumps(STORE_FORMAT),),
+            )
+            db.execute("COMMIT")
+        except BaseException:
+            if db.in_transaction:
+                db.rollback()
+            db.close()
+            raise
     except sqlite3.DatabaseError as exc:
         raise ConfigError(f"server state {root} is not usable: {exc}") from exc
     return db
@@ -70,7 +83,6 @@ def _check_format(db: sqlite3.Connection, root: Path) -> None:
     row = db.execute("SELECT value FROM meta WHERE key='store_format'").fetchone()
     found = json.loads(row[0]) if row is not None else 1
     if found != STORE_FORMAT:
-        db.close()
         raise ConfigError(
             f"server state {root} is in store format {found} (written before wire "
             f"protocol v3); this server reads format {STORE_FORMAT}. Finish "
