@@ -1,13 +1,15 @@
-"""The server store's SQLite schema and format: a store of another format is refused
-before anything is written."""
+"""The server store's SQLite schema and format (a store of another format is refused
+before anything is written), and the rows an accepted update writes."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from pathlib import Path
 
 from wakefl.errors import ConfigError
+from wakefl.sdk.messages import Uplink
 
 # Format 2 (protocol v3): the strategy's uplink record is stored as JSON (`updates.record`,
 # `clients.record`) instead of Self-FL's columns (sigma_m_sq, local_steps). A format 1
@@ -89,3 +91,48 @@ def _check_format(db: sqlite3.Connection, root: Path) -> None:
             "that run with the release that started it, or start this one in a new --state "
             "folder"
         )
+
+
+def mark_online(db: sqlite3.Connection, device_id: str, online: bool) -> None:
+    db.execute(
+        "UPDATE devices SET online=?, last_seen=? WHERE device_id=?",
+        (int(online), time.time(), device_id),
+    )
+
+
+def insert_update(db: sqlite3.Connection, msg: Uplink, rel: str, nbytes: int) -> None:
+    # An accepted update proves the device is connected. Its Hello may say otherwise:
+    # after a broker restart the server can read a device's will (offline) after the
+    # device's new Hello, and the device repeats no Hello once it hears the server; it
+    # would then be left out of every later round's sampling.
+    mark_online(db, msg.device_id, True)
+    record = json.dumps(msg.record, sort_keys=True)
+    db.execute(
+        "INSERT INTO updates VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            msg.round_id,
+            msg.device_id,
+            msg.device_type,
+            rel,
+            nbytes,
+            msg.num_samples,
+            record,
+            time.time(),
+        ),
+    )
+    db.execute(
+        "INSERT INTO clients (device_id, num_samples, record,"
+        " rounds_reported, last_round, relative_fa, relative_fr) VALUES (?,?,?,1,?,?,?)"
+        " ON CONFLICT(device_id) DO UPDATE SET num_samples=excluded.num_samples,"
+        " record=excluded.record,"
+        " rounds_reported=rounds_reported+1, last_round=excluded.last_round,"
+        " relative_fa=excluded.relative_fa, relative_fr=excluded.relative_fr",
+        (
+            msg.device_id,
+            msg.num_samples,
+            record,
+            msg.round_id,
+            msg.relative_fa,
+            msg.relative_fr,
+        ),
+    )
