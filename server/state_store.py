@@ -40,7 +40,7 @@ from wakefl.server.recorded_updates import (
     server_state_to_bytes,
 )
 from wakefl.server.rejection_log import RejectionLog
-from wakefl.server.store_schema import open_database
+from wakefl.server.store_schema import insert_update, mark_online, open_database
 
 log = logging.getLogger("wakefl.server.store")
 
@@ -199,14 +199,7 @@ class StateStore:
 
     def set_online(self, device_id: str, online: bool) -> None:
         with self._tx() as db:
-            self._mark_online(db, device_id, online)
-
-    @staticmethod
-    def _mark_online(db: sqlite3.Connection, device_id: str, online: bool) -> None:
-        db.execute(
-            "UPDATE devices SET online=?, last_seen=? WHERE device_id=?",
-            (int(online), time.time(), device_id),
-        )
+            mark_online(db, device_id, online)
 
     def online_devices(self) -> list[str]:
         with self._lock:
@@ -233,7 +226,7 @@ class StateStore:
             # A file without its row is never read (rows name the files); the next accepted
             # send of this update overwrites it.
             with self._tx() as db:
-                self._insert_update(db, msg, rel, len(payload))
+                insert_update(db, msg, rel, len(payload))
         return True
 
     def write_update_file(self, msg: Uplink, payload: bytes) -> str:
@@ -275,7 +268,7 @@ class StateStore:
                 ).fetchone():
                     out.append("duplicate")
                 else:
-                    self._insert_update(db, msg, rel, nbytes)
+                    insert_update(db, msg, rel, nbytes)
                     out.append("")
         return out
 
@@ -301,46 +294,8 @@ class StateStore:
                 (msg.round_id, msg.device_id),
             ).fetchone():
                 return "duplicate"
-            self._insert_update(db, msg, rel, len(payload))
+            insert_update(db, msg, rel, len(payload))
         return ""
-
-    @staticmethod
-    def _insert_update(db: sqlite3.Connection, msg: Uplink, rel: str, nbytes: int) -> None:
-        # An accepted update proves the device is connected. Its Hello may say otherwise:
-        # after a broker restart the server can read a device's will (offline) after the
-        # device's new Hello, and the device repeats no Hello once it hears the server; it
-        # would then be left out of every later round's sampling.
-        StateStore._mark_online(db, msg.device_id, True)
-        record = json.dumps(msg.record, sort_keys=True)
-        db.execute(
-            "INSERT INTO updates VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                msg.round_id,
-                msg.device_id,
-                msg.device_type,
-                rel,
-                nbytes,
-                msg.num_samples,
-                record,
-                time.time(),
-            ),
-        )
-        db.execute(
-            "INSERT INTO clients (device_id, num_samples, record,"
-            " rounds_reported, last_round, relative_fa, relative_fr) VALUES (?,?,?,1,?,?,?)"
-            " ON CONFLICT(device_id) DO UPDATE SET num_samples=excluded.num_samples,"
-            " record=excluded.record,"
-            " rounds_reported=rounds_reported+1, last_round=excluded.last_round,"
-            " relative_fa=excluded.relative_fa, relative_fr=excluded.relative_fr",
-            (
-                msg.device_id,
-                msg.num_samples,
-                record,
-                msg.round_id,
-                msg.relative_fa,
-                msg.relative_fr,
-            ),
-        )
 
     def count_updates(self, round_id: int) -> int:
         with self._lock:
