@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 
-from wakefl.tools.log_format import configure, progress_line
+from wakefl.log_format import configure, progress_line
 
 LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d (INFO|WARNING|ERROR) wakefl\.[a-z.]+: .+$")
 

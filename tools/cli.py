@@ -72,7 +72,7 @@ def _build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from wakefl.tools.log_format import configure
+    from wakefl.log_format import configure
 
     configure()  # one format for every command's log lines; -v raises the level
     try:

@@ -120,7 +120,7 @@ def _run(args: argparse.Namespace) -> int:
 
     from wakefl.sdk.device_client import DeviceClient
     from wakefl.tools.broker_option import resolve_broker
-    from wakefl.tools.log_format import configure, progress_printer
+    from wakefl.log_format import configure, progress_printer
 
     configure(args.verbose)
     torch.set_num_threads(1)

@@ -93,7 +93,7 @@ def _handler(args: argparse.Namespace) -> int:
     from wakefl.server.aggregation_server import ServerConfig
     from wakefl.server.broker import ManagedBroker
     from wakefl.tools.broker_option import resolve_broker
-    from wakefl.tools.log_format import configure, progress_printer
+    from wakefl.log_format import configure, progress_printer
 
     torch.set_num_threads(1)
     configure(args.verbose)
@@ -149,7 +149,7 @@ def _handler(args: argparse.Namespace) -> int:
 def _run_role(args: argparse.Namespace, cfg: Any, strategy: Any) -> None:
     """One process (the default), or one of the processes of a sharded server sharing
     `--state` (docs/SCALE.md, "Sharded aggregation")."""
-    from wakefl.tools.log_format import progress_printer
+    from wakefl.log_format import progress_printer
 
     say = progress_printer("wakefl.server")
     if args.role == "single":
