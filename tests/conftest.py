@@ -18,7 +18,7 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
-# --- The tiny synthetic corpus, built once per test session (tools/corpus_build.py). ---
+# --- The tiny synthetic corpus, built once per test session (tools/corpus/build.py). ---
 
 
 @pytest.fixture(scope="session")
@@ -28,7 +28,7 @@ def tiny_corpus(tmp_path_factory: pytest.TempPathFactory):
     env = os.environ.get("WAKEFL_TEST_CORPUS")
     if env and Path(env).is_file():
         return Path(env)
-    from wakefl.tools.corpus_build import build_corpus
+    from wakefl.tools.corpus.build import build_corpus
 
     return build_corpus(
         tmp_path_factory.mktemp("tiny_corpus"), seed=0, profile="tiny", progress=False

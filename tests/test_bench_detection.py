@@ -11,7 +11,7 @@ import pytest
 from wakefl.edge_runtime import StreamingDetector
 from wakefl.edge_runtime.detection_rule import stream_windows
 from wakefl.errors import ConfigError
-from wakefl.tools.bench_detection import SplitScores, _events, parse_detector
+from wakefl.tools.bench.detection import SplitScores, _events, parse_detector
 
 SR, WINDOW = 16000, 24000
 
@@ -63,7 +63,7 @@ def test_detector_settings_are_checked():
 
 
 def test_the_delay_is_measured_from_the_end_of_speech_to_the_detection():
-    from wakefl.tools.bench_edge import detection_delay, speech_end
+    from wakefl.tools.bench.edge import detection_delay, speech_end
 
     rng = np.random.default_rng(3)
     utt = np.concatenate(
@@ -85,7 +85,7 @@ def test_the_delay_is_measured_from_the_end_of_speech_to_the_detection():
 
 
 def test_frr_by_voice_family_uses_the_split_threshold(tmp_path) -> None:
-    from wakefl.tools.bench_detection import format_table, summarize, voice_families
+    from wakefl.tools.bench.detection import format_table, summarize, voice_families
 
     (tmp_path / "speakers.csv").write_text(
         "speaker,split,engine,voice,variant,rate,pitch\n"
@@ -128,7 +128,7 @@ def test_frr_by_voice_family_uses_the_split_threshold(tmp_path) -> None:
 def test_the_validation_split_is_scored_apart_from_the_test_split(tmp_path) -> None:
     import soundfile as sf
 
-    from wakefl.tools.bench_detection import _splits, score_split
+    from wakefl.tools.bench.detection import _splits, score_split
 
     rng = np.random.default_rng(1)
     rows = ["path,label,device_type,state,speaker,split,duration_s,kind"]
@@ -162,7 +162,7 @@ def test_the_validation_split_is_scored_apart_from_the_test_split(tmp_path) -> N
 
 
 def test_the_highest_stream_moments_are_distinct_events_with_what_was_said(tmp_path) -> None:
-    from wakefl.tools.bench_detection import format_table, summarize, top_stream_events
+    from wakefl.tools.bench.detection import format_table, summarize, top_stream_events
 
     wav = tmp_path / "A_stream_000.wav"
     wav.write_bytes(b"")  # only its name and the transcript beside it are read
@@ -201,7 +201,7 @@ def test_the_highest_stream_moments_are_distinct_events_with_what_was_said(tmp_p
 def test_retimed_phrases_report_each_types_misses_at_the_shipped_threshold(tmp_path) -> None:
     import soundfile as sf
 
-    from wakefl.tools.bench_detection import format_table, score_retimed
+    from wakefl.tools.bench.detection import format_table, score_retimed
 
     rng = np.random.default_rng(2)
     rows = ["path,label,device_type,state,speaker,split,duration_s,kind"]
@@ -241,7 +241,7 @@ def test_retimed_phrases_report_each_types_misses_at_the_shipped_threshold(tmp_p
 def test_phrases_in_running_speech_are_reported_beside_isolated_ones(tmp_path) -> None:
     import soundfile as sf
 
-    from wakefl.tools.bench_detection import carrier_lines, format_table, score_addon_clips
+    from wakefl.tools.bench.detection import carrier_lines, format_table, score_addon_clips
 
     rng = np.random.default_rng(3)
     rows = ["path,label,device_type,state,speaker,split,duration_s,kind"]

@@ -1,4 +1,4 @@
-"""tools/bench_peers.py: how clips are laid out and scored, and wakefl, openWakeWord and
+"""tools/bench/peers.py: how clips are laid out and scored, and wakefl, openWakeWord and
 microWakeWord through their own streaming paths on a few seconds of espeak-ng speech."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from wakefl.errors import ConfigError
-from wakefl.tools import bench_peers as bp
+from wakefl.tools.bench import peers as bp
 
 SR = bp.SAMPLE_RATE
 needs_peers = pytest.mark.skipif(
@@ -106,7 +106,7 @@ def test_a_model_without_a_card_needs_a_threshold(tmp_path):
 
 
 def _say(text: str, voice: str, cache: Path) -> np.ndarray:
-    from wakefl.tools.speech_synthesis import Voice, synthesize
+    from wakefl.tools.corpus.speech_synthesis import Voice, synthesize
 
     return synthesize(Voice("espeak-ng", voice, "", 150, 50), text, cache)
 

@@ -1,5 +1,5 @@
 """The bridged topology of docs/SCALE.md with three real mosquittos on 127.0.0.1: two edges
-bridged to a core, configured by tools/provision_bridge.py (TLS, passwords, ACLs). The
+bridged to a core, configured by tools/fleet/provision_bridge.py (TLS, passwords, ACLs). The
 aggregation server runs on the core, devices on the edges: rounds complete through the
 bridges, the retained downlink reaches both edges, each ack reaches only its device, and
 the edges' ACLs still pin every device to its own topics."""
@@ -24,7 +24,7 @@ from wakefl.sdk.mqtt_link import MqttLink, PublishError, wait_until
 from wakefl.sdk.selffl.registry import make_strategy
 from wakefl.server.aggregation_server import AggregationServer, ServerConfig
 from wakefl.server.broker import ManagedBroker, free_port
-from wakefl.tools.provision_bridge import Edge, provision_bridged
+from wakefl.tools.fleet.provision_bridge import Edge, provision_bridged
 
 pytestmark = pytest.mark.slow  # three brokers and a CA per broker
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from wakefl.errors import ConfigError
-from wakefl.tools.broker_option import BROKER_ENV, resolve_broker
+from wakefl.tools.cli.broker_option import BROKER_ENV, resolve_broker
 
 URL = "mqtts://dev-a:s3cret@broker.example:8883?ca=ca.crt"
 

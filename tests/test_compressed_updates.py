@@ -164,7 +164,7 @@ def test_load_generator_accounts_for_every_update(mqtt_broker, tmp_path, followe
     n, rounds = 20, 2
     reg = {f"dev{i:04d}": f"type{i % 5}" for i in range(n)}
     gen = subprocess.Popen(
-        [sys.executable, "-m", "wakefl.tools.load_fleet", "--broker", mqtt_broker.url]
+        [sys.executable, "-m", "wakefl.tools.fleet.load_fleet", "--broker", mqtt_broker.url]
         + ["--fleet", FLEET, "--devices", str(n), "--time-limit", "120"]
         + (["--follower-only"] if follower_only else []),
         stdout=subprocess.PIPE,

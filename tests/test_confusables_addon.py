@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from wakefl.errors import ConfigError
-from wakefl.tools.corpus_plan import PROFILES, clip_recipes, make_speakers, texts_for
+from wakefl.tools.corpus.plan import PROFILES, clip_recipes, make_speakers, texts_for
 
 
 @pytest.mark.parametrize("base", ["pretrain", "pretrain-micro"])
@@ -46,7 +46,7 @@ def test_the_add_on_builds_training_clips_of_the_training_speakers(tmp_path) -> 
     import csv
 
     from wakefl.sdk.manifest import read_manifest
-    from wakefl.tools.corpus_build import build_corpus
+    from wakefl.tools.corpus.build import build_corpus
 
     main = build_corpus(tmp_path / "main", 0, "pretrain-micro", progress=False)
     extra = build_corpus(tmp_path / "conf", 0, "pretrain-confusables-micro", progress=False)
@@ -58,7 +58,7 @@ def test_the_add_on_builds_training_clips_of_the_training_speakers(tmp_path) -> 
 
 
 def test_a_streams_add_on_holds_test_or_val_streams_only() -> None:
-    from wakefl.tools.corpus_plan import _streams_addon
+    from wakefl.tools.corpus.plan import _streams_addon
 
     with pytest.raises(ConfigError, match="test or val"):
         _streams_addon("pretrain-micro", "x", 2, split="train")

@@ -12,9 +12,9 @@ import soundfile as sf
 
 from wakefl.errors import ConfigError
 from wakefl.sdk.manifest import CLIP_SAMPLES, STATES, read_manifest
-from wakefl.tools.corpus_build import build_corpus
-from wakefl.tools.corpus_plan import CorpusProfile
-from wakefl.tools.corpus_stats import band_features, nearest_centroid_accuracy
+from wakefl.tools.corpus.build import build_corpus
+from wakefl.tools.corpus.plan import CorpusProfile
+from wakefl.tools.corpus.stats import band_features, nearest_centroid_accuracy
 
 # Smaller than tiny, so that two cold builds (speech rendered twice) stay cheap.
 MICRO = CorpusProfile("micro", n_speakers=8, train_unit=2, val_clips=3, test_clips=3,
@@ -131,8 +131,8 @@ def test_device_types_differ_measurably(tiny_corpus: Path) -> None:
 
 
 def test_each_stream_has_a_transcript_of_what_is_said_when(tiny_corpus: Path) -> None:
-    from wakefl.tools.corpus_build import read_transcript
-    from wakefl.tools.corpus_plan import PROFILES, make_speakers
+    from wakefl.tools.corpus.build import read_transcript
+    from wakefl.tools.corpus.plan import PROFILES, make_speakers
 
     speakers = {s.speaker_id: s for s in make_speakers(0, PROFILES["tiny"], "hey nova")}
     streams = [r for r in read_manifest(tiny_corpus) if r.kind == "stream"]

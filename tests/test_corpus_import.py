@@ -15,7 +15,7 @@ import soundfile as sf
 from wakefl.errors import WakeflError
 from wakefl.sdk.manifest import read_manifest
 from wakefl.tools.cli import main
-from wakefl.tools.corpus_import import import_recordings
+from wakefl.tools.corpus.importer import import_recordings
 
 
 def _espeak(text: str) -> tuple[np.ndarray, int]:
@@ -170,7 +170,7 @@ def _report_rows(out: Path) -> dict[str, dict[str, str]]:
 
 
 def test_long_positives_are_cropped_around_the_phrase_not_the_loud_music(tmp_path: Path) -> None:
-    from wakefl.tools.background_sounds import alarm_tones, music_like
+    from wakefl.tools.acoustics.background_sounds import alarm_tones, music_like
 
     phrase = _trimmed_phrase()
     level = np.sqrt(np.mean(phrase**2))
@@ -278,7 +278,7 @@ def test_a_short_loud_burst_does_not_pull_the_crop_off_the_phrase(
     ],
 )
 def test_the_window_is_centred_on_the_speech(prob: list[float], total: int, start: int | None):
-    from wakefl.tools.phrase_locator import window_start
+    from wakefl.tools.corpus.phrase_locator import window_start
 
     assert window_start(np.array(prob), total) == start
 
@@ -319,7 +319,7 @@ def test_short_clips_are_padded_with_the_files_background(tmp_path: Path) -> Non
 def test_names_are_normalized_and_only_ambiguity_is_refused(
     recordings: Path, tmp_path: Path
 ) -> None:
-    from wakefl.tools.evaluation import bootstrap_units
+    from wakefl.tools.evaluation.evaluate import bootstrap_units
 
     rows = [
         ("pos_22k.wav", "1", "phone", " Playback ", "Alice  Smith", "TEST"),

@@ -88,7 +88,7 @@ def test_demo_smallest_setting_writes_a_report_per_device_type(tmp_path, tiny_co
 def test_demo_defaults_suit_the_fleet_and_keep_the_other_profiles():
     from pathlib import Path
 
-    from wakefl.tools.demo import DemoSettings
+    from wakefl.tools.fleet.demo import DemoSettings
 
     fleet = DemoSettings()
     assert fleet.profile == "fleet" and fleet.runs_fleet()

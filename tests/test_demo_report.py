@@ -1,15 +1,15 @@
-"""The demo's at-a-glance summary (tools/demo_report.py) on constructed evaluation rows and
+"""The demo's at-a-glance summary (tools/fleet/demo_report.py) on constructed evaluation rows and
 gate records, and the Markdown the HTML report renders from it."""
 
 from __future__ import annotations
 
-from wakefl.tools.demo_report import (
+from wakefl.tools.evaluation.report import markdown_html
+from wakefl.tools.fleet.demo_report import (
     ci_below_one,
     device_summary,
     resolution_lines,
     summary_markdown,
 )
-from wakefl.tools.eval_report import markdown_html
 
 
 def _record(base_fr, cand_fr, ci, base_fa=0.0, cand_fa=0.0, replicates=200):

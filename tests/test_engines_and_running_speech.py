@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from wakefl.sdk.manifest import CLIP_SAMPLES, SAMPLE_RATE, read_manifest
-from wakefl.tools.corpus_build import _join, _place_in_running_speech, build_corpus
-from wakefl.tools.corpus_plan import (
+from wakefl.tools.corpus.build import _join, _place_in_running_speech, build_corpus
+from wakefl.tools.corpus.plan import (
     ENGINES_TRAIN_FESTIVAL,
     ENGINES_TRAIN_MBROLA,
     ENGINES_TRAIN_RHVOICE,
@@ -21,7 +21,7 @@ from wakefl.tools.corpus_plan import (
     make_speakers,
     make_unseen_speakers,
 )
-from wakefl.tools.speech_synthesis import Voice, synthesize
+from wakefl.tools.corpus.speech_synthesis import Voice, synthesize
 
 
 def _absent(engine: str, voice: str) -> str | None:

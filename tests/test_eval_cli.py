@@ -20,8 +20,8 @@ from wakefl.models.kws_cnn import KwsCnn, ModelConfig, export_onnx, save_model
 from wakefl.sdk.manifest import read_manifest, write_manifest
 from wakefl.sdk.wake_metrics import false_accepts_per_hour
 from wakefl.tools.cli import main
-from wakefl.tools.evaluation import EvalSettings, stream_detections
-from wakefl.tools.model_scoring import detection_times, load_scorer, stream_posteriors
+from wakefl.tools.evaluation.evaluate import EvalSettings, stream_detections
+from wakefl.tools.evaluation.model_scoring import detection_times, load_scorer, stream_posteriors
 
 WIDTH = 0.125
 ROW_KEYS = {
@@ -161,7 +161,7 @@ def test_eval_identical_candidate_schema_and_report(models, tiny_corpus, tmp_pat
 
 def test_torch_and_onnx_scorers_agree(models, tiny_corpus):
     rows = [r for r in read_manifest(tiny_corpus) if r.kind == "clip" and r.split == "test"][:6]
-    from wakefl.tools.model_scoring import score_clips
+    from wakefl.tools.evaluation.model_scoring import score_clips
 
     onnx = score_clips(load_scorer(models["base"]), rows, tiny_corpus.parent, progress=False)
     torch_scores = score_clips(
@@ -375,9 +375,9 @@ def test_batched_stream_scoring_is_the_streaming_detector_bit_for_bit(models, ti
 
 
 def test_eval_and_study_give_identical_rows_on_the_same_scores(models, tiny_corpus):
-    from wakefl.tools.evaluation import bootstrap_units, run_evaluation
-    from wakefl.tools.model_scoring import score_clips
-    from wakefl.tools.paper_experiment import EvalSet, relative_records
+    from wakefl.tools.evaluation.evaluate import bootstrap_units, run_evaluation
+    from wakefl.tools.evaluation.model_scoring import score_clips
+    from wakefl.tools.studies.paper_experiment import EvalSet, relative_records
 
     settings = EvalSettings(n_boot=60, seed=3, hop_s=0.5, progress=False)
     result = run_evaluation(models["base"], [models["other"]], tiny_corpus, settings)
@@ -430,7 +430,7 @@ def test_fixed_threshold_reports_the_baseline_at_it_and_flags_saturation(
     models, tiny_corpus, tmp_path, capsys
 ):
     from wakefl.sdk.wake_metrics import fa_at, fr_at
-    from wakefl.tools.model_scoring import score_clips
+    from wakefl.tools.evaluation.model_scoring import score_clips
 
     report = tmp_path / "report"
     rc, out, err = _eval(
@@ -511,8 +511,8 @@ def test_thresholds_file_and_model_card(models, tiny_corpus, tmp_path, capsys):
 
 def test_pairing_scores_each_model_on_its_own_device_type(models, tiny_corpus, tmp_path, capsys):
     from wakefl.sdk.wake_metrics import relative_by_subset
-    from wakefl.tools.evaluation import bootstrap_units
-    from wakefl.tools.model_scoring import score_clips
+    from wakefl.tools.evaluation.evaluate import bootstrap_units
+    from wakefl.tools.evaluation.model_scoring import score_clips
 
     pairing = tmp_path / "pairs.csv"
     pairing.write_text(f"model,device_type\n{models['other']},B\n")

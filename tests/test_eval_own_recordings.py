@@ -15,7 +15,7 @@ import pytest
 from wakefl.models.kws_cnn.pretrained import pretrained_card, pretrained_path
 from wakefl.sdk.manifest import read_manifest
 from wakefl.tools.cli import main
-from wakefl.tools.model_scoring import (
+from wakefl.tools.evaluation.model_scoring import (
     detection_times,
     load_clip_windows,
     load_scorer,

@@ -1,4 +1,4 @@
-"""The second acoustic simulation (tools/field_acoustics.py): each stage does what it claims
+"""The second acoustic simulation (tools/acoustics/field_acoustics.py): each stage does what it claims
 on real synthesized speech and generated noise, and the whole chain is deterministic per
 seed."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from wakefl.tools import field_acoustics as fa
+from wakefl.tools.acoustics import field_acoustics as fa
 
 SR = 16000
 
@@ -24,7 +24,7 @@ def speech(tmp_path_factory: pytest.TempPathFactory) -> list[np.ndarray]:
     """Three utterances of espeak-ng, the engine every corpus build needs."""
     if shutil.which("espeak-ng") is None:
         pytest.skip("espeak-ng is not installed (scripts/setup.sh installs it)")
-    from wakefl.tools.speech_synthesis import Voice, synthesize
+    from wakefl.tools.corpus.speech_synthesis import Voice, synthesize
 
     cache = Path(tmp_path_factory.mktemp("tts"))
     voice = Voice("espeak-ng", "en-us", "", 160, 50)

@@ -33,7 +33,7 @@ def _speakers(folder: Path) -> dict[str, tuple[str, ...]]:
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from wakefl.tools.corpus_build import build_corpus
+    from wakefl.tools.corpus.build import build_corpus
 
     root = tmp_path_factory.mktemp("field")
     main = build_corpus(root / "main", 0, "pretrain-micro", progress=False)
@@ -44,7 +44,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 @pytest.mark.slow
 def test_the_add_on_holds_the_held_out_speakers_through_the_field_devices(built) -> None:
     from wakefl.sdk.manifest import read_manifest
-    from wakefl.tools.corpus_build import build_corpus, read_transcript
+    from wakefl.tools.corpus.build import build_corpus, read_transcript
 
     main, field = built
     rows = read_manifest(field / "manifest.csv")
@@ -87,7 +87,7 @@ def test_the_add_on_holds_the_held_out_speakers_through_the_field_devices(built)
 
 @pytest.mark.slow
 def test_the_benchmark_reports_the_three_held_out_conditions_apart(built, tmp_path) -> None:
-    from wakefl.tools.bench_detection import format_table, run
+    from wakefl.tools.bench.detection import format_table, run
 
     main, field = built
     args = argparse.Namespace(
@@ -140,7 +140,7 @@ def test_the_benchmark_reports_the_three_held_out_conditions_apart(built, tmp_pa
 
 
 def test_an_add_on_of_other_speakers_or_acoustics_is_refused(tmp_path) -> None:
-    from wakefl.tools.bench_detection import acoustics_manifests
+    from wakefl.tools.bench.detection import acoustics_manifests
 
     def corpus(name: str, seed: int, acoustics: str | None) -> Path:
         folder = tmp_path / name

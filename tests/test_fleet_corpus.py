@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from wakefl.sdk.manifest import read_manifest
-from wakefl.tools.corpus_build import ACOUSTICS, NEW_USERS_DIR, build_corpus
-from wakefl.tools.corpus_plan import (
+from wakefl.tools.corpus.build import ACOUSTICS, NEW_USERS_DIR, build_corpus
+from wakefl.tools.corpus.plan import (
     FLEET_VOICES,
     PROFILES,
     SPLITS,

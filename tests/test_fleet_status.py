@@ -11,7 +11,7 @@ import torch
 from wakefl.sdk.messages import Uplink
 from wakefl.server.state_store import StateStore
 from wakefl.tools.cli import main
-from wakefl.tools.fleet_status import format_status, gate_summary, read_status
+from wakefl.tools.fleet.status import format_status, gate_summary, read_status
 
 
 def _fleet(root):

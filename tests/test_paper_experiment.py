@@ -13,8 +13,8 @@ import pytest
 
 from wakefl.errors import ConfigError
 from wakefl.sdk.wake_metrics import relative_fa_fr
-from wakefl.tools.evaluation import bootstrap_units
-from wakefl.tools.paper_experiment import (
+from wakefl.tools.evaluation.evaluate import bootstrap_units
+from wakefl.tools.studies.paper_experiment import (
     METHODS,
     NO_GLOBAL,
     SELFFL_ABLATIONS,
@@ -25,7 +25,7 @@ from wakefl.tools.paper_experiment import (
     selection_score,
     split_speakers,
 )
-from wakefl.tools.paper_report import ci_side, format_cell, render_markdown
+from wakefl.tools.studies.paper_report import ci_side, format_cell, render_markdown
 
 ROW_KEYS = {
     "setting",
@@ -343,7 +343,7 @@ def test_cli_rejects_unknown_method(tiny_corpus: Path, tmp_path: Path, capsys):
 
 def test_selffl_ablations_are_valid_self_fl_hyperparameters():
     from wakefl.sdk.selffl import make_strategy
-    from wakefl.tools.paper_experiment import method_hyperparams
+    from wakefl.tools.studies.paper_experiment import method_hyperparams
 
     prof = resolve_profile("tiny")
     for overrides in SELFFL_ABLATIONS.values():
@@ -404,8 +404,8 @@ def test_selffl_ablation_rows_in_settings_of_their_own(tiny_corpus: Path, tmp_pa
 
 
 def test_cli_passes_the_selffl_ablations(tmp_path: Path, monkeypatch):
-    from wakefl.tools import paper_experiment
     from wakefl.tools.cli import main
+    from wakefl.tools.studies import paper_experiment
 
     seen: dict = {}
     monkeypatch.setattr(paper_experiment, "run_paper_study", lambda *a, **kw: seen.update(kw))

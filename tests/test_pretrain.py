@@ -16,13 +16,13 @@ from wakefl.edge_runtime.detection_rule import count_events, smoothed
 from wakefl.errors import ConfigError
 from wakefl.models.kws_cnn import load_model, weights_digest
 from wakefl.sdk.manifest import read_manifest
-from wakefl.tools.corpus_build import build_corpus
-from wakefl.tools.pretrain import distill_loss, pretrain
-from wakefl.tools.pretrain_data import load_pretrain_data, make_batch
-from wakefl.tools.pretrain_publish import publish, publish_blend, publish_soup, set_stream_threshold
-from wakefl.tools.pretrain_settings import BEST, BEST_CARD, STATE_INFO, PretrainSettings, lr_at
-from wakefl.tools.pretrain_validation import score_batches, threshold_for_fa
-from wakefl.tools.wave_augment import AugmentBank, augment_window, fit_window
+from wakefl.tools.corpus.build import build_corpus
+from wakefl.tools.training.data import load_pretrain_data, make_batch
+from wakefl.tools.training.pretrain import distill_loss, pretrain
+from wakefl.tools.training.publish import publish, publish_blend, publish_soup, set_stream_threshold
+from wakefl.tools.training.settings import BEST, BEST_CARD, STATE_INFO, PretrainSettings, lr_at
+from wakefl.tools.training.validation import score_batches, threshold_for_fa
+from wakefl.tools.training.wave_augment import AugmentBank, augment_window, fit_window
 
 SETTINGS = PretrainSettings(
     width=0.25,
@@ -540,7 +540,7 @@ def test_a_student_learns_its_teachers_scores_and_a_resume_keeps_the_teacher(
 def test_mel_warp_moves_a_formant_by_its_factor() -> None:
     import librosa
 
-    from wakefl.tools.mel_warp import hz_to_mel, source_positions, warp_log_mel
+    from wakefl.tools.training.mel_warp import hz_to_mel, source_positions, warp_log_mel
 
     hz = np.array([0.0, 300.0, 999.0, 1000.0, 2500.0, 8000.0])
     assert np.allclose(hz_to_mel(hz), librosa.hz_to_mel(hz))  # the frontend's Slaney scale
@@ -559,7 +559,7 @@ def test_mel_warp_moves_a_formant_by_its_factor() -> None:
 
 
 def test_time_warp_stretches_one_side_and_compresses_the_other() -> None:
-    from wakefl.tools.time_warp import MAX_WARP, draw_warp, source_frames, warp_time
+    from wakefl.tools.training.time_warp import MAX_WARP, draw_warp, source_frames, warp_time
 
     frames, last = 151, 150.0
     assert np.allclose(source_frames(frames, np.array([60.0]), np.array([60.0]))[0], np.arange(151))
@@ -594,7 +594,14 @@ def test_time_warp_stretches_one_side_and_compresses_the_other() -> None:
 
 
 def test_mining_keeps_the_highest_scoring_negatives() -> None:
-    from wakefl.tools.hard_negatives import CLIP, STREAM, candidates, fits, mine, windows_of
+    from wakefl.tools.training.hard_negatives import (
+        CLIP,
+        STREAM,
+        candidates,
+        fits,
+        mine,
+        windows_of,
+    )
 
     rng = np.random.default_rng(0)
     streams = [rng.uniform(-1, 1, 5000).astype(np.float32) * g for g in (0.1, 0.5)]
@@ -691,7 +698,7 @@ def test_pretrain_cli_refuses_absurd_flags(flags, tmp_path: Path, capsys) -> Non
 def test_set_threshold_ships_the_one_the_validation_streams_set(
     corpus: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from wakefl.tools.bench_detection import main as bench
+    from wakefl.tools.bench.detection import main as bench
     from wakefl.tools.cli import main as cli
 
     run = tmp_path / "run"

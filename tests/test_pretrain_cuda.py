@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from wakefl.models.kws_cnn import KwsCnn, ModelConfig
-from wakefl.tools.pretrain import augmented_log_mel, seeded_model, train_step
-from wakefl.tools.pretrain_checkpoints import load_state, save_state
-from wakefl.tools.pretrain_settings import PretrainSettings
+from wakefl.tools.training.checkpoints import load_state, save_state
+from wakefl.tools.training.pretrain import augmented_log_mel, seeded_model, train_step
+from wakefl.tools.training.settings import PretrainSettings
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 

@@ -15,8 +15,8 @@ from wakefl.models.kws_cnn.pretrained import (
     pretrained_card,
     pretrained_path,
 )
-from wakefl.tools.corpus_plan import UNSEEN_ESPEAK_VOICES
-from wakefl.tools.speech_synthesis import Voice, synthesize
+from wakefl.tools.corpus.plan import UNSEEN_ESPEAK_VOICES
+from wakefl.tools.corpus.speech_synthesis import Voice, synthesize
 
 WINDOW = 24000
 POSITIVE_TEXTS = ("hey nova", "hey nova!", "hey, nova")
@@ -79,8 +79,8 @@ def test_shipped_model_detects_the_phrase_from_an_unseen_voice(name: str, clips)
 def test_every_entry_point_starts_from_the_shipped_model(tmp_path) -> None:
     from wakefl.errors import ConfigError
     from wakefl.models.kws_cnn import load_model
-    from wakefl.tools.evaluation import card_threshold
-    from wakefl.tools.warm_start import resolve_baseline
+    from wakefl.tools.evaluation.evaluate import card_threshold
+    from wakefl.tools.training.warm_start import resolve_baseline
 
     small = resolve_baseline(None, None, width=0.25, cache_dir=tmp_path, progress=False)
     model = load_model(small)

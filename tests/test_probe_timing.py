@@ -7,8 +7,8 @@ import shutil
 import numpy as np
 import pytest
 
-from wakefl.tools.probe_timing import TIMINGS, main, parse_voice
-from wakefl.tools.word_timing import first_word_end, retime
+from wakefl.tools.corpus.word_timing import first_word_end, retime
+from wakefl.tools.evaluation.probe_timing import TIMINGS, main, parse_voice
 
 
 def _two_words(sr: int = 16000) -> np.ndarray:

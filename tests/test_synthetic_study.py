@@ -10,7 +10,7 @@ import torch
 
 from wakefl.sdk.selffl import available_strategies
 from wakefl.tools.cli import main
-from wakefl.tools.synthetic_study import CASES, best_by, make_fleet, run_study
+from wakefl.tools.studies.synthetic_study import CASES, best_by, make_fleet, run_study
 
 
 def test_fleet_closed_forms_are_consistent():

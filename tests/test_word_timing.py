@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from wakefl.tools.word_timing import (
+from wakefl.tools.corpus.word_timing import (
     close_pause,
     first_word_end,
     pause_around,
@@ -97,8 +97,8 @@ def test_the_timing_profile_has_the_main_corpus_speakers_and_only_wake_phrases(
 ) -> None:
     from wakefl.sdk.dataset import load_clip
     from wakefl.sdk.manifest import read_manifest
-    from wakefl.tools.corpus_build import build_corpus
-    from wakefl.tools.corpus_plan import PROFILES
+    from wakefl.tools.corpus.build import build_corpus
+    from wakefl.tools.corpus.plan import PROFILES
 
     main = build_corpus(tmp_path / "main", 0, "pretrain-micro", progress=False)
     timing = build_corpus(tmp_path / "timing", 0, "pretrain-timing-micro", progress=False)
@@ -126,7 +126,7 @@ def test_the_timing_profile_has_the_main_corpus_speakers_and_only_wake_phrases(
 
 def test_a_profile_with_unknown_contents_or_an_absurd_pace_is_refused() -> None:
     from wakefl.errors import ConfigError
-    from wakefl.tools.corpus_plan import PROFILES
+    from wakefl.tools.corpus.plan import PROFILES
 
     base = PROFILES["pretrain-timing-micro"]
     with pytest.raises(ConfigError, match="contents"):

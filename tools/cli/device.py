@@ -1,0 +1,233 @@
+"""`wakefl device`: run one device of a fleet over MQTT until the server ends the run."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+from wakefl.sdk import topics
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "device",
+        help="run one device of the fleet over MQTT",
+        description="Join a fleet as device ID of type TYPE, train on the manifest's train "
+        "clips of that type, report relative FA/FR on its val clips, and take "
+        "part in rounds until the server announces the end of the run.",
+    )
+    _add_identity_options(p)
+    _add_protocol_options(p)
+    _add_export_options(p)
+    _add_run_limit_options(p)
+    p.set_defaults(func=_run)
+
+
+def _add_identity_options(p: argparse.ArgumentParser) -> None:
+    """Who the device is, its data, its broker, fleet and state folder."""
+    p.add_argument("--id", required=True, dest="device_id", help="device id (its MQTT client id)")
+    p.add_argument("--type", required=True, dest="device_type", help="device type in the manifest")
+    p.add_argument("--data", required=True, help="corpus manifest.csv")
+    from wakefl.tools.cli.broker_option import HELP
+
+    p.add_argument("--broker", default=None, help=HELP)
+    p.add_argument("--state", required=True, help="folder for the device's persistent state")
+    p.add_argument(
+        "--fleet",
+        default=topics.DEFAULT_FLEET,
+        help=f"fleet name (default: {topics.DEFAULT_FLEET})",
+    )
+    p.add_argument(
+        "--width",
+        type=float,
+        default=None,
+        help="expected model width; refuse a server that runs another one",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the local minibatches")
+
+
+def _add_protocol_options(p: argparse.ArgumentParser) -> None:
+    """Delivery of the update and the report's operating point."""
+    p.add_argument(
+        "--ack-timeout",
+        type=float,
+        default=15.0,
+        help="seconds to wait for the server's ack before re-sending (default 15; "
+        "the server's ack_timeout_s wins when it sends one)",
+    )
+    p.add_argument(
+        "--max-sends", type=int, default=4, help="sends of one update at most (default 4)"
+    )
+    p.add_argument(
+        "--wire-dtype",
+        choices=("fp32", "fp16"),
+        default=None,
+        help="dtype of the update on the wire (default: what the server asks for)",
+    )
+    p.add_argument(
+        "--target-fr",
+        type=float,
+        default=0.05,
+        help="baseline operating point for the relative FA/FR report (default 0.05)",
+    )
+    p.add_argument(
+        "--gate-ties",
+        choices=("keep", "switch"),
+        default="keep",
+        help="served-model gate on a tie with the served model (the same errors on the "
+        "validation clips): keep it (default) or switch to the new model",
+    )
+
+
+def _add_export_options(p: argparse.ArgumentParser) -> None:
+    """The models written at the end of the run."""
+    p.add_argument(
+        "--export",
+        default=None,
+        help="write the served model (the served-model gate's choice; safetensors) here at the end",
+    )
+    p.add_argument(
+        "--export-personal",
+        default=None,
+        help="write the latest personalized model (safetensors) here at the end",
+    )
+    p.add_argument("--onnx", default=None, help="write the served model as ONNX here at the end")
+
+
+def _add_run_limit_options(p: argparse.ArgumentParser) -> None:
+    """When the device leaves, and logging."""
+    p.add_argument("--max-rounds", type=int, default=None, help="leave after this many rounds")
+    p.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=30.0,
+        help="give up when the broker cannot be reached for this long (default 30)",
+    )
+    p.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=None,
+        help="give up after this many seconds without a message from the server",
+    )
+    p.add_argument("-v", "--verbose", action="store_true", help="log transport events")
+
+
+def _run(args: argparse.Namespace) -> int:
+    import torch
+
+    from wakefl.log_format import configure, progress_printer
+    from wakefl.sdk.device_client import DeviceClient
+    from wakefl.tools.cli.broker_option import resolve_broker
+
+    configure(args.verbose)
+    torch.set_num_threads(1)
+
+    say = progress_printer("wakefl.device")
+
+    train, val = _load_clips(args, say)
+    client = DeviceClient(
+        args.device_id,
+        args.device_type,
+        train,
+        args.state,
+        validation=val,
+        broker_url=resolve_broker(args.broker),
+        fleet=args.fleet,
+        seed=args.seed,
+        ack_timeout_s=args.ack_timeout,
+        max_sends=args.max_sends,
+        wire_dtype=args.wire_dtype,
+        target_fr=args.target_fr,
+        expected_width=args.width,
+        progress=say,
+        gate_ties=args.gate_ties,
+    )
+    # SIGTERM leaves cleanly (state is committed at every step anyway).
+    signal.signal(signal.SIGTERM, lambda *_: client.stop())
+    try:
+        summary = client.run(
+            max_rounds=args.max_rounds,
+            idle_timeout=args.idle_timeout,
+            connect_timeout=args.connect_timeout,
+        )
+        _exports(args, client, summary, say)
+    finally:
+        client.close()
+    say(
+        f"{args.device_id}: {summary.rounds_seen} round(s) seen, {summary.rounds_trained} "
+        f"trained, {summary.updates_accepted} update(s) accepted"
+        + ("; run finished" if summary.finished else "")
+    )
+    return 0
+
+
+def _load_clips(args: argparse.Namespace, say):
+    """The device type's training clips and its validation clips (None without any)."""
+    from wakefl.errors import ConfigError
+    from wakefl.models.kws_cnn import ModelConfig
+    from wakefl.sdk.dataset import WakeWordDataset
+
+    window = ModelConfig(width=args.width or 1.0).window_samples
+    train = WakeWordDataset(args.data, args.device_type, "train", window_samples=window)
+    try:
+        val = WakeWordDataset(args.data, args.device_type, "val", window_samples=window)
+    except ConfigError as exc:  # a device without validation clips trains but cannot report
+        say(f"{args.device_id}: no validation clips ({exc}); no relative FA/FR report")
+        val = None
+    say(
+        f"{args.device_id} ({args.device_type}): {len(train)} training clips, "
+        f"{0 if val is None else len(val)} validation clips; joining fleet {args.fleet!r}"
+    )
+    return train, val
+
+
+def _exports(args: argparse.Namespace, client, summary, say) -> None:
+    """The end-of-run exports and what the device serves."""
+    if summary.served:
+        fa, fr = summary.served.get("relative_fa"), summary.served.get("relative_fr")
+        figs = f"FA {fa:.3f}, FR {fr:.3f}" if fa is not None and fr is not None else ""
+        say(
+            f"{args.device_id} serves the {summary.served['model']} model of round "
+            f"{summary.served['round']}"
+            + (f" (relative to the baseline on its validation clips: {figs})" if figs else "")
+        )
+    if args.export_personal and client.personal_params() is not None:
+        say(f"personal model written to {client.export_personal_model(args.export_personal)}")
+    if client.served_params() is None:
+        return
+    if args.export:
+        say(f"served model written to {client.export_served_model(args.export)}")
+        _write_gate_record(args.export, summary)
+    if args.onnx:
+        say(f"served model exported to {client.export_onnx(args.onnx)}")
+
+
+def gate_record_path(export: str | Path) -> Path:
+    """Where the served model's gate record is written: beside its export."""
+    return Path(export).with_suffix(".gate.json")
+
+
+def _write_gate_record(export: str | Path, summary: Any) -> None:
+    """The served model, the gate's last decision and the decision that switched to the
+    served model (None while the device serves its baseline), reasons included, as JSON
+    beside the exported model, for a report on what the device serves and why."""
+    import json
+
+    from wakefl.sdk.round_training import json_safe
+
+    switched = [o.gate for o in summary.outcomes if o.gate and o.gate.get("switched")]
+    record = {
+        "served": summary.served,
+        "gate": summary.gate,
+        "switched_by": switched[-1] if switched else None,
+    }
+    gate_record_path(export).write_text(json.dumps(json_safe(record), indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    from wakefl.tools.cli import main
+
+    sys.exit(main(["device", *sys.argv[1:]]))

@@ -1,0 +1,707 @@
+"""`wakefl model info|export|pretrain|publish|set-threshold|blend|soup`: inspect, export,
+train, ship and blend or average the wake-word CNN."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from wakefl.errors import ConfigError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("model", help="inspect and export the wake-word model")
+    sub = p.add_subparsers(dest="model_command", metavar="ACTION", required=True)
+    _register_info(sub)
+    _register_export(sub)
+    _register_pretrain(sub)
+    _register_publish(sub)
+    _register_blend(sub)
+    _register_soup(sub)
+
+
+def _register_info(sub: argparse._SubParsersAction) -> None:
+    """`wakefl model info`."""
+    info = sub.add_parser("info", help="parameter and layer counts of the model")
+    src = info.add_mutually_exclusive_group()
+    src.add_argument("--width", type=float, default=None, help="width multiplier (default 1.0)")
+    src.add_argument("--weights", type=Path, default=None, help="a .safetensors checkpoint")
+    info.add_argument("--json", action="store_true", help="print JSON")
+    info.set_defaults(func=_info)
+
+
+def _register_export(sub: argparse._SubParsersAction) -> None:
+    """`wakefl model export`."""
+    exp = sub.add_parser("export", help="export to ONNX (log-mel in, wake probability out)")
+    exp.add_argument("--out", type=Path, required=True, help="output FILE.onnx")
+    src = exp.add_mutually_exclusive_group()
+    src.add_argument("--weights", type=Path, default=None, help="a .safetensors checkpoint")
+    src.add_argument(
+        "--pretrained",
+        choices=("full", "small"),
+        default=None,
+        help="export a shipped pretrained model, with its shipped threshold",
+    )
+    src.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="export an untrained, randomly initialised model (it detects nothing; for "
+        "timing and tests). Without it, --weights or --pretrained is required",
+    )
+    exp.add_argument(
+        "--width",
+        type=float,
+        default=None,
+        help="with --random-weights: the width multiplier (default 1.0)",
+    )
+    exp.add_argument(
+        "--seed", type=int, default=0, help="with --random-weights: the seed (default 0)"
+    )
+    exp.add_argument("--int8", action="store_true", help="static int8 (QDQ) quantization")
+    exp.add_argument(
+        "--calibration",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="WAV",
+        help="WAV files whose windows calibrate int8 (default: synthetic audio)",
+    )
+    exp.add_argument(
+        "--frontend",
+        choices=("log_mel", "dft", "stft"),
+        default="log_mel",
+        help="log_mel (default): the graph takes the log-mel spectrogram, which "
+        "wakefl.edge_runtime computes; dft or stft: the graph takes the waveform (for other "
+        "runtimes), its STFT as a DFT convolution or as the ONNX STFT operator",
+    )
+    exp.add_argument("--json", action="store_true", help="print JSON")
+    exp.set_defaults(func=_export)
+
+
+def _register_pretrain(sub: argparse._SubParsersAction) -> None:
+    """`wakefl model pretrain`: its data and run options, then its schedule."""
+    pre = sub.add_parser("pretrain", help="train the wake-word model on the pretraining corpus")
+    pre.add_argument("--out", type=Path, required=True, help="run folder (checkpoints, best model)")
+    pre.add_argument("--width", type=float, default=1.0, help="width multiplier (0.25 = small)")
+    pre.add_argument("--phrase", default="hey nova", help="the wake phrase (synthetic speech)")
+    pre.add_argument(
+        "--corpus",
+        type=Path,
+        default=None,
+        metavar="MANIFEST",
+        help="a corpus manifest with train/val clips and streams "
+        "(default: build or reuse the cached 'pretrain' corpus of --phrase and --seed; a "
+        "new seed builds a new corpus, about 25 min)",
+    )
+    pre.add_argument(
+        "--extra-corpus",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="MANIFEST",
+        help="add this corpus's training clips and streams (e.g. the 'pretrain-voices' "
+        "profile, or imported recordings); repeatable. Validation stays on --corpus",
+    )
+    pre.add_argument(
+        "--val-corpus",
+        type=Path,
+        default=None,
+        metavar="MANIFEST",
+        help="choose the best checkpoint on this corpus's val split (clips and streams) "
+        "instead of --corpus's, e.g. a 'pretrain-acoustics' build: held-out acoustics",
+    )
+    pre.add_argument(
+        "--field-augment",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="pass this share of the training windows through the second acoustic "
+        "simulation's training stages (rooms, AGC, noise suppression, narrowband link, "
+        "clipping; tools/acoustics/field_acoustics.py); 0 = off",
+    )
+    pre.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    pre.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="processes preparing augmented batches (the same run for any count; a GPU "
+        "needs several to be kept busy)",
+    )
+    _add_pretrain_run_options(pre)
+    _add_pretrain_augment_options(pre)
+    pre.set_defaults(func=_pretrain)
+
+
+def _add_pretrain_run_options(pre: argparse.ArgumentParser) -> None:
+    """Initialisation, schedule, validation and checkpointing of `wakefl model pretrain`."""
+    pre.add_argument("--resume", action="store_true", help="continue the run in --out")
+    pre.add_argument(
+        "--init-from",
+        type=Path,
+        default=None,
+        metavar="WEIGHTS",
+        help=(
+            "start from these weights (e.g. a shipped model) instead of random; a narrower "
+            "model is widened to --width first, computing the same function"
+        ),
+    )
+    pre.add_argument(
+        "--samples",
+        type=int,
+        default=400_000,
+        help="training samples in the whole run; sets the learning-rate schedule",
+    )
+    pre.add_argument("--batch-size", type=int, default=32)
+    pre.add_argument("--lr", type=float, default=2e-3)
+    pre.add_argument(
+        "--seed", type=int, default=0, help="training seed, and the default corpus's seed"
+    )
+    pre.add_argument("--threads", type=int, default=2, help="torch threads for training")
+    pre.add_argument("--eval-every", type=int, default=500, metavar="STEPS")
+    pre.add_argument(
+        "--val-stream-seconds",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="validate on the first S s of each validation stream (validation cost)",
+    )
+    pre.add_argument("--checkpoint-minutes", type=float, default=5.0)
+    pre.add_argument(
+        "--max-minutes",
+        type=float,
+        default=None,
+        help="stop (with a checkpoint) after this long; --resume continues",
+    )
+    pre.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _add_pretrain_augment_options(pre: argparse.ArgumentParser) -> None:
+    """The augmentations and negative mining of `wakefl model pretrain` that target what
+    the detection benchmark still misses."""
+    pre.add_argument(
+        "--mel-warp",
+        type=float,
+        default=0.0,
+        metavar="W",
+        help="vocal-tract-length perturbation: scale each example's spectrum by a factor in "
+        "[1-W, 1+W] (0 = off)",
+    )
+    pre.add_argument(
+        "--time-warp",
+        type=float,
+        default=0.0,
+        metavar="W",
+        help="split each example's time axis at a random point and move it, stretching one "
+        "side and compressing the other by up to a factor 1±W (0 = off)",
+    )
+    pre.add_argument(
+        "--balance-by",
+        choices=("device-type", "engine"),
+        default=None,
+        help="draw each clip from a device type (or speech engine) chosen uniformly first, "
+        "instead of from all clips (the corpus has fewer clips of some)",
+    )
+    pre.add_argument(
+        "--hard-negatives",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="draw this share of the negatives from a pool of the highest-scoring training "
+        "negatives, mined again every --mine-every steps (0 = off)",
+    )
+    pre.add_argument("--mine-every", type=int, default=1500, metavar="STEPS")
+    pre.add_argument(
+        "--distill-from",
+        type=Path,
+        default=None,
+        metavar="WEIGHTS",
+        help="a teacher model (e.g. the shipped full model) whose scores of each augmented "
+        "batch the model also learns from",
+    )
+    pre.add_argument(
+        "--distill-weight",
+        type=float,
+        default=None,
+        metavar="W",
+        help="with --distill-from: the teacher's share of the loss, in (0, 1] (default 0.5)",
+    )
+    pre.add_argument(
+        "--distill-temperature",
+        type=float,
+        default=None,
+        metavar="T",
+        help="with --distill-from: the softmax temperature both models' scores are compared "
+        "at, in (0, 100] (default 2)",
+    )
+
+
+def _register_publish(sub: argparse._SubParsersAction) -> None:
+    """`wakefl model publish`."""
+    pub = sub.add_parser(
+        "publish",
+        help="ship a pretraining run's best model (fp16) as models/kws_cnn/pretrained/NAME",
+    )
+    pub.add_argument(
+        "--run", type=Path, required=True, help="a `wakefl model pretrain` --out folder"
+    )
+    pub.add_argument("--name", choices=("full", "small"), required=True)
+    pub.add_argument(
+        "--corpus",
+        type=Path,
+        default=None,
+        metavar="MANIFEST",
+        help="set the shipped threshold on this corpus's validation clips (default: the run's)",
+    )
+    pub.add_argument(
+        "--target-frr",
+        type=float,
+        default=0.05,
+        help="the shipped threshold's false-reject rate on validation clips (default 0.05)",
+    )
+    pub.add_argument(
+        "--checkpoint",
+        choices=("best", "last"),
+        default="best",
+        help="best (by the run's validation criterion, the default) or the last checkpoint",
+    )
+    pub.set_defaults(func=_publish)
+    thr = sub.add_parser(
+        "set-threshold",
+        help="ship a published model at the threshold its validation streams set",
+    )
+    thr.add_argument(
+        "--weights",
+        type=Path,
+        required=True,
+        help="a published model, e.g. models/kws_cnn/pretrained/full.safetensors",
+    )
+    thr.add_argument(
+        "--from",
+        dest="bench_json",
+        type=Path,
+        required=True,
+        metavar="JSON",
+        help="the --json of `python -m wakefl.tools.bench.detection --split val "
+        "--extra-streams <pretrain-valstreams build>` on these very weights: its one "
+        "threshold for all device types at 0.5 FA/h becomes the shipped one",
+    )
+    thr.set_defaults(func=_set_threshold)
+
+
+def _register_blend(sub: argparse._SubParsersAction) -> None:
+    """`wakefl model blend`."""
+    bl = sub.add_parser(
+        "blend", help="write the weight blend (1-A)*FIRST + A*SECOND of two models of one config"
+    )
+    bl.add_argument("--first", type=Path, required=True, metavar="WEIGHTS")
+    bl.add_argument("--second", type=Path, required=True, metavar="WEIGHTS")
+    bl.add_argument(
+        "--alpha", type=float, required=True, metavar="A", help="the second model's share, 0-1"
+    )
+    _add_mix_output_options(bl, "the blend of two published models")
+    bl.set_defaults(func=_blend)
+
+
+def _register_soup(sub: argparse._SubParsersAction) -> None:
+    """`wakefl model soup`."""
+    sp = sub.add_parser("soup", help="write the weighted average of several models of one config")
+    sp.add_argument("--models", type=Path, nargs="+", required=True, metavar="WEIGHTS")
+    sp.add_argument(
+        "--shares",
+        type=float,
+        nargs="+",
+        default=None,
+        metavar="S",
+        help="each model's share, in --models order, summing to 1 (default: equal shares)",
+    )
+    _add_mix_output_options(sp, "the average of published models")
+    sp.set_defaults(func=_soup)
+
+
+def _add_mix_output_options(parser: argparse.ArgumentParser, what: str) -> None:
+    """Where `blend` and `soup` write: an fp32 file, or a shipped model with its card."""
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--out", type=Path, help="output FILE.safetensors (fp32)")
+    where.add_argument(
+        "--publish",
+        choices=("full", "small"),
+        metavar="NAME",
+        help=f"ship {what} (fp16, with its card) as models/kws_cnn/pretrained/NAME, its "
+        "threshold set on --corpus's validation clips",
+    )
+    parser.add_argument("--corpus", type=Path, metavar="MANIFEST", help="with --publish")
+    parser.add_argument(
+        "--dest", type=Path, default=None, help="with --publish: another folder to ship into"
+    )
+
+
+def _build(args: argparse.Namespace):
+    import torch
+
+    from wakefl.models.kws_cnn import KwsCnn, ModelConfig, load_model
+
+    torch.set_num_threads(1)
+    if getattr(args, "pretrained", None) is not None:
+        from wakefl.models.kws_cnn.pretrained import load_pretrained
+
+        return load_pretrained(args.pretrained)
+    if args.weights is not None:
+        return load_model(args.weights)
+    torch.manual_seed(getattr(args, "seed", 0))
+    return KwsCnn(ModelConfig(width=1.0 if args.width is None else args.width)).eval()
+
+
+def model_summary(model) -> dict:
+    from wakefl.models.kws_cnn import head_slice
+
+    cfg = model.cfg
+    hs = head_slice(model)
+    return {
+        "architecture": "kws_cnn",
+        "trainable_params": model.num_trainable_params(),
+        **model.layer_counts(),
+        "conv_pool_layers": sum(model.layer_counts().values()),
+        "head_params": hs.stop - hs.start,
+        "width": cfg.width,
+        "sample_rate": cfg.sample_rate,
+        "window_s": cfg.window_s,
+        "window_samples": cfg.window_samples,
+        "n_mels": cfg.n_mels,
+        "n_frames": cfg.n_frames,
+        "win_ms": cfg.win_ms,
+        "hop_ms": cfg.hop_ms,
+        "version": cfg.version,
+    }
+
+
+def _info(args: argparse.Namespace) -> int:
+    summary = model_summary(_build(args))
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        for k, v in summary.items():
+            print(f"{k:>18}: {v}")
+    return 0
+
+
+def _calibration_windows(paths: list[Path], window: int, sample_rate: int):
+    import numpy as np
+
+    from wakefl.edge_runtime import load_audio
+
+    wins = []
+    for p in paths:
+        x = load_audio(p, sample_rate)
+        if x.size < window:
+            x = np.concatenate([np.zeros(window - x.size, np.float32), x])
+        step = max(window // 2, 1)
+        wins += [x[i : i + window] for i in range(0, x.size - window + 1, step)]
+    if not wins:
+        raise ConfigError("no calibration windows in the given files")
+    return np.stack(wins[:256])
+
+
+def _export(args: argparse.Namespace) -> int:
+    from wakefl.models.kws_cnn import export_onnx
+
+    if args.out.suffix != ".onnx":
+        raise ConfigError(f"--out must end in .onnx, got {args.out}")
+    if args.calibration and not args.int8:
+        raise ConfigError("--calibration only applies with --int8")
+    _check_export_source(args)
+    model = _build(args)
+    calib = None
+    if args.calibration:
+        calib = _calibration_windows(
+            args.calibration, model.cfg.window_samples, model.cfg.sample_rate
+        )
+    elif args.int8:
+        print(
+            "int8: calibrating on synthetic audio (noise, tones, harmonics); --calibration "
+            "WAV... calibrates on your own recordings",
+            file=sys.stderr,
+        )
+    point = _export_operating_point(args, model)
+    out = export_onnx(
+        model,
+        args.out,
+        int8=args.int8,
+        calibration_windows=calib,
+        frontend=args.frontend,
+        operating_point=point,
+    )
+    sidecar = out.with_suffix(".json")
+    if point is not None:
+        # Beside the ONNX file too, where `wakefl eval --at-shipped-threshold` looks first.
+        extra = {"pretrained": args.pretrained} if args.pretrained else {}
+        sidecar.write_text(
+            json.dumps({**point.sidecar(), **extra}, indent=2) + "\n", encoding="utf-8"
+        )
+    elif sidecar.is_file() and "shipped_threshold" in sidecar.read_text(encoding="utf-8"):
+        sidecar.unlink()  # a previous export's threshold must not pass for this model's
+    result = {
+        "out": str(out),
+        "precision": "int8" if args.int8 else "fp32",
+        "bytes": out.stat().st_size,
+        "trainable_params": model.num_trainable_params(),
+        "width": model.cfg.width,
+        "window_samples": model.cfg.window_samples,
+        "sample_rate": model.cfg.sample_rate,
+        "shipped_threshold": None if point is None else point.threshold,
+        "threshold_source": None if point is None else point.source,
+    }
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    print(f"wrote {out} ({result['precision']}, {result['bytes'] / 1e6:.2f} MB)")
+    if point is None:
+        print("  no shipped threshold: `wakefl edge detect` runs it at 0.5 unless told")
+    else:
+        print(f"  shipped threshold {point.threshold:.4f} ({point.source}), also in {sidecar}")
+    return 0
+
+
+def _check_export_source(args: argparse.Namespace) -> None:
+    """An untrained model fires at random: it is exported only when asked by name."""
+    if args.random_weights:
+        return
+    if args.width is not None:
+        raise ConfigError("--width only applies with --random-weights")
+    if args.weights is None and args.pretrained is None:
+        raise ConfigError(
+            "give --pretrained NAME or --weights FILE.safetensors; --random-weights "
+            "[--width W] exports an untrained model, which detects nothing"
+        )
+
+
+def _export_operating_point(args: argparse.Namespace, model: Any) -> Any:
+    """The threshold the exported file carries: the shipped model's card, the card or
+    config beside --weights, or, for weights equal to a shipped model's, that model's."""
+    from wakefl.models.kws_cnn import operating_point
+
+    if args.pretrained is not None:
+        return operating_point.shipped_operating_point(args.pretrained)
+    if args.weights is not None:
+        point = operating_point.beside_weights(args.weights)
+        if point is not None:
+            return point
+        return operating_point.for_model(model)
+    return None
+
+
+def _distillation(args: argparse.Namespace) -> tuple[str, float, float]:
+    """The teacher's file, weight and temperature from the flags, checked. A weight or
+    temperature without a teacher is refused: a run that silently trained without the
+    distillation its command asked for would cost hours."""
+    from wakefl.tools.training.settings import PretrainSettings, distillation_in_range
+
+    if args.distill_from is None:
+        for flag, value in (
+            ("weight", args.distill_weight),
+            ("temperature", args.distill_temperature),
+        ):
+            if value is not None:
+                raise ConfigError(f"--distill-{flag} only applies with --distill-from")
+        off = PretrainSettings  # its defaults: no teacher
+        return off.distill_from, off.distill_weight, off.distill_temperature
+    if not args.distill_from.is_file():
+        raise ConfigError(f"--distill-from {args.distill_from}: no such weights file")
+    # The settings' own weight is 0 (off); a named teacher gets half of the loss.
+    weight = 0.5 if args.distill_weight is None else args.distill_weight
+    temperature = args.distill_temperature
+    if temperature is None:
+        temperature = PretrainSettings.distill_temperature
+    if not distillation_in_range(weight, temperature):
+        raise ConfigError(
+            "--distill-weight must be in (0, 1] and --distill-temperature in (0, 100], got "
+            f"{weight} and {temperature}"
+        )
+    return str(args.distill_from), weight, temperature
+
+
+def _pretrain_settings(args: argparse.Namespace) -> Any:
+    """The run's PretrainSettings from `wakefl model pretrain`'s flags, checked."""
+    from wakefl.tools.training.settings import PretrainSettings
+    from wakefl.tools.training.time_warp import MAX_WARP
+
+    if args.samples < args.batch_size:
+        raise ConfigError("--samples must be at least one batch")
+    if not 0.0 <= args.mel_warp < 0.5:
+        raise ConfigError(f"--mel-warp must be in [0, 0.5), got {args.mel_warp}")
+    if not 0.0 <= args.time_warp < MAX_WARP:
+        raise ConfigError(f"--time-warp must be in [0, {MAX_WARP}), got {args.time_warp}")
+    if not 0.0 <= args.hard_negatives <= 1.0 or args.mine_every < 1:
+        raise ConfigError("--hard-negatives must be in [0, 1] and --mine-every at least 1")
+    for extra in args.extra_corpus:
+        if not extra.is_file():
+            raise ConfigError(f"--extra-corpus {extra}: no such manifest")
+    if args.val_corpus is not None and not args.val_corpus.is_file():
+        raise ConfigError(f"--val-corpus {args.val_corpus}: no such manifest")
+    if not 0.0 <= args.field_augment <= 1.0:
+        raise ConfigError(f"--field-augment must be in [0, 1], got {args.field_augment}")
+    teacher, distill_weight, distill_temperature = _distillation(args)
+    if not 0 <= args.workers <= 64:
+        raise ConfigError(f"--workers must be in [0, 64], got {args.workers}")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda: no CUDA device is available here")
+    return PretrainSettings(
+        width=args.width,
+        phrase=" ".join(args.phrase.lower().split()),
+        seed=args.seed,
+        batch_size=args.batch_size,
+        samples=args.samples,
+        lr=args.lr,
+        threads=args.threads,
+        device=args.device,
+        workers=args.workers,
+        eval_every_steps=args.eval_every,
+        val_stream_seconds=args.val_stream_seconds,
+        checkpoint_minutes=args.checkpoint_minutes,
+        mel_warp=args.mel_warp,
+        time_warp=args.time_warp,
+        hard_negative_share=args.hard_negatives,
+        balance_by=(args.balance_by or "").replace("-", "_"),
+        distill_from=teacher,
+        distill_weight=distill_weight,
+        distill_temperature=distill_temperature,
+        mine_every_steps=args.mine_every,
+        field_augment=args.field_augment,
+        val_corpus=str(args.val_corpus.resolve()) if args.val_corpus is not None else "",
+    )
+
+
+def _pretrain(args: argparse.Namespace) -> int:
+    from wakefl.cache_location import cache_root
+    from wakefl.tools.training.pretrain import pretrain
+
+    settings = _pretrain_settings(args)
+    manifest = args.corpus
+    if manifest is None:
+        # Imported only here: training on a given corpus needs no speech synthesis stack
+        # (a training host may lack libsndfile and the engines).
+        from wakefl.tools.corpus.build import build_corpus
+
+        phrase = "-".join(args.phrase.lower().split())
+        folder = cache_root() / "corpus" / f"pretrain-{phrase}-seed{args.seed}"
+        manifest = folder / "manifest.csv"
+        if not manifest.exists() or not (folder / "corpus.json").exists():
+            build_corpus(
+                folder,
+                seed=args.seed,
+                profile="pretrain",
+                phrase=args.phrase,
+                progress=not args.quiet,
+            )
+    info = pretrain(
+        manifest,
+        args.out,
+        settings,
+        resume=args.resume,
+        init_from=args.init_from,
+        max_minutes=args.max_minutes,
+        progress=not args.quiet,
+        extra=args.extra_corpus,
+    )
+    best = info.get("best") or {}
+    print(
+        json.dumps(
+            {
+                "out": str(args.out),
+                "step": info["step"],
+                "seconds": round(info["seconds"], 1),
+                "best": best,
+            }
+        )
+    )
+    return 0
+
+
+def _publish(args: argparse.Namespace) -> int:
+    from wakefl.tools.training.publish import publish
+
+    if not 0.0 < args.target_frr < 1.0:
+        raise ConfigError("--target-frr must be in (0, 1)")
+    out = publish(
+        args.run,
+        args.name,
+        manifest=args.corpus,
+        target_frr=args.target_frr,
+        checkpoint=args.checkpoint,
+    )
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.2f} MB) with its config and card")
+    return 0
+
+
+def _set_threshold(args: argparse.Namespace) -> int:
+    from wakefl.tools.training.publish import set_stream_threshold
+
+    card = set_stream_threshold(args.weights, args.bench_json)
+    point = card["stream_operating_point"]
+    print(
+        f"{args.weights}: shipped threshold {card['threshold']:.6f} (was {card['clip_threshold']:.6f}), "
+        f"{point['fa_per_hour']:.2f} FA/h over {point['stream_hours']} h of validation stream"
+    )
+    return 0
+
+
+def _blend(args: argparse.Namespace) -> int:
+    from wakefl.models.kws_cnn import load_model
+    from wakefl.models.kws_cnn.blend import blend
+
+    def ship() -> Path:
+        from wakefl.tools.training.publish import publish_blend
+
+        return publish_blend(
+            args.first, args.second, args.alpha, args.publish, args.corpus, dest=args.dest
+        )
+
+    return _write_mix(
+        args,
+        lambda: blend(load_model(args.first), load_model(args.second), args.alpha),
+        ship,
+        f"alpha {args.alpha}",
+    )
+
+
+def _soup(args: argparse.Namespace) -> int:
+    from wakefl.models.kws_cnn import load_model
+    from wakefl.models.kws_cnn.blend import average
+
+    shares = args.shares or [1.0 / len(args.models)] * len(args.models)
+
+    def ship() -> Path:
+        from wakefl.tools.training.publish import publish_soup
+
+        return publish_soup(args.models, shares, args.publish, args.corpus, dest=args.dest)
+
+    return _write_mix(
+        args,
+        lambda: average([load_model(w) for w in args.models], shares),
+        ship,
+        f"shares {shares}",
+    )
+
+
+def _write_mix(
+    args: argparse.Namespace, mix: Callable[[], Any], ship: Callable[[], Path], what: str
+) -> int:
+    """`blend`'s and `soup`'s output: `ship()` a published model (with --publish, which
+    needs --corpus), or save `mix()` to --out in fp32."""
+    from wakefl.models.kws_cnn import save_model
+
+    if args.publish is not None:
+        if args.corpus is None:
+            raise ConfigError("--publish needs --corpus MANIFEST to set the shipped threshold on")
+        print(f"shipped {ship()} ({what}) with its config and card")
+        return 0
+    if args.out.suffix != ".safetensors":
+        raise ConfigError(f"--out must name a .safetensors file, got {args.out}")
+    print(f"wrote {save_model(mix(), args.out)} ({what}) with its config")
+    return 0

@@ -1,0 +1,334 @@
+"""`wakefl server`: the aggregation server over MQTT (see docs/PROTOCOL.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from wakefl.errors import ConfigError, WakeflError
+from wakefl.sdk import topics
+from wakefl.sdk.codec_names import CODECS, WIRE_DTYPE_NAMES
+
+
+def parse_devices(spec: str) -> dict[str, str]:
+    """`id:type,id:type` or a fleet file (JSON {"devices": {id: type}} as written by
+    `wakefl provision`)."""
+    path = Path(spec)
+    if path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            devices = data["devices"] if isinstance(data, dict) and "devices" in data else data
+            return {str(k): str(v) for k, v in devices.items()}
+        except (json.JSONDecodeError, AttributeError, KeyError) as exc:
+            raise ConfigError(f"fleet file {path} is not valid: {exc}") from exc
+    out: dict[str, str] = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        if ":" not in item:
+            raise ConfigError(f"--devices entry {item!r} must be ID:TYPE (or pass a fleet file)")
+        dev, typ = item.split(":", 1)
+        out[dev] = typ
+    if not out:
+        raise ConfigError("--devices is empty")
+    return out
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _strategy_args(args: argparse.Namespace) -> dict[str, Any]:
+    strategy_args = {}
+    for item in args.strategy_arg:
+        if "=" not in item:
+            raise ConfigError(f"--strategy-arg {item!r} must be KEY=VALUE")
+        k, v = item.split("=", 1)
+        strategy_args[k] = _parse_value(v)
+    if args.group_by == "device_type":
+        strategy_args["cluster_by_group"] = True
+    return strategy_args
+
+
+def build_strategy(name: str, strategy_args: dict[str, Any]) -> Any:
+    """The strategy `--strategy NAME --strategy-arg K=V ... --group-by G` asks for; every
+    way those can be wrong ends in one ConfigError line, never a traceback."""
+    from wakefl.sdk.selffl.registry import make_strategy
+
+    try:
+        return make_strategy(name, **strategy_args)
+    except TypeError as exc:
+        if "keyword argument" not in str(exc):  # a value of the wrong type
+            raise ConfigError(f"strategy {name!r}: bad --strategy-arg value: {exc}") from None
+        given = ", ".join(
+            "--group-by device_type" if k == "cluster_by_group" else f"--strategy-arg {k}"
+            for k in strategy_args
+        )
+        raise ConfigError(
+            f"strategy {name!r} does not take one of {given}: {str(exc).split('.', 1)[-1].strip()}"
+        ) from None
+    except WakeflError:
+        raise  # already one line (a hyperparameter out of range, not finite...)
+    except (ValueError, OverflowError) as exc:
+        raise ConfigError(f"strategy {name!r}: bad --strategy-arg value: {exc}") from None
+
+
+def _initial_model_path(args: argparse.Namespace) -> str | None:
+    """--init-model as a file: a shipped model (`pretrained:full`, `pretrained:small`) is
+    taken as the cached checkpoint `wakefl demo` and `eval` use."""
+    if args.init_model is None or not args.init_model.startswith("pretrained:"):
+        return args.init_model
+    from wakefl.tools.training.warm_start import resolve_baseline
+
+    return str(resolve_baseline(args.init_model, None, width=0.0, progress=False))
+
+
+def _handler(args: argparse.Namespace) -> int:
+    import torch
+
+    from wakefl.log_format import configure, progress_printer
+    from wakefl.models.kws_cnn import load_initial_model
+    from wakefl.server.aggregation_server import ServerConfig
+    from wakefl.server.broker import ManagedBroker
+    from wakefl.tools.cli.broker_option import resolve_broker
+
+    torch.set_num_threads(1)
+    configure(args.verbose)
+    strategy_args = _strategy_args(args)
+    strategy = build_strategy(args.strategy, strategy_args)
+    state = Path(args.state)
+    args.broker = resolve_broker(args.broker)
+    if args.role == "worker" and args.broker == "embedded":
+        raise ConfigError("--role worker joins a coordinator's broker: pass its --broker URL")
+    if args.role == "worker":
+        from wakefl.server.aggregation_worker import wait_for_store
+
+        # The coordinator's model, once it initialised the shared state folder.
+        params = wait_for_store(state, args.start_timeout).global_params
+        model_config: dict[str, Any] = {}
+    else:
+        params, model_config = load_initial_model(_initial_model_path(args), args.width, args.seed)
+    broker = None
+    url = args.broker
+    if url == "embedded":
+        broker = ManagedBroker(state / "broker", port=args.embedded_port).start()
+        url = broker.url
+        say = progress_printer("wakefl.server")
+        say(f"embedded broker: {url} (persistence in {state / 'broker'})")
+    try:
+        cfg = ServerConfig(
+            broker_url=url,
+            state_dir=state,
+            initial_params=params,
+            model_config=model_config,
+            fleet=args.fleet,
+            rounds=args.rounds,
+            activity_rate=args.activity_rate,
+            min_clients=args.min_clients,
+            round_timeout=args.round_timeout,
+            devices=parse_devices(args.devices) if args.devices else None,
+            strategy_name=args.strategy,
+            strategy_args=strategy_args,
+            wire_dtype=args.wire_dtype,
+            uplink_codec=args.uplink_codec,
+            ack_timeout_s=args.ack_timeout,
+            start_timeout=args.start_timeout,
+            start_grace_s=args.start_grace,
+            seed=args.seed,
+        )
+        _run_role(args, cfg, strategy)
+    finally:
+        if broker is not None:
+            broker.stop()
+    return 0
+
+
+def _run_role(args: argparse.Namespace, cfg: Any, strategy: Any) -> None:
+    """One process (the default), or one of the processes of a sharded server sharing
+    `--state` (docs/SCALE.md, "Sharded aggregation")."""
+    from wakefl.log_format import progress_printer
+
+    say = progress_printer("wakefl.server")
+    if args.role == "single":
+        from wakefl.server.aggregation_server import AggregationServer
+
+        AggregationServer(cfg, strategy, progress=say).run()
+    elif args.role == "coordinator":
+        from wakefl.server.sharded_coordinator import ShardedCoordinator
+
+        ShardedCoordinator(cfg, strategy, progress=say).run()
+    else:
+        from wakefl.server.aggregation_worker import AggregationWorker
+
+        if not args.worker_id:
+            raise ConfigError("--role worker needs --worker-id (unique among the workers)")
+        worker = AggregationWorker(
+            cfg, strategy, args.worker_id, group=args.share_group, progress=say
+        )
+        worker.run()
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "server", help="run the aggregation server over MQTT", description=__doc__
+    )
+    _add_fleet_options(p)
+    _add_round_options(p)
+    _add_model_options(p)
+    _add_wire_options(p)
+    _add_start_options(p)
+    p.set_defaults(func=_handler)
+
+
+def _add_fleet_options(p: argparse.ArgumentParser) -> None:
+    """The broker, the state folder, the fleet and how its devices are grouped."""
+    from wakefl.tools.cli.broker_option import HELP
+
+    p.add_argument(
+        "--broker", default=None, help=HELP + "; 'embedded': a managed mosquitto on 127.0.0.1"
+    )
+    p.add_argument("--state", required=True, help="state directory (SQLite + models + updates)")
+    p.add_argument(
+        "--fleet",
+        default=topics.DEFAULT_FLEET,
+        help=f"fleet name, the topics' prefix (default {topics.DEFAULT_FLEET!r})",
+    )
+    p.add_argument(
+        "--role",
+        choices=["single", "coordinator", "worker"],
+        default="single",
+        help="single: one process does everything (default). A sharded server is one "
+        "coordinator (runs the rounds, merges partial sums) and workers (record and "
+        "acknowledge uplinks through a shared subscription, compute partial sums), all "
+        "with the same --state folder, --fleet, --devices and strategy options",
+    )
+    p.add_argument("--worker-id", default=None, help="with --role worker: this worker's id")
+    p.add_argument(
+        "--share-group",
+        default=topics.DEFAULT_SHARE_GROUP,
+        help="with --role worker: the MQTT shared-subscription group of the workers",
+    )
+    p.add_argument(
+        "--group-by",
+        choices=["none", "device_type"],
+        default="none",
+        help="device_type: cluster-level aggregation with one representative per type",
+    )
+
+
+def _add_round_options(p: argparse.ArgumentParser) -> None:
+    """Quorum, deadline, number of rounds and the share of devices sampled."""
+    p.add_argument(
+        "--min-clients",
+        type=int,
+        default=None,
+        help="quorum: close a round once this many updates are in (default: all sampled "
+        "that did not decline); also the number of devices that must be online "
+        "before a round starts (default: see --start-grace)",
+    )
+    p.add_argument(
+        "--round-timeout",
+        type=float,
+        default=600.0,
+        help="seconds per round, its deadline (default 600)",
+    )
+    p.add_argument("--rounds", type=int, default=10, help="rounds in the run (default 10)")
+    p.add_argument(
+        "--activity-rate",
+        type=float,
+        default=1.0,
+        help="share C of the devices sampled per round (default 1.0)",
+    )
+
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    """The starting model, the device registry and the strategy."""
+    p.add_argument(
+        "--init-model",
+        default=None,
+        help="the model the fleet starts from: a checkpoint (.safetensors with its .json) or "
+        "a shipped model, pretrained:full or pretrained:small (default: a randomly "
+        "initialised model of --width)",
+    )
+    p.add_argument(
+        "--width", type=float, default=1.0, help="model width without --init-model (default 1.0)"
+    )
+    p.add_argument(
+        "--devices",
+        default=None,
+        help="registry: ID:TYPE,... or a fleet.json from `wakefl provision`; "
+        "without it devices register with their first hello",
+    )
+    p.add_argument(
+        "--strategy",
+        default="selffl",
+        help="the federated strategy (default selffl; the baselines are listed in "
+        "sdk/selffl/baselines/README.md)",
+    )
+    p.add_argument(
+        "--strategy-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="strategy hyperparameter (repeatable), e.g. lr=0.01 l_max=40",
+    )
+
+
+def _add_wire_options(p: argparse.ArgumentParser) -> None:
+    """What travels on the wire, and the devices' re-send interval."""
+    p.add_argument(
+        "--wire-dtype",
+        choices=list(WIRE_DTYPE_NAMES),
+        default="fp32",
+        help="tensor dtype of the downlink (and of plain uplinks)",
+    )
+    p.add_argument(
+        "--uplink-codec",
+        choices=list(CODECS),
+        default="",
+        help="what devices send, announced in the downlink: the parameters in fp32/fp16, or "
+        "the update relative to the round's global model in fp16 or int8 with one scale per "
+        "256 entries (~0.25x the fp32 bytes); default: plain in --wire-dtype",
+    )
+    p.add_argument(
+        "--ack-timeout", type=float, default=30.0, help="device re-send interval in s (default 30)"
+    )
+
+
+def _add_start_options(p: argparse.ArgumentParser) -> None:
+    """Waiting for the fleet before the first round, the embedded broker, seed, logging."""
+    p.add_argument(
+        "--start-timeout",
+        type=float,
+        default=None,
+        help="give up if the devices needed are not online after this many seconds",
+    )
+    p.add_argument(
+        "--start-grace",
+        type=float,
+        default=None,
+        help="with --devices and no --min-clients: seconds to wait for every listed "
+        "device before the first round, then start with those online "
+        "(default: min(--round-timeout, 60))",
+    )
+    p.add_argument(
+        "--embedded-port",
+        type=int,
+        default=None,
+        help="port of --broker embedded (default: a free one)",
+    )
+    p.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the device sampling and of a random --init-model (default 0)",
+    )
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="log at INFO level: connections, devices, each round",
+    )

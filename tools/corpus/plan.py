@@ -1,0 +1,827 @@
+"""What a synthetic corpus holds, decided before any audio is made: profiles (sizes),
+synthetic speakers and their splits, the texts, and each clip's recipe. Pure functions of
+the seed, so the plan (and with it the audio) never depends on generation order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from wakefl.errors import ConfigError
+from wakefl.tools.acoustics.device_acoustics import DEVICE_PROFILES
+from wakefl.tools.corpus.speech_synthesis import (
+    ESPEAK_VARIANTS,
+    ESPEAK_VOICES,
+    FLITE_VOICES,
+    MBROLA_VOICES,
+    PICO_OTHER_VOICES,
+    PICO_VOICES,
+    RHVOICE_VOICES,
+    Voice,
+)
+
+STATES = ("normal", "playback", "alarm")
+SPLITS = ("train", "val", "test")
+SPEAKER_SHARE = {"train": 0.7, "val": 0.15, "test": 0.15}
+# Clip content mix: wake phrase, confusable phrase, other speech, background only; and the
+# wake phrase or a confusable inside running speech (speech right before it, a command
+# right after it), which a profile takes only when its `contents` name them.
+CONTENT_SHARE = {
+    "pos": 0.45, "conf": 0.25, "other": 0.15, "bg": 0.15, "pos_run": 0.3, "conf_run": 0.2,
+}  # fmt: skip
+# The contents whose clips are labelled wake phrase.
+POSITIVE_CONTENTS = ("pos", "pos_run")
+# Short lead-ins a user may say right before the phrase, besides whole sentences.
+LEAD_IN_FILLERS = ("okay", "um", "so", "and", "oh", "right", "well", "uh")
+
+HEY_NOVA_CONFUSABLES = (
+    "hey noah", "nova scotia", "hey over", "hey nora", "hey now", "bossa nova",
+    "hey, no way", "a supernova", "hey mona", "nova", "hey", "hey you, over there",
+)  # fmt: skip
+OTHER_SPEECH = (
+    "turn on the lights", "what time is it", "set a timer for ten minutes",
+    "the weather tomorrow will be sunny", "play some music", "stop", "call my mother",
+    "how far is the station", "remind me to buy milk", "good morning everyone",
+    "i think it is going to rain", "open the window please", "where are my keys",
+    "dinner is ready", "can you hear me", "volume down", "next song", "thank you very much",
+    "see you later", "it was a long day at work", "the cat is sleeping on the sofa",
+    "let's go for a walk", "seven eight nine ten", "what is the capital of france",
+    "please close the door", "i would like a cup of tea", "the train leaves at noon",
+    "my favourite colour is blue", "call it a day", "never mind",
+)  # fmt: skip
+
+
+# Extra hard negatives and everyday speech for the pretraining corpus: the more ways a
+# detector hears "almost the phrase" and ordinary talk in training, the fewer false accepts
+# per hour it makes on long recordings. None contains the phrase itself: cut to the window,
+# such a negative could hold a whole positive.
+PRETRAIN_CONFUSABLES = (
+    "okay nova", "supernova", "hey mova", "hey noelle", "hey lover", "hey noble",
+    "hey no", "a nova", "the nova", "hey nobody", "hey nonna", "hey rover", "hay over",
+    "hey, nope", "renova", "bossa nova music", "hey, know what", "anova", "hey mover",
+    "play nova", "hey noel", "nova is a star", "casanova", "hey you",
+)  # fmt: skip
+PRETRAIN_OTHER_SPEECH = (
+    "hey google", "alexa, what's the weather", "okay computer", "hey there, how are you",
+    "turn off the oven", "is it going to snow today", "add eggs to the shopping list",
+    "what is on television tonight", "i'll be home in ten minutes", "pause the movie",
+    "the kids are asleep upstairs", "did you feed the dog", "tell me a joke",
+    "skip this advert", "how long until the bus comes", "set an alarm for seven",
+    "we need more coffee", "that was a great goal", "read me the news",
+    "breaking news tonight from the capital", "and now, the weather forecast",
+    "in other news, the market fell", "welcome back to the show", "shuffle my playlist",
+    "where did i park the car", "it's your turn to do the dishes", "happy birthday to you",
+    "one two three four five six", "i love this song", "could you turn that down",
+)  # fmt: skip
+
+# Voice families kept out of training entirely in the pretraining corpus: they make the
+# unseen-voices test split, beside the held-out speakers of the training engines.
+UNSEEN_ESPEAK_VOICES = ("en-029", "en-us-nyc")
+UNSEEN_FESTIVAL_VOICES = ("cmu_us_slt_arctic_hts",)
+TRAIN_FESTIVAL_VOICES = ("kal_diphone", "ked_diphone")
+
+# The `pretrain-engines` add-on: engines of other synthesis methods than the main corpus's.
+# Training hears RHVoice's native English voices, MBROLA's English and some accented
+# speakers through espeak-ng, and festival's other diphone voices and its prosody over the
+# MBROLA speakers. Whole voices are kept out of its training for its unseen-engines split
+# (accented MBROLA speakers and RHVoice's two accented voices); RHVoice's `slt` is never
+# used (festival's held-out HTS voice is the same speaker).
+ENGINES_TRAIN_RHVOICE = ("alan", "bdl", "clb")
+ENGINES_UNSEEN_RHVOICE = ("evgeniy-eng", "lyubov")
+ENGINES_TRAIN_MBROLA = (
+    "mb-us1", "mb-us2", "mb-us3", "mb-en1", "mb-de1-en", "mb-de2-en", "mb-nl2-en", "mb-fr1-en",
+)  # fmt: skip
+ENGINES_UNSEEN_MBROLA = ("mb-fr4-en", "mb-sw2-en", "mb-pl1-en", "mb-hu1-en")
+ENGINES_TRAIN_FESTIVAL = (
+    "rab_diphone", "don_diphone", "us1_mbrola", "us2_mbrola", "us3_mbrola", "en1_mbrola",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CorpusProfile:
+    name: str
+    n_speakers: int
+    train_unit: int  # training clips of the smallest device type; others scale by weight
+    val_clips: int  # per device type
+    test_clips: int  # per device type
+    streams_per_device: int
+    stream_seconds: float
+    confusables_per_speaker: int = 6
+    others_per_speaker: int = 4
+    rooms_per_device: int = 16
+    # "basic": espeak-ng and flite; "pretrain": every engine, wide prosody, hard negatives,
+    # training and validation streams, and an unseen-voices test corpus; "pico-other": the
+    # pretraining texts spoken by Pico's non-English voices (an add-on training corpus);
+    # "engines": the pretraining texts spoken by RHVoice, MBROLA and festival's other voices
+    # (an add-on training corpus whose unseen split holds that add-on's held-out voices).
+    voice_set: str = "basic"
+    train_streams_per_device: int = 0
+    val_streams_per_device: int = 0
+    unseen_speakers: int = 0
+    unseen_test_clips: int = 0  # per device type
+    unseen_streams_per_device: int = 0
+    # What the clips hold, from CONTENT_SHARE's kinds (shares renormalized over these).
+    contents: tuple[str, ...] = ("pos", "conf", "other", "bg")
+    # When set, every wake-phrase clip is spoken without a pause between the phrase's words
+    # and with the first word lasting a factor drawn from this range times as long
+    # (tools/corpus/word_timing.py run_together).
+    first_word_pace: tuple[float, float] | None = None
+    # Added to the draws' kinds: an add-on built with the main corpus's seed (so with its
+    # speakers and splits) never repeats the main corpus's rooms, noise and placements.
+    draw_offset: int = 0
+    # When set, each speaker says this many confusables in place of its own draw: phrases
+    # the base draw did not give it, drawn apart from the base's draws, so an add-on keeps
+    # the main corpus's speakers and splits while pairing them with near-rhymes anew.
+    new_confusables: int = 0
+    # voice_set "fleet": each device type has its own users (`make_fleet_speakers`), this
+    # many in its training, validation and test data (other takes in each), and
+    # `new_users_per_device` more kept out of its training data, heard only in the
+    # new-users test corpus (`new_user_test_clips` clips per device type).
+    users_per_device: int = 0
+    new_users_per_device: int = 0
+    new_user_test_clips: int = 0
+    # How a device hears a sound field (room and capture chain): a name in
+    # corpus_build.ACOUSTICS ("device": tools/acoustics/device_acoustics.py).
+    acoustics: str = "device"
+
+    def __post_init__(self) -> None:
+        if not self.contents or not set(self.contents) <= set(CONTENT_SHARE):
+            raise ConfigError(
+                f"profile {self.name}: contents {self.contents} must be some of "
+                f"{', '.join(CONTENT_SHARE)}"
+            )
+        pace = self.first_word_pace
+        if pace is not None and not 0.2 <= pace[0] <= pace[1] <= 3.0:
+            raise ConfigError(f"profile {self.name}: first_word_pace {pace} outside [0.2, 3]")
+
+
+PROFILES: dict[str, CorpusProfile] = {
+    "tiny": CorpusProfile("tiny", 48, 40, 16, 24, 1, 40.0),
+    # Held-out sets far larger than the training unit: the paper study's relative FA is a
+    # ratio of false-accept counts, and its intervals are only as narrow as those counts.
+    # From the pretrained baseline, 960 test clips left it with 1 to 23 false accepts per
+    # device type; 1,920 double those counts (training and validation clips do not change).
+    "small": CorpusProfile("small", 200, 240, 480, 1920, 3, 70.0),
+    # `wakefl demo`: tiny's training data per device, with held-out sets large enough to
+    # resolve differences (240 test clips and 2 minutes of streams per device type) and 64
+    # validation clips for each device's served-model gate.
+    "demo": CorpusProfile("demo", 64, 40, 64, 240, 2, 60.0),
+    "full": CorpusProfile("full", 240, 800, 480, 960, 6, 250.0, 10, 10, 32),
+    # Pretraining: ~520 training-engine speakers and 22k training clips, an hour of test
+    # streams per device type for FA per hour, and 96 speakers of voices training never hears.
+    "pretrain": CorpusProfile(
+        "pretrain", 520, 2000, 400, 1000, 6, 600.0, 8, 6, 32, "pretrain", 4, 2, 96, 600, 2
+    ),
+    # The same recipe at a size a test builds in seconds.
+    "pretrain-micro": CorpusProfile(
+        "pretrain-micro", 24, 4, 6, 6, 1, 12.0, 3, 3, 4, "pretrain", 1, 1, 6, 6, 1
+    ),
+    # An add-on for `wakefl model pretrain --extra-corpus`: 96 speakers of Pico's German,
+    # Spanish, French and Italian voices reading the pretraining texts, 5,500 training clips
+    # and 25 minutes of training streams. Pico's English voices stay unseen.
+    # The pretraining recipe at about a third of its size: a model for another phrase
+    # trained from a shipped one (`--init-from`) in well under an hour on 2 cores, and
+    # held-out sets for tools/bench/peers.py: 300 speakers, 7,700 training clips, and 6 x 5
+    # min of held-out streams per device type for the held-out speakers and as many for
+    # unseen voices (2.5 hours each), which allow one false accept at 0.5 FA/h over a
+    # condition's streams.
+    "pretrain-compact": CorpusProfile(
+        "pretrain-compact", 300, 700, 120, 400, 6, 300.0, 8, 6, 32, "pretrain", 2, 2, 48, 300, 6
+    ),
+    "pretrain-voices": CorpusProfile(
+        "pretrain-voices", 96, 500, 40, 40, 0, 300.0, 8, 6, 32, "pico-other", 1, 0
+    ),
+    "pretrain-voices-micro": CorpusProfile(
+        "pretrain-voices-micro", 12, 4, 6, 6, 0, 12.0, 3, 3, 4, "pico-other", 1, 0
+    ),
+}
+
+
+# An add-on profile starts from nothing (no clips, streams or unseen voices) and keeps only
+# what it sets; everything else (speakers, texts, rooms) is its base's.
+_EMPTY = {
+    "train_unit": 0,
+    "val_clips": 0,
+    "test_clips": 0,
+    "streams_per_device": 0,
+    "train_streams_per_device": 0,
+    "val_streams_per_device": 0,
+    "unseen_speakers": 0,
+    "unseen_test_clips": 0,
+    "unseen_streams_per_device": 0,
+}
+
+
+def _addon(base: str, name: str, **fields: Any) -> CorpusProfile:
+    return replace(PROFILES[base], name=name, **{**_EMPTY, **fields})
+
+
+def _timing_addon(base: str, name: str, train_unit: int, held_out: int) -> CorpusProfile:
+    """An add-on of wake-phrase clips only, spoken by `base`'s own speakers (build it with
+    the same seed, so its training speakers are the main corpus's) with the words run
+    together and the first word 0.5-1.0 times as long: the training engines otherwise teach
+    one timing of the phrase. `held_out` validation and test clips per device type, no
+    streams."""
+    return _addon(
+        base,
+        name,
+        train_unit=train_unit,
+        val_clips=held_out,
+        test_clips=held_out,
+        contents=("pos",),
+        first_word_pace=(0.5, 1.0),
+        draw_offset=20,
+    )
+
+
+# 3,300 training clips (as many as a third of the main corpus's wake-phrase clips).
+PROFILES["pretrain-timing"] = _timing_addon("pretrain", "pretrain-timing", 300, 40)
+PROFILES["pretrain-timing-micro"] = _timing_addon("pretrain-micro", "pretrain-timing-micro", 4, 6)
+
+
+def _streams_addon(base: str, name: str, streams: int, split: str = "test") -> CorpusProfile:
+    """An add-on of held-out negative streams only, spoken by `base`'s speakers of `split`
+    (test or val; build it with the same seed) with draws of their own: `bench_detection
+    --extra-streams` adds them to the main corpus's streams of that split, so that FRR at
+    0.5 FA/h, which needs at least 2 hours of stream per device type, can be resolved, on the
+    test split for reporting and on the validation split for choosing."""
+    counts = {"test": ("streams_per_device", 30), "val": ("val_streams_per_device", 40)}
+    if split not in counts:
+        raise ConfigError(f"a streams add-on holds test or val streams, not {split}")
+    field, offset = counts[split]
+    return _addon(base, name, **{field: streams}, contents=("conf", "other"), draw_offset=offset)
+
+
+# Two more hours per device type: three with the main corpus's hour.
+PROFILES["pretrain-streams"] = _streams_addon("pretrain", "pretrain-streams", 12)
+PROFILES["pretrain-streams-micro"] = _streams_addon("pretrain-micro", "pretrain-streams-micro", 2)
+# Two more hours of validation stream per device type (the main corpus has 20 minutes): a
+# choice between models or thresholds at 0.5 FA/h that the test streams never see.
+PROFILES["pretrain-valstreams"] = _streams_addon("pretrain", "pretrain-valstreams", 12, split="val")
+PROFILES["pretrain-valstreams-micro"] = _streams_addon(
+    "pretrain-micro", "pretrain-valstreams-micro", 2, split="val"
+)
+
+
+def _confusables_addon(base: str, name: str, train_unit: int, per_speaker: int) -> CorpusProfile:
+    """An add-on of confusable training clips only: `base`'s training speakers (build it
+    with the same seed) each saying `per_speaker` near-rhymes that the main corpus did not
+    give them. The false accepts that remain are held-out speakers' renditions of phrases
+    training heard from other speakers; more speaker-phrase pairs teach the phrase, not
+    the speaker. No held-out clips: the main corpus's validation set stays the yardstick."""
+    return _addon(
+        base,
+        name,
+        train_unit=train_unit,
+        contents=("conf",),
+        new_confusables=per_speaker,
+        draw_offset=50,
+    )
+
+
+# The main corpus's speakers saying the phrase or a confusable inside running speech:
+# 3,300 training clips, and held-out clips that the benchmark scores apart from isolated
+# phrases. Build it with the main corpus's seed.
+PROFILES["pretrain-carrier"] = _addon(
+    "pretrain", "pretrain-carrier", train_unit=300, val_clips=100, test_clips=200,
+    contents=("pos_run", "conf_run"), draw_offset=70,
+)  # fmt: skip
+PROFILES["pretrain-carrier-micro"] = _addon(
+    "pretrain-micro", "pretrain-carrier-micro", train_unit=4, val_clips=6, test_clips=6,
+    contents=("pos_run", "conf_run"), draw_offset=70,
+)  # fmt: skip
+_ALL_CONTENTS = ("pos", "conf", "other", "bg", "pos_run", "conf_run")
+# An add-on for `wakefl model pretrain --extra-corpus`: 240 speakers of RHVoice, MBROLA and
+# festival's other voices (5,500 training clips, a fifth of them phrases or confusables in
+# running speech, and 25 minutes of training streams), with held-out clips of their own and
+# an unseen-engines split of voices its training never hears (`DIR/unseen/`).
+PROFILES["pretrain-engines"] = CorpusProfile(
+    "pretrain-engines", 240, 500, 100, 200, 0, 300.0, 8, 6, 32, "engines", 1, 0, 60, 300, 1,
+    contents=_ALL_CONTENTS,
+)  # fmt: skip
+PROFILES["pretrain-engines-micro"] = CorpusProfile(
+    "pretrain-engines-micro", 16, 4, 6, 6, 0, 12.0, 3, 3, 4, "engines", 1, 0, 6, 6, 1,
+    contents=_ALL_CONTENTS,
+)  # fmt: skip
+
+
+# 3,300 training clips, as many as three fifths of the main corpus's confusable clips.
+PROFILES["pretrain-confusables"] = _confusables_addon("pretrain", "pretrain-confusables", 300, 8)
+PROFILES["pretrain-confusables-micro"] = _confusables_addon(
+    "pretrain-micro", "pretrain-confusables-micro", 4, 3
+)
+
+
+def _acoustics_addon(
+    base: str,
+    name: str,
+    clips: tuple[int, int, int],
+    streams: tuple[int, int, int],
+    rooms: int,
+) -> CorpusProfile:
+    """An add-on of held-out sets only, rendered through the second acoustic simulation
+    (tools/acoustics/field_acoustics.py, tools/corpus/field_corpus.py) instead of the training devices:
+    `base`'s validation and test speakers (build it with the same seed) and its unseen
+    voices. `clips` are (validation, test, unseen test) clips per device type, `streams`
+    the same counts of negative streams, `rooms` image-source rooms per device type (about
+    a second each to simulate), so that checkpoints and thresholds can be chosen on
+    acoustics that training never used."""
+    return _addon(
+        base,
+        name,
+        val_clips=clips[0],
+        test_clips=clips[1],
+        unseen_speakers=PROFILES[base].unseen_speakers,
+        unseen_test_clips=clips[2],
+        val_streams_per_device=streams[0],
+        streams_per_device=streams[1],
+        unseen_streams_per_device=streams[2],
+        rooms_per_device=rooms,
+        draw_offset=60,
+    )
+
+
+# Per device type: 1 h of validation stream, 2 h of test stream (one false accept resolves
+# 0.5 FA/h), 1 h of unseen-voice stream.
+PROFILES["pretrain-acoustics"] = _acoustics_addon(
+    "pretrain", "pretrain-acoustics", (400, 1000, 600), (6, 12, 6), 12
+)
+PROFILES["pretrain-acoustics-micro"] = _acoustics_addon(
+    "pretrain-micro", "pretrain-acoustics-micro", (6, 6, 6), (1, 1, 1), 2
+)
+# Profiles that corpus_build hands to tools/corpus/field_corpus.py.
+FIELD_ACOUSTICS_PROFILES = ("pretrain-acoustics", "pretrain-acoustics-micro")
+
+
+# A fleet of users the shipped model serves badly (`wakefl demo`'s default): each device type
+# A-E has its own users, all speaking with voices the pretraining corpus never uses
+# (FLEET_VOICES), with their own rooms, background and near-miss speech. 4 users per device
+# type train, validate and are tested (other takes); 2 more are kept out of its training
+# data (the new-users test corpus). 96 validation clips per device type, so that the
+# served-model gate sees enough negatives to set a false-accept level; 6 minutes of test
+# stream per device type: one false accept is 10 FA/h.
+PROFILES["fleet"] = CorpusProfile(
+    "fleet", 0, 40, 96, 120, 3, 120.0, 4, 3, 16, "fleet",
+    users_per_device=4, new_users_per_device=2, new_user_test_clips=60,
+)  # fmt: skip
+# The same recipe at a size a test builds in seconds.
+PROFILES["fleet-micro"] = CorpusProfile(
+    "fleet-micro", 0, 2, 3, 3, 1, 6.0, 1, 1, 2, "fleet",
+    users_per_device=1, new_users_per_device=1, new_user_test_clips=2,
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Speaker:
+    speaker_id: str
+    voice: Voice
+    split: str
+    confusables: tuple[str, ...]
+    others: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ClipRecipe:
+    device_type: str
+    split: str
+    index: int  # position within (device type, split)
+    content: str  # pos / conf / other / bg
+    state: str
+
+
+def phrase_variants(phrase: str) -> tuple[str, ...]:
+    """The wake phrase as a few spellings that change the synthesisers' prosody."""
+    words = phrase.split()
+    out = [phrase, phrase + "!"]
+    if len(words) > 1:
+        out.append(words[0] + ", " + " ".join(words[1:]))
+    return tuple(dict.fromkeys(out))
+
+
+def confusables_for(phrase: str) -> tuple[str, ...]:
+    """Phrases that sound like the wake phrase or share a word with it."""
+    if phrase.strip().lower() == "hey nova":
+        return HEY_NOVA_CONFUSABLES
+    words = phrase.split()
+    out = list(words)
+    if len(words) > 1:
+        out += [
+            " ".join(reversed(words)),
+            words[0] + " there",
+            "the " + words[-1],
+            words[0] + " no",
+        ]
+    out += ["say " + words[-1] + " again"]
+    return tuple(w for w in dict.fromkeys(out) if w.strip().lower() != phrase.strip().lower())
+
+
+def _allocate(total: int, shares: dict[str, float], minimum: int = 0) -> dict[str, int]:
+    """Integer counts proportional to `shares` (largest remainder), each at least `minimum`
+    when the total allows it."""
+    keys = list(shares)
+    minimum = minimum if total >= minimum * len(keys) else 0
+    s = sum(shares.values())
+    rest = total - minimum * len(keys)
+    raw = {k: rest * shares[k] / s for k in keys}
+    counts = {k: int(np.floor(raw[k])) for k in keys}
+    left = rest - sum(counts.values())
+    for k in sorted(keys, key=lambda k: (-(raw[k] - counts[k]), keys.index(k)))[:left]:
+        counts[k] += 1
+    return {k: counts[k] + minimum for k in keys}
+
+
+def make_speakers(seed: int, profile: CorpusProfile, phrase: str) -> list[Speaker]:
+    """Synthetic speakers, each a distinct voice and prosody, assigned to disjoint splits
+    (stratified by engine, so every split hears both synthesisers)."""
+    if profile.voice_set in ("pretrain", "pico-other", "engines"):
+        return make_pretrain_speakers(seed, profile, phrase)
+    if profile.voice_set == "fleet":
+        return make_fleet_speakers(seed, profile, phrase)
+    rng = np.random.default_rng([seed, 9001])
+    n_flite = max(3, profile.n_speakers // 4)
+    n_espeak = profile.n_speakers - n_flite
+    pairs = [(v, var) for v in ESPEAK_VOICES for var in ESPEAK_VARIANTS]
+    chosen = rng.choice(len(pairs), size=min(n_espeak, len(pairs)), replace=False)
+    espeak = [
+        Voice(
+            "espeak-ng",
+            pairs[i][0],
+            pairs[i][1],
+            int(rng.integers(125, 196)),
+            int(rng.integers(25, 76)),
+        )
+        for i in chosen
+    ]
+    flite = []
+    for k in range(n_flite):
+        name = FLITE_VOICES[k % len(FLITE_VOICES)]
+        f0 = int(rng.integers(165, 236)) if name == "slt" else int(rng.integers(85, 146))
+        flite.append(Voice("flite", name, "", int(rng.integers(85, 126)), f0))
+    confusables = confusables_for(phrase)
+    speakers: list[Speaker] = []
+    for group in (espeak, flite):
+        counts = _allocate(len(group), SPEAKER_SHARE, minimum=1)
+        order = rng.permutation(len(group))
+        pos = 0
+        for split in SPLITS:
+            for i in order[pos : pos + counts[split]]:
+                conf = rng.choice(
+                    len(confusables),
+                    size=min(profile.confusables_per_speaker, len(confusables)),
+                    replace=False,
+                )
+                oth = rng.choice(
+                    len(OTHER_SPEECH),
+                    size=min(profile.others_per_speaker, len(OTHER_SPEECH)),
+                    replace=False,
+                )
+                speakers.append(
+                    Speaker(
+                        "",
+                        group[i],
+                        split,
+                        tuple(confusables[j] for j in sorted(conf)),
+                        tuple(OTHER_SPEECH[j] for j in sorted(oth)),
+                    )  # fmt: skip
+                )
+            pos += counts[split]
+    speakers.sort(key=lambda s: (SPLITS.index(s.split), s.voice.describe()))
+    return [
+        Speaker(f"spk{i:03d}", s.voice, s.split, s.confusables, s.others)
+        for i, s in enumerate(speakers)
+    ]
+
+
+def _pretrain_voices(rng: np.random.Generator, n: int) -> list[Voice]:
+    """Voices of the training engines: espeak-ng (all but the held-out families), flite and
+    festival's diphone voices, each with a wide, random rate and pitch."""
+    n_festival = max(1, n // 12)
+    n_flite = max(1, n // 6)
+    n_espeak = n - n_festival - n_flite
+    families = [v for v in ESPEAK_VOICES if v not in UNSEEN_ESPEAK_VOICES]
+    pairs = [(v, var) for v in families for var in ESPEAK_VARIANTS]
+    picks = rng.choice(len(pairs), size=n_espeak, replace=n_espeak > len(pairs))
+    voices = [
+        Voice(
+            "espeak-ng",
+            pairs[i][0],
+            pairs[i][1],
+            int(rng.integers(100, 231)),
+            int(rng.integers(5, 96)),
+        )
+        for i in picks
+    ]
+    for k in range(n_flite):
+        name = FLITE_VOICES[k % len(FLITE_VOICES)]
+        f0 = int(rng.integers(150, 261)) if name == "slt" else int(rng.integers(75, 171))
+        voices.append(Voice("flite", name, "", int(rng.integers(70, 141)), f0))
+    for k in range(n_festival):
+        voices.append(
+            Voice(
+                "festival",
+                TRAIN_FESTIVAL_VOICES[k % len(TRAIN_FESTIVAL_VOICES)],
+                "",
+                int(rng.integers(70, 141)),
+                0,
+            )
+        )
+    return voices
+
+
+def _pico_voices(rng: np.random.Generator, names: tuple[str, ...], n: int) -> list[Voice]:
+    """`n` Pico speakers over `names` in turn, each with its own speed and pitch."""
+    return [
+        Voice(
+            "pico",
+            names[k % len(names)],
+            "",
+            int(rng.integers(75, 146)),
+            int(rng.integers(70, 146)),
+        )
+        for k in range(n)
+    ]
+
+
+def engine_voices(
+    rng: np.random.Generator,
+    n: int,
+    rhvoice: tuple[str, ...],
+    mbrola: tuple[str, ...],
+    festival: tuple[str, ...],
+) -> list[Voice]:
+    """`n` speakers of RHVoice, MBROLA (through espeak-ng) and festival voices, a quarter,
+    a half and a quarter of them, each voice in turn with its own rate and pitch."""
+    assert set(rhvoice) <= set(RHVOICE_VOICES) and set(mbrola) <= set(MBROLA_VOICES)
+    n_rh = max(1, n // 4) if rhvoice else 0
+    n_fest = max(1, n // 4) if festival else 0
+    n_mb = n - n_rh - n_fest
+    voices = [
+        Voice("rhvoice", rhvoice[k % len(rhvoice)], "", int(rng.integers(70, 151)),
+              int(rng.integers(70, 141)))
+        for k in range(n_rh)
+    ]  # fmt: skip
+    voices += [
+        Voice("mbrola", mbrola[k % len(mbrola)], "", int(rng.integers(100, 221)),
+              int(rng.integers(15, 86)))
+        for k in range(n_mb)
+    ]  # fmt: skip
+    voices += [
+        Voice("festival", festival[k % len(festival)], "", int(rng.integers(70, 141)), 0)
+        for k in range(n_fest)
+    ]
+    return voices
+
+
+def unseen_voices(seed: int, n: int) -> list[Voice]:
+    """Voices no training clip uses: Pico's English voices, festival's HTS voice and the
+    held-out espeak-ng families. The main corpus has no Pico voice at all; the add-on
+    `pretrain-voices` corpus has Pico's other voices."""
+    rng = np.random.default_rng([seed, 9002])
+    n_fest = max(1, n // 6)
+    n_espeak = max(1, n // 3)
+    n_pico = max(1, n - n_fest - n_espeak)
+    voices = _pico_voices(rng, PICO_VOICES, n_pico)
+    voices += [
+        Voice(
+            "festival",
+            UNSEEN_FESTIVAL_VOICES[k % len(UNSEEN_FESTIVAL_VOICES)],
+            "",
+            int(rng.integers(75, 136)),
+            0,
+        )
+        for k in range(n_fest)
+    ]
+    pairs = [(v, var) for v in UNSEEN_ESPEAK_VOICES for var in ESPEAK_VARIANTS]
+    picks = rng.choice(len(pairs), size=min(n_espeak, len(pairs)), replace=False)
+    voices += [
+        Voice(
+            "espeak-ng",
+            pairs[i][0],
+            pairs[i][1],
+            int(rng.integers(100, 231)),
+            int(rng.integers(5, 96)),
+        )
+        for i in picks
+    ]
+    return voices
+
+
+def texts_for(profile: CorpusProfile, phrase: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(confusable phrases, other speech) a profile's speakers draw from."""
+    confusables: tuple[str, ...] = confusables_for(phrase)
+    others: tuple[str, ...] = OTHER_SPEECH
+    if profile.voice_set in ("pretrain", "pico-other", "engines"):
+        if phrase.strip().lower() == "hey nova":
+            confusables = tuple(dict.fromkeys(confusables + PRETRAIN_CONFUSABLES))
+        others = tuple(dict.fromkeys(others + PRETRAIN_OTHER_SPEECH))
+    return confusables, others
+
+
+def speakers_with_texts(
+    rng: np.random.Generator,
+    profile: CorpusProfile,
+    phrase: str,
+    voices: list[Voice],
+    split: str,
+    prefix: str,
+) -> list[Speaker]:
+    """One speaker per voice, each with its own draw of confusables and other speech."""
+    confusables, others = texts_for(profile, phrase)
+    out = []
+    for i, v in enumerate(voices):
+        conf = rng.choice(
+            len(confusables),
+            size=min(profile.confusables_per_speaker, len(confusables)),
+            replace=False,
+        )
+        oth = rng.choice(
+            len(others), size=min(profile.others_per_speaker, len(others)), replace=False
+        )
+        out.append(
+            Speaker(
+                f"{prefix}{i:03d}",
+                v,
+                split,
+                tuple(confusables[j] for j in sorted(conf)),
+                tuple(others[j] for j in sorted(oth)),
+            )
+        )
+    return out
+
+
+def make_pretrain_speakers(seed: int, profile: CorpusProfile, phrase: str) -> list[Speaker]:
+    """Training-engine speakers split 80/10/10 by speaker (stratified by engine)."""
+    rng = np.random.default_rng([seed, 9003])
+    if profile.voice_set == "pico-other":
+        voices = _pico_voices(rng, PICO_OTHER_VOICES, profile.n_speakers)
+    elif profile.voice_set == "engines":
+        voices = engine_voices(
+            rng, profile.n_speakers, ENGINES_TRAIN_RHVOICE, ENGINES_TRAIN_MBROLA,
+            ENGINES_TRAIN_FESTIVAL,
+        )  # fmt: skip
+    else:
+        voices = _pretrain_voices(rng, profile.n_speakers)
+    shares = {"train": 0.8, "val": 0.1, "test": 0.1}
+    speakers: list[Speaker] = []
+    for engine in dict.fromkeys(v.engine for v in voices):
+        group = [v for v in voices if v.engine == engine]
+        counts = _allocate(len(group), shares, minimum=1)
+        order = rng.permutation(len(group))
+        pos = 0
+        for split in SPLITS:
+            chosen = [group[i] for i in order[pos : pos + counts[split]]]
+            speakers += speakers_with_texts(rng, profile, phrase, chosen, split, "tmp")
+            pos += counts[split]
+    speakers.sort(key=lambda s: (SPLITS.index(s.split), s.voice.describe()))
+    speakers = [
+        Speaker(f"spk{i:03d}", s.voice, s.split, s.confusables, s.others)
+        for i, s in enumerate(speakers)
+    ]
+    if profile.new_confusables:
+        speakers = _with_new_confusables(seed, profile, phrase, speakers)
+    return speakers
+
+
+def _with_new_confusables(
+    seed: int, profile: CorpusProfile, phrase: str, speakers: list[Speaker]
+) -> list[Speaker]:
+    """Each speaker with `profile.new_confusables` confusables it was not given, drawn from
+    a generator of their own, so the speakers' voices and splits are the base draw's."""
+    confusables, _ = texts_for(profile, phrase)
+    rng = np.random.default_rng([seed, 9005])
+    out = []
+    for s in speakers:
+        fresh = [c for c in confusables if c not in s.confusables]
+        pick = rng.choice(len(fresh), size=min(profile.new_confusables, len(fresh)), replace=False)
+        out.append(replace(s, confusables=tuple(fresh[j] for j in sorted(pick))))
+    return out
+
+
+def make_unseen_speakers(seed: int, profile: CorpusProfile, phrase: str) -> list[Speaker]:
+    """The unseen-voices test speakers (ids `unseen000`, ...), all in split test: for the
+    `engines` add-on its held-out voices, else `unseen_voices`."""
+    rng = np.random.default_rng([seed, 9004])
+    if profile.voice_set == "engines":
+        voices = engine_voices(
+            np.random.default_rng([seed, 9006]), profile.unseen_speakers,
+            ENGINES_UNSEEN_RHVOICE, ENGINES_UNSEEN_MBROLA, (),
+        )  # fmt: skip
+    else:
+        voices = unseen_voices(seed, profile.unseen_speakers)
+    return speakers_with_texts(rng, profile, phrase, voices, "test", "unseen")
+
+
+def clip_counts(profile: CorpusProfile) -> dict[str, dict[str, int]]:
+    """Clips per device type and split: training volume follows the device's weight."""
+    smallest = min(p.train_weight for p in DEVICE_PROFILES.values())
+    return {
+        name: {
+            "train": int(round(profile.train_unit * p.train_weight / smallest)),
+            "val": profile.val_clips,
+            "test": profile.test_clips,
+        }
+        for name, p in DEVICE_PROFILES.items()
+    }
+
+
+def stream_counts(profile: CorpusProfile) -> dict[str, int]:
+    """Negative streams per device type and split of the main corpus (not the unseen one)."""
+    return {
+        "train": profile.train_streams_per_device,
+        "val": profile.val_streams_per_device,
+        "test": profile.streams_per_device,
+    }
+
+
+def clip_recipes(seed: int, profile: CorpusProfile) -> list[ClipRecipe]:
+    """Each clip's content and device state. Validation and test sets hold every state for
+    every content kind when large enough, so both labels meet all three states."""
+    recipes: list[ClipRecipe] = []
+    for d_idx, (name, dev) in enumerate(DEVICE_PROFILES.items()):
+        for s_idx, split in enumerate(SPLITS):
+            n = clip_counts(profile)[name][split]
+            slots: list[tuple[str, str]] = []
+            shares = {c: CONTENT_SHARE[c] for c in CONTENT_SHARE if c in profile.contents}
+            for content, k in _allocate(n, shares).items():
+                minimum = 1 if split != "train" else 0
+                states = _allocate(k, dict(zip(STATES, dev.state_probs, strict=True)), minimum)
+                slots += [(content, st) for st, m in states.items() for _ in range(m)]
+            order = np.random.default_rng([seed, d_idx, 7, s_idx]).permutation(len(slots))
+            recipes += [ClipRecipe(name, split, i, *slots[j]) for i, j in enumerate(order)]
+    return recipes
+
+
+# --------------------------------------------------------------------------------------
+# The fleet of hard users
+# --------------------------------------------------------------------------------------
+
+# (engine, voice) of the fleet's users: every voice the pretraining corpus keeps out (Pico's
+# English voices, festival's HTS voice, the held-out espeak-ng families; see
+# `unseen_voices`). Each device type's users go round this list from its own place.
+FLEET_VOICES: tuple[tuple[str, str], ...] = (
+    ("pico", "en-US"),
+    ("festival", UNSEEN_FESTIVAL_VOICES[0]),
+    ("espeak-ng", UNSEEN_ESPEAK_VOICES[0]),
+    ("pico", "en-GB"),
+    ("espeak-ng", UNSEEN_ESPEAK_VOICES[1]),
+)
+# Speaker ids of the users kept out of their device type's training data: "<type>-new<k>".
+NEW_USER_TAG = "-new"
+
+
+def fleet_device_of(speaker_id: str) -> str:
+    """The device type a fleet user belongs to (its id is "<type>-user<k>" or "<type>-new<k>")."""
+    return speaker_id.split("-", 1)[0]
+
+
+def is_new_user(speaker_id: str) -> bool:
+    """Whether a fleet user is kept out of its device type's training data."""
+    return NEW_USER_TAG in speaker_id
+
+
+def _fleet_voice(rng: np.random.Generator, engine: str, name: str) -> Voice:
+    """A user's voice: the engine's voice at the user's own speed and pitch."""
+    if engine == "pico":
+        return Voice(engine, name, "", int(rng.integers(80, 131)), int(rng.integers(75, 141)))
+    if engine == "festival":
+        return Voice(engine, name, "", int(rng.integers(80, 126)), 0)
+    variant = ESPEAK_VARIANTS[int(rng.integers(len(ESPEAK_VARIANTS)))]
+    return Voice(engine, name, variant, int(rng.integers(120, 211)), int(rng.integers(15, 86)))
+
+
+def _other_take(rng: np.random.Generator, voice: Voice) -> Voice:
+    """The same user on another day: speed within 10 % and pitch a little apart."""
+    rate = max(60, int(round(voice.rate * rng.uniform(0.9, 1.1))))
+    pitch = (
+        voice.pitch
+        if voice.engine == "festival"
+        else max(0, voice.pitch + int(rng.integers(-8, 9)))
+    )
+    return replace(voice, rate=rate, pitch=pitch)
+
+
+def make_fleet_speakers(seed: int, profile: CorpusProfile, phrase: str) -> list[Speaker]:
+    """The fleet's users per device type, one `Speaker` per (user, split) it speaks in:
+    "<type>-user<k>" in train, val and test (its training voice, then another take of it
+    for each held-out split), "<type>-new<k>" in test only (kept out of training)."""
+    rng = np.random.default_rng([seed, 9006])
+    confusables, others = texts_for(profile, phrase)
+    out: list[Speaker] = []
+    for d_idx, device in enumerate(DEVICE_PROFILES):
+        for u in range(profile.users_per_device + profile.new_users_per_device):
+            engine, name = FLEET_VOICES[(d_idx + u) % len(FLEET_VOICES)]
+            voice = _fleet_voice(rng, engine, name)
+            n_conf = min(profile.confusables_per_speaker, len(confusables))
+            conf = tuple(
+                confusables[j] for j in sorted(rng.choice(len(confusables), n_conf, replace=False))
+            )
+            n_oth = min(profile.others_per_speaker, len(others))
+            oth = tuple(others[j] for j in sorted(rng.choice(len(others), n_oth, replace=False)))
+            new = u >= profile.users_per_device
+            sid = f"{device}{NEW_USER_TAG if new else '-user'}{u:02d}"
+            for split in ("test",) if new else SPLITS:
+                take = voice if split == "train" else _other_take(rng, voice)
+                out.append(Speaker(sid, take, split, conf, oth))
+    return out

@@ -1,0 +1,440 @@
+"""`wakefl demo`: the main job, end to end on one machine.
+
+Builds (or reuses) a corpus, takes the shipped pretrained model as the warm-start baseline
+(or trains one from scratch with `--baseline scratch`), starts the
+embedded MQTT broker, the aggregation server and one real `wakefl device` process per
+device type, runs a few Self-FL rounds grouped by device type, then evaluates the updated
+global model and the model each device serves (its served-model gate's choice: the
+personalized model, the global model or the baseline) against the baseline (relative FA
+at matched FR, beside the absolute FRR and false accepts per hour) on the held-out test
+clips and streams, and writes the report with DET curves.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from wakefl.cache_location import cache_root
+from wakefl.errors import WakeflError
+
+# The profile `wakefl demo` runs unless told otherwise: users the shipped model serves badly.
+DEFAULT_PROFILE = "fleet"
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    profile: str = DEFAULT_PROFILE
+    rounds: int = 3
+    # None: the shipped `small` model on the fleet (it trains within the demo's few
+    # minutes on 2 cores), `full` on the other profiles.
+    width: float | None = None
+    seed: int = 0
+    warm_epochs: int = 30
+    # The warm start: the shipped pretrained model of `width` unless told otherwise
+    # (see warm_start.resolve_baseline; "scratch" trains one on the corpus).
+    baseline: str | None = None
+    workdir: Path = Path("runs/demo")
+    broker: str | None = None
+    round_timeout: float = 300.0
+    lr: float = 0.05
+    batch_size: int = 16
+    # None: 30 and 10 on the fleet (its users need more than a nudge), 10 and 5 elsewhere.
+    l_max: int | None = None
+    warmup_steps: int | None = None
+    # The tiny test split has ~11 positives per device type: a 5% FR target would allow no
+    # miss at all, so the demo's operating point is 10% FR (kept for the demo profile).
+    target_fr: float = 0.1
+    manifest: Path | None = None
+    # Bounds every wait, so a broken process can never hang the demo.
+    max_run_s: float = 1800.0
+    # The baseline's operating point in the evaluation: its shipped threshold (None: on the
+    # fleet, where what matters is how much it misses there) or the target FR on test clips.
+    at_shipped_threshold: bool | None = None
+    # Whether the global model is scored on every device type beside the served models
+    # (None: not on the fleet, whose streams are long and whose question is what each
+    # device serves).
+    score_global: bool | None = None
+
+    def runs_fleet(self) -> bool:
+        """Whether this run is on the fleet of hard users (the default profile, no
+        `--manifest` of one's own): the defaults below then suit it."""
+        return self.profile == DEFAULT_PROFILE and self.manifest is None
+
+    def model_width(self) -> float:
+        if self.width is not None:
+            return self.width
+        return 0.25 if self.runs_fleet() else 1.0
+
+    def local_steps(self) -> tuple[int, int]:
+        """(l_max, warm-up steps) of Self-FL's local training."""
+        fleet = self.runs_fleet()
+        l_max = self.l_max if self.l_max is not None else (30 if fleet else 10)
+        warmup = self.warmup_steps if self.warmup_steps is not None else (10 if fleet else 5)
+        return l_max, warmup
+
+    def global_scored(self) -> bool:
+        if self.score_global is not None:
+            return self.score_global
+        return not self.runs_fleet()
+
+    def shipped_threshold(self) -> bool:
+        if self.at_shipped_threshold is not None:
+            return self.at_shipped_threshold
+        return self.runs_fleet()
+
+
+def _say(msg: str) -> None:
+    print(f"[demo] {msg}", flush=True)
+
+
+def corpus_manifest(st: DemoSettings) -> Path:
+    """The corpus to use: `--manifest`, else the cached synthetic build for the profile."""
+    if st.manifest is not None:
+        if not st.manifest.is_file():
+            raise WakeflError(f"manifest {st.manifest} does not exist")
+        return st.manifest
+    from wakefl.tools.corpus.build import build_corpus
+
+    out = cache_root() / "corpus" / f"{st.profile}-seed{st.seed}"
+    manifest = out / "manifest.csv"
+    done = out / ".complete"
+    if manifest.is_file() and done.is_file():
+        _say(f"reusing the {st.profile} corpus in {out}")
+        return manifest
+    _say(f"building the {st.profile} corpus in {out} (once; later runs reuse it)")
+    manifest = build_corpus(out, seed=st.seed, profile=st.profile, progress=True)
+    done.write_text("ok\n")
+    return manifest
+
+
+class _Proc:
+    """A child `wakefl` process whose output is relayed line by line with a prefix."""
+
+    def __init__(self, name: str, args: list[str], log_dir: Path) -> None:
+        self.name = name
+        env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        self.log_path = log_dir / f"{name}.log"
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "wakefl.tools.cli", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            text=True,
+            bufsize=1,
+        )
+        self._relay = threading.Thread(target=self._pump, daemon=True)
+        self._relay.start()
+
+    def _pump(self) -> None:
+        assert self.p.stdout is not None
+        with open(self.log_path, "w") as log:
+            for line in self.p.stdout:
+                log.write(line)
+                log.flush()
+                print(f"[{self.name}] {line.rstrip()}", flush=True)
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            rc = self.p.wait(timeout=max(timeout, 0.0))
+        except subprocess.TimeoutExpired:
+            return None
+        self._relay.join(timeout=5)
+        return rc
+
+    def kill(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait()
+
+
+def run_federation(
+    st: DemoSettings, manifest: Path, baseline: Path, run_dir: Path, device_types: list[str]
+) -> dict[str, Path]:
+    """Broker + server + one device process per type. Returns the checkpoints of the
+    models the devices serve, by device type."""
+    from wakefl.server.broker import ManagedBroker
+
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    broker = None
+    broker_dir = None
+    url = st.broker
+    if url is None:
+        # Outside the run folder on purpose: the broker runs as the `mosquitto` user and
+        # must be able to reach its persistence folder.
+        broker_dir = Path(tempfile.mkdtemp(prefix="wakefl-demo-broker-"))
+        broker = ManagedBroker(broker_dir).start()
+        url = broker.url
+        _say(f"embedded mosquitto broker on {url}")
+    devices = {f"dev{t}": t for t in device_types}
+    server_args = _server_args(st, url, run_dir, baseline, devices)
+    procs: list[_Proc] = []
+    served: dict[str, Path] = {}
+    try:
+        server = _Proc("server", server_args, logs)
+        procs.append(server)
+        for dev, t in devices.items():
+            served[t] = run_dir / "models" / f"served-{t}.safetensors"
+            served[t].parent.mkdir(parents=True, exist_ok=True)
+            procs.append(
+                _Proc(dev, _device_args(st, url, run_dir, manifest, dev, t, served[t]), logs)
+            )
+        _wait_for_run(st, procs, logs)
+    finally:
+        for p in procs:
+            p.kill()
+        if broker is not None:
+            broker.stop()
+        if broker_dir is not None:
+            shutil.rmtree(broker_dir, ignore_errors=True)
+    missing = [t for t, p in served.items() if not p.is_file()]
+    if missing:
+        raise WakeflError(f"no served model was exported for device type(s) {missing}")
+    return served
+
+
+def _device_args(
+    st: DemoSettings, url: str, run_dir: Path, manifest: Path, dev: str, t: str, served: Path
+) -> list[str]:
+    """`wakefl device` for device `dev` of type `t`, exporting its served model to `served`."""
+    return [
+        "device",
+        "--id",
+        dev,
+        "--type",
+        t,
+        "--data",
+        str(manifest),
+        "--broker",
+        url,
+        "--state",
+        str(run_dir / "devices" / dev),
+        "--seed",
+        str(st.seed),
+        "--target-fr",
+        str(st.target_fr),
+        "--export",
+        str(served),
+        "--idle-timeout",
+        str(st.round_timeout + 120),
+    ]
+
+
+def _server_args(
+    st: DemoSettings, url: str, run_dir: Path, baseline: Path, devices: dict[str, str]
+) -> list[str]:
+    args = [
+        "server",
+        "--broker",
+        url,
+        "--state",
+        str(run_dir / "server"),
+        "--rounds",
+        str(st.rounds),
+        "--init-model",
+        str(baseline),
+        "--devices",
+        ",".join(f"{d}:{t}" for d, t in devices.items()),
+        "--group-by",
+        "device_type",
+        "--round-timeout",
+        str(st.round_timeout),
+        "--start-timeout",
+        "180",
+        "--seed",
+        str(st.seed),
+    ]
+    for k, v in (
+        ("lr", st.lr),
+        ("batch_size", st.batch_size),
+        ("l_max", st.local_steps()[0]),
+        ("warmup_steps", st.local_steps()[1]),
+    ):
+        args += ["--strategy-arg", f"{k}={v}"]
+    return args
+
+
+def _wait_for_run(st: DemoSettings, procs: list[_Proc], logs: Path) -> None:
+    """Wait for the server (`procs[0]`), then for the devices; a failure or the time
+    limit is a WakeflError naming the log to read."""
+    server = procs[0]
+    deadline = time.monotonic() + st.max_run_s
+    rc = server.wait(deadline - time.monotonic())
+    if rc is None:
+        raise WakeflError(f"the server did not finish within {st.max_run_s:.0f} s; logs in {logs}")
+    if rc != 0:
+        raise WakeflError(f"the server exited with status {rc}; see {logs / 'server.log'}")
+    for p in procs[1:]:
+        rc = p.wait(max(60.0, deadline - time.monotonic()))
+        if rc != 0:
+            raise WakeflError(f"device {p.name} exited with status {rc}; see {p.log_path}")
+
+
+def export_global(run_dir: Path, baseline: Path) -> Path:
+    """The server's final global model as a checkpoint with the baseline's architecture."""
+    from wakefl.models.kws_cnn import load_model, save_model, set_flat_params
+    from wakefl.server.state_store import StateStore
+
+    store = StateStore(run_dir / "server")
+    try:
+        state = store.load_server_state()
+    finally:
+        store.close()
+    if state is None:
+        raise WakeflError(f"the server left no state in {run_dir / 'server'}")
+    model = load_model(baseline)
+    set_flat_params(model, state.global_params)
+    return save_model(model, run_dir / "models" / "global.safetensors")
+
+
+def to_onnx(checkpoint: Path, baseline: Path | None = None) -> Path:
+    """`checkpoint` as ONNX with the threshold it ships with: its own card's, a shipped
+    model's own, or else the (shipped) baseline's, noted as such in the metadata."""
+    from wakefl.models.kws_cnn import export_onnx, load_model
+    from wakefl.models.kws_cnn.operating_point import beside_weights, for_model
+
+    model = load_model(checkpoint).eval()
+    point = beside_weights(checkpoint)
+    if point is None:
+        base = load_model(baseline) if baseline is not None else None
+        point = for_model(model, base, f"the {checkpoint.stem} model")
+    return export_onnx(model, checkpoint.with_suffix(".onnx"), operating_point=point)
+
+
+def _gate_records(served: dict[str, Path]) -> dict[str, dict[str, Any]]:
+    """Each device's served model and its gate's last decision (written by `wakefl device`
+    beside the export)."""
+    import json
+
+    from wakefl.tools.cli.device import gate_record_path
+
+    out = {}
+    for t, path in served.items():
+        rec = gate_record_path(path)
+        if rec.is_file():
+            out[t] = json.loads(rec.read_text())
+    return out
+
+
+def _baseline_note(st: DemoSettings, shipped: bool) -> str:
+    if shipped:
+        return (
+            "The baseline (the shipped model) works at its shipped threshold on each device "
+            "type's test clips and streams."
+        )
+    return (
+        f"The baseline works at the threshold where its FRR on each device type's test clips "
+        f"is {st.target_fr:.0%}."
+    )
+
+
+def _evaluate_new_users(
+    st: DemoSettings, manifest: Path, baseline_onnx: Path, candidates: list[str], shipped: bool
+) -> list[dict[str, Any]] | None:
+    """The served models on the users kept out of training (the fleet's new-users corpus),
+    None when the corpus has none."""
+    from wakefl.tools.corpus.build import NEW_USERS_DIR
+    from wakefl.tools.evaluation.evaluate import run_evaluation
+
+    new_users = manifest.parent / NEW_USERS_DIR / "manifest.csv"
+    if not new_users.is_file():
+        return None
+    _say("evaluating the served models on the users kept out of training")
+    return run_evaluation(baseline_onnx, candidates, new_users, _eval_settings(st, shipped)).rows
+
+
+def _eval_settings(st: DemoSettings, shipped: bool) -> Any:
+    from wakefl.tools.evaluation.evaluate import EvalSettings
+
+    return EvalSettings(
+        split="test", target_fr=st.target_fr, seed=st.seed, progress=True,
+        at_shipped_threshold=shipped,
+    )  # fmt: skip
+
+
+def evaluate_and_report(
+    st: DemoSettings,
+    manifest: Path,
+    baseline: Path,
+    global_ckpt: Path,
+    served: dict[str, Path],
+    run_dir: Path,
+) -> tuple[Path, list[str]]:
+    """Scores the baseline, the global model and each served model (on its own device type)
+    on the test clips and streams, and writes the report with the summary on top. Returns
+    the report folder and the summary's Markdown lines."""
+    from wakefl.tools.evaluation.evaluate import card_threshold, run_evaluation
+    from wakefl.tools.evaluation.report import write_report
+    from wakefl.tools.fleet.demo_report import device_summary, summary_markdown
+
+    # At the shipped threshold only when the baseline has one (not one trained from scratch).
+    shipped = st.shipped_threshold() and card_threshold(baseline) is not None
+    _say("exporting the models to ONNX and evaluating them as the edge runtime runs them")
+    device_types = sorted(served)
+    # Each served model is paired with its device type: scored only there.
+    paired = [f"{to_onnx(served[t], baseline)}:{t}" for t in device_types]
+    base_onnx = to_onnx(baseline)
+    scored_global = [str(to_onnx(global_ckpt, baseline))] if st.global_scored() else []
+    result = run_evaluation(
+        base_onnx, [*scored_global, *paired], manifest, _eval_settings(st, shipped)
+    )
+    new_rows = _evaluate_new_users(st, manifest, base_onnx, paired, shipped)
+    summary = device_summary(result.rows, device_types, _gate_records(served))
+    md = summary_markdown(summary, new_rows, device_types, _baseline_note(st, shipped))
+    report_dir = run_dir / "report"
+    write_report(result, report_dir, summary=md)
+    (report_dir / "demo_summary.md").write_text(
+        "# wakefl demo: the served models against the shipped baseline\n\n" + "\n".join(md)
+    )
+    return report_dir, md
+
+
+def run_demo(st: DemoSettings) -> Path:
+    """Runs the demo; returns the report folder."""
+    from wakefl.sdk.manifest import read_manifest
+    from wakefl.tools.training.warm_start import resolve_baseline
+
+    t0 = time.monotonic()
+    manifest = corpus_manifest(st)
+    device_types = sorted({r.device_type for r in read_manifest(manifest) if r.kind == "clip"})
+    _say(f"device types: {', '.join(device_types)}")
+    baseline = resolve_baseline(
+        st.baseline,
+        manifest,
+        width=st.model_width(),
+        seed=st.seed,
+        epochs=st.warm_epochs,
+        progress=True,
+    )
+    run_dir = st.workdir.resolve()
+    # A demo run starts from a clean federation; the corpus and baseline stay cached.
+    for sub in ("server", "devices", "models", "logs", "report"):
+        shutil.rmtree(run_dir / sub, ignore_errors=True)
+    (run_dir / "models").mkdir(parents=True, exist_ok=True)
+    shutil.copy(baseline, run_dir / "models" / "baseline.safetensors")
+    shutil.copy(baseline.with_suffix(".json"), run_dir / "models" / "baseline.json")
+    baseline = run_dir / "models" / "baseline.safetensors"
+
+    _say(
+        f"federation: {st.rounds} Self-FL rounds, {len(device_types)} devices, "
+        "clusters by device type"
+    )
+    served = run_federation(st, manifest, baseline, run_dir, device_types)
+    global_ckpt = export_global(run_dir, baseline)
+    report_dir, md = evaluate_and_report(st, manifest, baseline, global_ckpt, served, run_dir)
+    print()
+    print("\n".join(md))
+    _say(
+        f"done in {time.monotonic() - t0:.0f} s; report: {report_dir / 'report.html'} "
+        f"(also report.md, demo_summary.md)"
+    )
+    return report_dir

@@ -1,0 +1,292 @@
+"""Pretraining's data: the corpus decoded once into arrays (training clips and streams,
+validation clips and streams, the add-on corpora), and the batches drawn from them, each a
+function of (seed, step) alone, optionally prepared by worker processes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from wakefl.errors import ConfigError
+from wakefl.progress_bars import bar_disabled
+from wakefl.tools.training.settings import PretrainSettings
+
+
+@dataclass
+class PretrainData:
+    """Decoded audio of a corpus, in memory: training clips by label, training streams for
+    negative cuts, validation clips and streams."""
+
+    pos: np.ndarray  # [P, T]
+    neg: np.ndarray  # [N, T]
+    train_streams: list[np.ndarray]
+    val_clips: np.ndarray
+    val_labels: np.ndarray
+    val_streams: list[np.ndarray] = field(default_factory=list)
+    bank: Any = None  # wave_augment.AugmentBank
+    hard: np.ndarray | None = None  # [H, T] the mined hard negatives, when mining is on
+    # For each BALANCE_KEYS key, the indices of `pos` and of `neg` in each of its groups:
+    # what `balance_by` draws by.
+    pos_groups: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    neg_groups: dict[str, list[np.ndarray]] = field(default_factory=dict)
+    # Room responses of the field augmentation (tools/acoustics/field_acoustics.py training_rooms),
+    # made once when the run asks for it.
+    field_rirs: tuple[np.ndarray, ...] = ()
+
+    @property
+    def window(self) -> int:
+        return int(self.pos.shape[1])
+
+
+def _decode(path: Path) -> np.ndarray:
+    from wakefl.edge_runtime import load_audio
+
+    return load_audio(path, 16000)
+
+
+def _corpus_phrase(manifest: Path) -> str | None:
+    """The wake phrase a built corpus was made for (its corpus.json), if it says."""
+    from wakefl.tools.corpus.build import read_corpus_info
+
+    info = read_corpus_info(manifest.parent)
+    phrase = info.get("phrase") if isinstance(info, dict) else None
+    return phrase if isinstance(phrase, str) else None
+
+
+def _decode_clips(rows: list[Any], manifest: Path, window: int, progress: bool) -> np.ndarray:
+    """The clip rows of `manifest` as a float32 [N, window] array, with a progress bar."""
+    from tqdm import tqdm
+
+    from wakefl.sdk.dataset import load_clip
+
+    waves = [
+        load_clip(r.resolve(manifest), window)
+        for r in tqdm(
+            rows, desc="decode clips", unit="clip", disable=bar_disabled(progress), leave=False
+        )
+    ]
+    return np.stack(waves).astype(np.float32)
+
+
+def _extra_rows(main: Path, extra: Path) -> list[Any]:
+    """An add-on corpus's training rows, checked before any audio is decoded: built for the
+    main corpus's phrase, with training clips. Its validation and test audio is not used."""
+    from wakefl.sdk.manifest import read_manifest
+
+    phrases = (_corpus_phrase(main), _corpus_phrase(extra))
+    if None not in phrases and phrases[0] != phrases[1]:
+        raise ConfigError(
+            f"--extra-corpus {extra} was built for {phrases[1]!r}, the corpus for {phrases[0]!r}"
+        )
+    rows = [r for r in read_manifest(extra) if r.split == "train"]
+    if not any(r.kind == "clip" for r in rows):
+        raise ConfigError(f"--extra-corpus {extra}: no training clips")
+    return rows
+
+
+def _extra_training_audio(
+    extra: Path, rows: list[Any], window: int, progress: bool
+) -> tuple[np.ndarray, list[Any], list[np.ndarray]]:
+    """An add-on corpus's training clips (waves and their rows) and training streams."""
+    clips = [r for r in rows if r.kind == "clip"]
+    waves = _decode_clips(clips, extra, window, progress)
+    streams = [_decode(r.resolve(extra)) for r in rows if r.kind == "stream"]
+    return waves, clips, [s for s in streams if s.size >= window]
+
+
+def _groups(keys: Sequence[str]) -> list[np.ndarray]:
+    """The positions of each distinct key in `keys` (keys in sorted order)."""
+    arr = np.array(keys, dtype=object)
+    return [np.flatnonzero(arr == name) for name in sorted(set(keys))]
+
+
+def _set_groups(data: PretrainData, rows: Sequence[tuple[Any, Path]]) -> None:
+    """Group the training clips (rows with their manifest, in `pos` then `neg` order) by
+    device type and by speech engine (from the speakers.csv beside each manifest; "" for a
+    speaker it does not name, such as imported recordings)."""
+    from wakefl.tools.bench.detection import voice_families
+
+    families = {m: voice_families(m) for m in {m for _, m in rows}}
+    for label, out in ((1, data.pos_groups), (0, data.neg_groups)):
+        mine = [(r, m) for r, m in rows if r.label == label]
+        out["device_type"] = _groups([r.device_type for r, _ in mine])
+        out["engine"] = _groups([families[m].get(r.speaker, "").split(":")[0] for r, m in mine])
+
+
+def _validation_audio(
+    main: Path, manifest: Path, window: int, cap: int, progress: bool
+) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """A corpus's validation clips, their labels and its validation streams (each cut to
+    `cap` samples), for `--val-corpus`; checked before decoding: both labels, and built for
+    the training corpus's phrase."""
+    from wakefl.sdk.manifest import read_manifest
+
+    phrases = (_corpus_phrase(main), _corpus_phrase(manifest))
+    if None not in phrases and phrases[0] != phrases[1]:
+        raise ConfigError(
+            f"--val-corpus {manifest} was built for {phrases[1]!r}, the corpus for {phrases[0]!r}"
+        )
+    rows = [r for r in read_manifest(manifest) if r.split == "val"]
+    clips = [r for r in rows if r.kind == "clip"]
+    if not {r.label for r in clips} >= {0, 1}:
+        raise ConfigError(f"--val-corpus {manifest}: its val split needs clips of both labels")
+    waves = _decode_clips(clips, manifest, window, progress)
+    streams = [_decode(r.resolve(manifest))[:cap] for r in rows if r.kind == "stream"]
+    return waves, np.array([r.label for r in clips]), [s for s in streams if s.size >= window]
+
+
+def load_pretrain_data(
+    manifest: Path,
+    window: int,
+    val_stream_seconds: float,
+    progress: bool = True,
+    seed: int = 0,
+    extra: Sequence[Path] = (),
+    val_manifest: Path | None = None,
+    field_rooms: int = 0,
+) -> PretrainData:
+    """The corpus's training and validation audio, plus the training audio of each `extra`
+    corpus (appended after the main corpus's, so mined-pool indices stay stable). With
+    `val_manifest`, validation comes from that corpus's val split instead. `field_rooms`
+    room responses are made for the field augmentation."""
+    from wakefl.sdk.manifest import read_manifest
+
+    rows = read_manifest(manifest)
+    val_split = ("val",) if val_manifest is None else ()
+    clips = [r for r in rows if r.kind == "clip" and r.split in ("train", *val_split)]
+    if not any(r.split == "train" and r.label == 1 for r in clips):
+        raise ConfigError(f"{manifest}: no wake-phrase clips in the train split")
+    if val_manifest is None and not any(r.split == "val" and r.label == 1 for r in clips):
+        raise ConfigError(f"{manifest}: no wake-phrase clips in the val split")
+    extra_rows = [_extra_rows(manifest, path) for path in extra]
+    arr = _decode_clips(clips, manifest, window, progress)
+    labels = np.array([r.label for r in clips])
+    train = np.array([r.split == "train" for r in clips])
+    streams = {
+        sp: [_decode(r.resolve(manifest)) for r in rows if r.kind == "stream" and r.split == sp]
+        for sp in ("train", *val_split)
+    }
+    cap = int(val_stream_seconds * 16000)
+    val_clips, val_labels = arr[~train], labels[~train]
+    val_streams = [s[:cap] for s in streams.get("val", []) if s.size >= window]
+    if val_manifest is not None:
+        val_clips, val_labels, val_streams = _validation_audio(
+            manifest, val_manifest, window, cap, progress
+        )
+    from wakefl.tools.training.wave_augment import AugmentBank
+
+    data = PretrainData(
+        pos=arr[train & (labels == 1)],
+        neg=arr[train & (labels == 0)],
+        train_streams=[s for s in streams["train"] if s.size >= window],
+        val_clips=val_clips,
+        val_labels=val_labels,
+        val_streams=val_streams,
+        bank=AugmentBank.make(seed),
+    )
+    if field_rooms:
+        from wakefl.tools.acoustics.field_acoustics import training_rooms
+
+        data.field_rirs = training_rooms(seed, field_rooms)
+    train_rows = [(r, manifest) for r in clips if r.split == "train"]
+    for path, more_rows in zip(extra, extra_rows, strict=True):
+        train_rows += _append_extra(data, path, more_rows, progress)
+    _set_groups(data, train_rows)
+    return data
+
+
+def _append_extra(
+    data: PretrainData, path: Path, rows: list[Any], progress: bool
+) -> list[tuple[Any, Path]]:
+    """Add an add-on corpus's training clips and streams to `data`; returns its clip rows
+    with their manifest."""
+    x, more_clips, more = _extra_training_audio(path, rows, data.window, progress)
+    y = np.array([r.label for r in more_clips])
+    data.pos = np.concatenate([data.pos, x[y == 1]])
+    data.neg = np.concatenate([data.neg, x[y == 0]])
+    data.train_streams += more
+    return [(r, path) for r in more_clips]
+
+
+def _draw(rng: np.random.Generator, n: int, groups: list[np.ndarray] | None) -> int:
+    """A clip index in [0, n): uniform, or of a group drawn uniformly first."""
+    if not groups:
+        return int(rng.integers(n))
+    group = groups[int(rng.integers(len(groups)))]
+    return int(group[int(rng.integers(group.size))])
+
+
+def make_batch(data: PretrainData, step: int, s: PretrainSettings) -> tuple[np.ndarray, np.ndarray]:
+    """The augmented batch of training step `step`: a pure function of (seed, step)."""
+    from wakefl.tools.training.wave_augment import augment_window
+
+    rng = np.random.default_rng([s.seed, 77, step])
+    n_pos = max(1, int(round(s.batch_size * s.positive_share)))
+    n_neg = s.batch_size - n_pos
+    pool = data.hard if data.hard is not None and len(data.hard) else None
+    n_hard = int(round(n_neg * s.hard_negative_share)) if pool is not None else 0
+    n_cut = int(round((n_neg - n_hard) * s.stream_crop_share)) if data.train_streams else 0
+    out = np.empty((s.batch_size, data.window), np.float32)
+    labels = np.zeros(s.batch_size, np.int64)
+    labels[:n_pos] = 1
+    pos_groups, neg_groups = data.pos_groups.get(s.balance_by), data.neg_groups.get(s.balance_by)
+    for i in range(s.batch_size):
+        if i < n_pos:
+            src = data.pos[_draw(rng, len(data.pos), pos_groups)]
+        elif pool is not None and i < n_pos + n_hard:
+            src = pool[int(rng.integers(len(pool)))]
+        elif i < n_pos + n_hard + n_cut:
+            stream = data.train_streams[int(rng.integers(len(data.train_streams)))]
+            start = int(rng.integers(0, stream.size - data.window + 1))
+            src = stream[start : start + data.window]
+        else:
+            src = data.neg[_draw(rng, len(data.neg), neg_groups)]
+        out[i] = augment_window(src, int(labels[i]), rng, data.bank)
+        # Drawn only when asked for, so runs without it keep their batches.
+        if s.field_augment > 0 and rng.random() < s.field_augment:
+            from wakefl.tools.acoustics.field_acoustics import field_augment
+
+            out[i] = field_augment(out[i], rng, data.field_rirs)
+    return out, labels
+
+
+def batch_stream(
+    data: PretrainData,
+    start_step: int,
+    s: PretrainSettings,
+    workers: int = 1,
+    end_step: int | None = None,
+) -> Iterator[tuple[Any, Any]]:
+    """Batches of steps `start_step` to `end_step` (default: the run's end), prepared in a
+    worker process while the model trains."""
+    end = s.total_steps if end_step is None else min(end_step, s.total_steps)
+    import torch
+    from torch.utils.data import DataLoader, IterableDataset
+
+    class _Batches(IterableDataset):
+        def __iter__(self):
+            info = torch.utils.data.get_worker_info()
+            k, n = (info.id, info.num_workers) if info is not None else (0, 1)
+            step = start_step + k
+            while step < end:
+                x, y = make_batch(data, step, s)
+                yield torch.from_numpy(x), torch.from_numpy(y)
+                step += n
+
+    if workers == 0:
+        return iter(_Batches())
+    # Workers take steps round-robin and the loader returns them in worker order, so the
+    # batches arrive in step order.
+    return iter(
+        DataLoader(
+            _Batches(),
+            batch_size=None,
+            num_workers=workers,
+            prefetch_factor=4,
+            persistent_workers=False,
+        )
+    )
