@@ -6,9 +6,8 @@ import pytest
 import torch
 
 from wakefl.errors import ConfigError
-from wakefl.models.kws_cnn import get_flat_params
+from wakefl.models.kws_cnn import get_flat_params, load_initial_model
 from wakefl.models.kws_cnn.pretrained import load_pretrained
-from wakefl.tools.cli.server import load_initial_model
 
 
 def test_init_model_takes_a_shipped_model_by_name(tmp_path, monkeypatch):

@@ -1,5 +1,5 @@
-"""The starting model of a federation: a wakefl checkpoint, a flat parameter vector, or a
-fresh model of a given width."""
+"""The starting model of a federation: a shipped model by name, a wakefl checkpoint, a flat
+parameter vector, or a fresh model of a given width."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ if TYPE_CHECKING:
 
 
 def load_initial_model(path: str | None, width: float, seed: int) -> tuple[Tensor, dict[str, Any]]:
-    """(flat params, model config dict) from a wakefl checkpoint (with its .json config),
-    a flat safetensors file holding one 1-D tensor `params`, or a fresh model."""
+    """(flat params, model config dict) from a shipped model (`pretrained:full`,
+    `pretrained:small`, as `wakefl demo` and `eval` take them), a wakefl checkpoint (with its
+    .json config), a flat safetensors file holding one 1-D tensor `params`, or a fresh
+    model."""
     import torch
 
     from .checkpoint import load_model
@@ -26,6 +28,15 @@ def load_initial_model(path: str | None, width: float, seed: int) -> tuple[Tenso
         torch.manual_seed(seed)
         cfg = ModelConfig(width=width)
         return get_flat_params(KwsCnn(cfg)).detach().clone(), cfg.to_dict()
+    if path.startswith("pretrained:"):
+        from .pretrained import NAMES, load_pretrained
+
+        name = path.split(":", 1)[1]
+        if name not in NAMES:
+            choices = ", ".join(f"pretrained:{n}" for n in NAMES)
+            raise ConfigError(f"initial model {path!r}: no such shipped model; choose {choices}")
+        model = load_pretrained(name)
+        return get_flat_params(model).detach().clone(), model.cfg.to_dict()
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"initial model {p} does not exist")

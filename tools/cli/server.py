@@ -76,16 +76,6 @@ def build_strategy(name: str, strategy_args: dict[str, Any]) -> Any:
         raise ConfigError(f"strategy {name!r}: bad --strategy-arg value: {exc}") from None
 
 
-def _initial_model_path(args: argparse.Namespace) -> str | None:
-    """--init-model as a file: a shipped model (`pretrained:full`, `pretrained:small`) is
-    taken as the cached checkpoint `wakefl demo` and `eval` use."""
-    if args.init_model is None or not args.init_model.startswith("pretrained:"):
-        return args.init_model
-    from wakefl.tools.training.warm_start import resolve_baseline
-
-    return str(resolve_baseline(args.init_model, None, width=0.0, progress=False))
-
-
 def _handler(args: argparse.Namespace) -> int:
     import torch
 
@@ -110,7 +100,7 @@ def _handler(args: argparse.Namespace) -> int:
         params = wait_for_store(state, args.start_timeout).global_params
         model_config: dict[str, Any] = {}
     else:
-        params, model_config = load_initial_model(_initial_model_path(args), args.width, args.seed)
+        params, model_config = load_initial_model(args.init_model, args.width, args.seed)
     broker = None
     url = args.broker
     if url == "embedded":
