@@ -245,8 +245,10 @@ def test_phrases_in_running_speech_are_reported_beside_isolated_ones(tmp_path) -
 
     rng = np.random.default_rng(3)
     rows = ["path,label,device_type,state,speaker,split,duration_s,kind"]
-    # A: a loud and a quiet phrase, one loud confusable (accepted) and a quiet one.
-    for i, (label, gain) in enumerate(((1, 0.3), (1, 0.01), (0, 0.3), (0, 0.01))):
+    # A: a loud and a quiet phrase, one loud confusable (accepted) and three quiet ones.
+    for i, (label, gain) in enumerate(
+        ((1, 0.3), (1, 0.01), (0, 0.3), (0, 0.01), (0, 0.01), (0, 0.01))
+    ):
         sf.write(tmp_path / f"r{i}.wav", gain * rng.standard_normal(WINDOW), SR)
         rows.append(f"r{i}.wav,{label},A,normal,s{i},test,1.5,clip")
     (tmp_path / "manifest.csv").write_text("\n".join(rows) + "\n")
@@ -255,15 +257,15 @@ def test_phrases_in_running_speech_are_reported_beside_isolated_ones(tmp_path) -
         "A": {
             "positives": 2,
             "frr_at_shipped_threshold": 0.5,
-            "negatives": 2,
-            "fa_share_at_shipped_threshold": 0.5,
+            "negatives": 4,
+            "fa_share_at_shipped_threshold": 0.25,
         }
     }
     isolated = {"A": {"at_shipped_threshold": {"frr": 0.125}}}
     lines = carrier_lines({"fp32": out}, {"fp32": {"held-out speakers": isolated}})
     assert lines == [
         "\nfp32, phrases in running speech, FRR at the shipped threshold (clips): "
-        "A 0.500 (2; isolated 0.125), confusables accepted 0.500 (2)"
+        "A 0.500 (2; isolated 0.125), confusables accepted 0.250 (4)"
     ]
     assert "phrases in running speech" in format_table(
         {"hop_s": 0.1, "smoothing": 3, "carrier_phrases": {"fp32": out}}

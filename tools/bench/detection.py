@@ -400,11 +400,10 @@ def score_addon_clips(
             if label == 0 and not mine:
                 continue
             scores = _clip_scores(scorer, mine, manifest, batch)
-            hit = None if shipped is None else float(np.mean((scores >= shipped) == bool(label)))
             cell[count] = len(mine)
-            cell[f"{share}_at_shipped_threshold"] = (
-                None if hit is None else (1.0 - hit if label == 1 else hit)
-            )
+            # Missed phrases below the threshold; accepted confusables at or above it.
+            wrong = None if shipped is None else (scores < shipped) == bool(label)
+            cell[f"{share}_at_shipped_threshold"] = None if wrong is None else float(np.mean(wrong))
         out[d] = cell
     return out
 
