@@ -5,10 +5,13 @@ and a flat parameter vector describes it completely (what federated averaging ne
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
 from .config import ModelConfig
+from .flat_params import head_slice
 from .frontend import LogMelFrontend
 
 # ("conv", channels at width 1.0) or ("pool", (freq, time) kernel). Channels grow as the
@@ -110,3 +113,25 @@ class LogMelProbabilityModel(nn.Module):
 
     def forward(self, log_mel: torch.Tensor) -> torch.Tensor:
         return torch.softmax(self.model.classify(log_mel), dim=-1)[:, 1]
+
+
+def model_summary(model: KwsCnn) -> dict[str, Any]:
+    """The model's size and input geometry, as `wakefl model info` prints them."""
+    cfg = model.cfg
+    hs = head_slice(model)
+    return {
+        "architecture": "kws_cnn",
+        "trainable_params": model.num_trainable_params(),
+        **model.layer_counts(),
+        "conv_pool_layers": sum(model.layer_counts().values()),
+        "head_params": hs.stop - hs.start,
+        "width": cfg.width,
+        "sample_rate": cfg.sample_rate,
+        "window_s": cfg.window_s,
+        "window_samples": cfg.window_samples,
+        "n_mels": cfg.n_mels,
+        "n_frames": cfg.n_frames,
+        "win_ms": cfg.win_ms,
+        "hop_ms": cfg.hop_ms,
+        "version": cfg.version,
+    }

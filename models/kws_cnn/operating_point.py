@@ -143,3 +143,19 @@ def for_model(
         f"the baseline's shipped threshold (shipped model {base!r}); "
         f"{what or 'this model'} was not tuned for it"
     )
+
+
+def for_export(
+    model: KwsCnn, pretrained: str | None, weights: Path | None
+) -> OperatingPoint | None:
+    """The threshold an exported file carries: the shipped model `pretrained`'s card, the
+    card or config beside `weights`, or, for weights equal to a shipped model's, that
+    model's; None for a model from neither (random weights)."""
+    if pretrained is not None:
+        return shipped_operating_point(pretrained)
+    if weights is not None:
+        point = beside_weights(weights)
+        if point is not None:
+            return point
+        return for_model(model)
+    return None

@@ -6,7 +6,7 @@ and quant_pre_process fail on this graph's shape inference; static QDQ does not 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,21 @@ def synthetic_calibration_windows(
         x = x / (np.max(np.abs(x)) + 1e-9) * level
         out[i] = x.astype(np.float32)
     return out
+
+
+def calibration_windows(waves: Sequence[np.ndarray], window: int, most: int = 256) -> np.ndarray:
+    """Up to `most` windows of `window` samples, half-overlapping, cut from recordings
+    (each padded in front with silence to one window when shorter): what calibrates int8
+    on the user's own audio."""
+    wins = []
+    for x in waves:
+        if x.size < window:
+            x = np.concatenate([np.zeros(window - x.size, np.float32), x])
+        step = max(window // 2, 1)
+        wins += [x[i : i + window] for i in range(0, x.size - window + 1, step)]
+    if not wins:
+        raise ConfigError("no calibration windows in the given files")
+    return np.stack(wins[:most])
 
 
 class _WindowReader:

@@ -355,30 +355,9 @@ def _build(args: argparse.Namespace):
     return KwsCnn(ModelConfig(width=1.0 if args.width is None else args.width)).eval()
 
 
-def model_summary(model) -> dict:
-    from wakefl.models.kws_cnn import head_slice
-
-    cfg = model.cfg
-    hs = head_slice(model)
-    return {
-        "architecture": "kws_cnn",
-        "trainable_params": model.num_trainable_params(),
-        **model.layer_counts(),
-        "conv_pool_layers": sum(model.layer_counts().values()),
-        "head_params": hs.stop - hs.start,
-        "width": cfg.width,
-        "sample_rate": cfg.sample_rate,
-        "window_s": cfg.window_s,
-        "window_samples": cfg.window_samples,
-        "n_mels": cfg.n_mels,
-        "n_frames": cfg.n_frames,
-        "win_ms": cfg.win_ms,
-        "hop_ms": cfg.hop_ms,
-        "version": cfg.version,
-    }
-
-
 def _info(args: argparse.Namespace) -> int:
+    from wakefl.models.kws_cnn.model import model_summary
+
     summary = model_summary(_build(args))
     if args.json:
         print(json.dumps(summary))
@@ -388,25 +367,10 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
-def _calibration_windows(paths: list[Path], window: int, sample_rate: int):
-    import numpy as np
-
-    from wakefl.edge_runtime import load_audio
-
-    wins = []
-    for p in paths:
-        x = load_audio(p, sample_rate)
-        if x.size < window:
-            x = np.concatenate([np.zeros(window - x.size, np.float32), x])
-        step = max(window // 2, 1)
-        wins += [x[i : i + window] for i in range(0, x.size - window + 1, step)]
-    if not wins:
-        raise ConfigError("no calibration windows in the given files")
-    return np.stack(wins[:256])
-
-
 def _export(args: argparse.Namespace) -> int:
-    from wakefl.models.kws_cnn import export_onnx
+    from wakefl.edge_runtime import load_audio
+    from wakefl.models.kws_cnn import export_onnx, operating_point
+    from wakefl.models.kws_cnn.quantize import calibration_windows
 
     if args.out.suffix != ".onnx":
         raise ConfigError(f"--out must end in .onnx, got {args.out}")
@@ -416,16 +380,15 @@ def _export(args: argparse.Namespace) -> int:
     model = _build(args)
     calib = None
     if args.calibration:
-        calib = _calibration_windows(
-            args.calibration, model.cfg.window_samples, model.cfg.sample_rate
-        )
+        waves = [load_audio(p, model.cfg.sample_rate) for p in args.calibration]
+        calib = calibration_windows(waves, model.cfg.window_samples)
     elif args.int8:
         print(
             "int8: calibrating on synthetic audio (noise, tones, harmonics); --calibration "
             "WAV... calibrates on your own recordings",
             file=sys.stderr,
         )
-    point = _export_operating_point(args, model)
+    point = operating_point.for_export(model, args.pretrained, args.weights)
     out = export_onnx(
         model,
         args.out,
@@ -478,127 +441,15 @@ def _check_export_source(args: argparse.Namespace) -> None:
         )
 
 
-def _export_operating_point(args: argparse.Namespace, model: Any) -> Any:
-    """The threshold the exported file carries: the shipped model's card, the card or
-    config beside --weights, or, for weights equal to a shipped model's, that model's."""
-    from wakefl.models.kws_cnn import operating_point
-
-    if args.pretrained is not None:
-        return operating_point.shipped_operating_point(args.pretrained)
-    if args.weights is not None:
-        point = operating_point.beside_weights(args.weights)
-        if point is not None:
-            return point
-        return operating_point.for_model(model)
-    return None
-
-
-def _distillation(args: argparse.Namespace) -> tuple[str, float, float]:
-    """The teacher's file, weight and temperature from the flags, checked. A weight or
-    temperature without a teacher is refused: a run that silently trained without the
-    distillation its command asked for would cost hours."""
-    from wakefl.tools.training.settings import PretrainSettings, distillation_in_range
-
-    if args.distill_from is None:
-        for flag, value in (
-            ("weight", args.distill_weight),
-            ("temperature", args.distill_temperature),
-        ):
-            if value is not None:
-                raise ConfigError(f"--distill-{flag} only applies with --distill-from")
-        off = PretrainSettings  # its defaults: no teacher
-        return off.distill_from, off.distill_weight, off.distill_temperature
-    if not args.distill_from.is_file():
-        raise ConfigError(f"--distill-from {args.distill_from}: no such weights file")
-    # The settings' own weight is 0 (off); a named teacher gets half of the loss.
-    weight = 0.5 if args.distill_weight is None else args.distill_weight
-    temperature = args.distill_temperature
-    if temperature is None:
-        temperature = PretrainSettings.distill_temperature
-    if not distillation_in_range(weight, temperature):
-        raise ConfigError(
-            "--distill-weight must be in (0, 1] and --distill-temperature in (0, 100], got "
-            f"{weight} and {temperature}"
-        )
-    return str(args.distill_from), weight, temperature
-
-
-def _pretrain_settings(args: argparse.Namespace) -> Any:
-    """The run's PretrainSettings from `wakefl model pretrain`'s flags, checked."""
-    from wakefl.tools.training.settings import PretrainSettings
-    from wakefl.tools.training.time_warp import MAX_WARP
-
-    if args.samples < args.batch_size:
-        raise ConfigError("--samples must be at least one batch")
-    if not 0.0 <= args.mel_warp < 0.5:
-        raise ConfigError(f"--mel-warp must be in [0, 0.5), got {args.mel_warp}")
-    if not 0.0 <= args.time_warp < MAX_WARP:
-        raise ConfigError(f"--time-warp must be in [0, {MAX_WARP}), got {args.time_warp}")
-    if not 0.0 <= args.hard_negatives <= 1.0 or args.mine_every < 1:
-        raise ConfigError("--hard-negatives must be in [0, 1] and --mine-every at least 1")
-    for extra in args.extra_corpus:
-        if not extra.is_file():
-            raise ConfigError(f"--extra-corpus {extra}: no such manifest")
-    if args.val_corpus is not None and not args.val_corpus.is_file():
-        raise ConfigError(f"--val-corpus {args.val_corpus}: no such manifest")
-    if not 0.0 <= args.field_augment <= 1.0:
-        raise ConfigError(f"--field-augment must be in [0, 1], got {args.field_augment}")
-    teacher, distill_weight, distill_temperature = _distillation(args)
-    if not 0 <= args.workers <= 64:
-        raise ConfigError(f"--workers must be in [0, 64], got {args.workers}")
-    if args.device == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ConfigError("--device cuda: no CUDA device is available here")
-    return PretrainSettings(
-        width=args.width,
-        phrase=" ".join(args.phrase.lower().split()),
-        seed=args.seed,
-        batch_size=args.batch_size,
-        samples=args.samples,
-        lr=args.lr,
-        threads=args.threads,
-        device=args.device,
-        workers=args.workers,
-        eval_every_steps=args.eval_every,
-        val_stream_seconds=args.val_stream_seconds,
-        checkpoint_minutes=args.checkpoint_minutes,
-        mel_warp=args.mel_warp,
-        time_warp=args.time_warp,
-        hard_negative_share=args.hard_negatives,
-        balance_by=(args.balance_by or "").replace("-", "_"),
-        distill_from=teacher,
-        distill_weight=distill_weight,
-        distill_temperature=distill_temperature,
-        mine_every_steps=args.mine_every,
-        field_augment=args.field_augment,
-        val_corpus=str(args.val_corpus.resolve()) if args.val_corpus is not None else "",
-    )
-
-
 def _pretrain(args: argparse.Namespace) -> int:
-    from wakefl.cache_location import cache_root
+    from wakefl.tools.training.data import default_corpus
     from wakefl.tools.training.pretrain import pretrain
+    from wakefl.tools.training.settings import settings_from_flags
 
-    settings = _pretrain_settings(args)
+    settings = settings_from_flags(args)
     manifest = args.corpus
     if manifest is None:
-        # Imported only here: training on a given corpus needs no speech synthesis stack
-        # (a training host may lack libsndfile and the engines).
-        from wakefl.tools.corpus.build import build_corpus
-
-        phrase = "-".join(args.phrase.lower().split())
-        folder = cache_root() / "corpus" / f"pretrain-{phrase}-seed{args.seed}"
-        manifest = folder / "manifest.csv"
-        if not manifest.exists() or not (folder / "corpus.json").exists():
-            build_corpus(
-                folder,
-                seed=args.seed,
-                profile="pretrain",
-                phrase=args.phrase,
-                progress=not args.quiet,
-            )
+        manifest = default_corpus(args.phrase, args.seed, progress=not args.quiet)
     info = pretrain(
         manifest,
         args.out,

@@ -1,6 +1,7 @@
-"""Pretraining's data: the corpus decoded once into arrays (training clips and streams,
-validation clips and streams, the add-on corpora), and the batches drawn from them, each a
-function of (seed, step) alone, optionally prepared by worker processes."""
+"""Pretraining's data: the default corpus (built once and cached), the corpus decoded once
+into arrays (training clips and streams, validation clips and streams, the add-on corpora),
+and the batches drawn from them, each a function of (seed, step) alone, optionally prepared
+by worker processes."""
 
 from __future__ import annotations
 
@@ -14,6 +15,22 @@ import numpy as np
 from wakefl.errors import ConfigError
 from wakefl.progress_bars import bar_disabled
 from wakefl.tools.training.settings import PretrainSettings
+
+
+def default_corpus(phrase: str, seed: int, progress: bool) -> Path:
+    """The manifest of the cached 'pretrain' corpus of `phrase` and `seed`, built first
+    when the cache lacks it (a new seed builds a new corpus)."""
+    from wakefl.cache_location import cache_root
+
+    # Imported only here: training on a given corpus needs no speech synthesis stack
+    # (a training host may lack libsndfile and the engines).
+    from wakefl.tools.corpus.build import build_corpus
+
+    folder = cache_root() / "corpus" / f"pretrain-{'-'.join(phrase.lower().split())}-seed{seed}"
+    manifest = folder / "manifest.csv"
+    if not manifest.exists() or not (folder / "corpus.json").exists():
+        build_corpus(folder, seed=seed, profile="pretrain", phrase=phrase, progress=progress)
+    return manifest
 
 
 @dataclass

@@ -1,11 +1,15 @@
 """Pretraining's settings and schedule: `PretrainSettings` (every knob of a run, each
-explained where it is declared), the learning-rate schedule and the names of the files a
-run folder holds."""
+explained where it is declared), the settings `wakefl model pretrain`'s flags ask for
+(checked), the learning-rate schedule and the names of the files a run folder holds."""
 
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import dataclass
+
+from wakefl.errors import ConfigError
+from wakefl.tools.training.time_warp import MAX_WARP
 
 STATE_WEIGHTS = "state.safetensors"
 STATE_INFO = "state.json"
@@ -95,3 +99,82 @@ def distillation_in_range(weight: float, temperature: float) -> bool:
     """Whether a teacher's share of the loss is in (0, 1] and its temperature in (0, 100]
     (False for NaN)."""
     return 0.0 < weight <= 1.0 and 0.0 < temperature <= 100.0
+
+
+def distillation_from_flags(args: argparse.Namespace) -> tuple[str, float, float]:
+    """The teacher's file, weight and temperature from the flags, checked. A weight or
+    temperature without a teacher is refused: a run that silently trained without the
+    distillation its command asked for would cost hours."""
+    if args.distill_from is None:
+        for flag, value in (
+            ("weight", args.distill_weight),
+            ("temperature", args.distill_temperature),
+        ):
+            if value is not None:
+                raise ConfigError(f"--distill-{flag} only applies with --distill-from")
+        off = PretrainSettings  # its defaults: no teacher
+        return off.distill_from, off.distill_weight, off.distill_temperature
+    if not args.distill_from.is_file():
+        raise ConfigError(f"--distill-from {args.distill_from}: no such weights file")
+    # The settings' own weight is 0 (off); a named teacher gets half of the loss.
+    weight = 0.5 if args.distill_weight is None else args.distill_weight
+    temperature = args.distill_temperature
+    if temperature is None:
+        temperature = PretrainSettings.distill_temperature
+    if not distillation_in_range(weight, temperature):
+        raise ConfigError(
+            "--distill-weight must be in (0, 1] and --distill-temperature in (0, 100], got "
+            f"{weight} and {temperature}"
+        )
+    return str(args.distill_from), weight, temperature
+
+
+def settings_from_flags(args: argparse.Namespace) -> PretrainSettings:
+    """The run's PretrainSettings from `wakefl model pretrain`'s flags, checked."""
+    if args.samples < args.batch_size:
+        raise ConfigError("--samples must be at least one batch")
+    if not 0.0 <= args.mel_warp < 0.5:
+        raise ConfigError(f"--mel-warp must be in [0, 0.5), got {args.mel_warp}")
+    if not 0.0 <= args.time_warp < MAX_WARP:
+        raise ConfigError(f"--time-warp must be in [0, {MAX_WARP}), got {args.time_warp}")
+    if not 0.0 <= args.hard_negatives <= 1.0 or args.mine_every < 1:
+        raise ConfigError("--hard-negatives must be in [0, 1] and --mine-every at least 1")
+    for extra in args.extra_corpus:
+        if not extra.is_file():
+            raise ConfigError(f"--extra-corpus {extra}: no such manifest")
+    if args.val_corpus is not None and not args.val_corpus.is_file():
+        raise ConfigError(f"--val-corpus {args.val_corpus}: no such manifest")
+    if not 0.0 <= args.field_augment <= 1.0:
+        raise ConfigError(f"--field-augment must be in [0, 1], got {args.field_augment}")
+    teacher, distill_weight, distill_temperature = distillation_from_flags(args)
+    if not 0 <= args.workers <= 64:
+        raise ConfigError(f"--workers must be in [0, 64], got {args.workers}")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ConfigError("--device cuda: no CUDA device is available here")
+    return PretrainSettings(
+        width=args.width,
+        phrase=" ".join(args.phrase.lower().split()),
+        seed=args.seed,
+        batch_size=args.batch_size,
+        samples=args.samples,
+        lr=args.lr,
+        threads=args.threads,
+        device=args.device,
+        workers=args.workers,
+        eval_every_steps=args.eval_every,
+        val_stream_seconds=args.val_stream_seconds,
+        checkpoint_minutes=args.checkpoint_minutes,
+        mel_warp=args.mel_warp,
+        time_warp=args.time_warp,
+        hard_negative_share=args.hard_negatives,
+        balance_by=(args.balance_by or "").replace("-", "_"),
+        distill_from=teacher,
+        distill_weight=distill_weight,
+        distill_temperature=distill_temperature,
+        mine_every_steps=args.mine_every,
+        field_augment=args.field_augment,
+        val_corpus=str(args.val_corpus.resolve()) if args.val_corpus is not None else "",
+    )
