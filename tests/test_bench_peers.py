@@ -199,3 +199,18 @@ def test_the_bench_scores_all_three_detectors_and_writes_relative_json(
         assert rows["all"]["detected_at_shipped"] == a["detected_at_shipped"], name
     assert figures["openWakeWord hey_jarvis"]["A"]["detected_at_shipped"] == 1.0
     assert "held-out speakers (jarvis" in capsys.readouterr().out
+
+
+def test_the_compact_corpus_resolves_half_a_false_accept_an_hour_per_condition():
+    from wakefl.tools.corpus_plan import PROFILES, make_speakers, make_unseen_speakers
+    from wakefl.tools.device_acoustics import DEVICE_PROFILES
+
+    p = PROFILES["pretrain-compact"]
+    types = len(DEVICE_PROFILES)
+    for streams in (p.streams_per_device, p.unseen_streams_per_device):
+        assert types * streams * p.stream_seconds / 3600 * bp.FA_TARGET >= 1.0
+    speakers = make_speakers(0, p, "hey jarvis")
+    assert sum(s.split == "test" for s in speakers) >= 30
+    unseen = make_unseen_speakers(0, p, "hey jarvis")
+    assert len(unseen) == 48
+    assert not {s.voice.voice for s in unseen} & {s.voice.voice for s in speakers}
