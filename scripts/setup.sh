@@ -51,14 +51,15 @@ if [ ! -x .venv/bin/python ]; then
     "$py" -m venv .venv
 fi
 stamp=.venv/.wakefl-installed
-want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+extras="full,dev,peers"  # peers: the side-by-side benchmark's detectors, so its tests run
+want="$( (cat pyproject.toml; echo "$extras") | sha256sum | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     echo "[setup] installing wakefl and its pinned dependencies into .venv (first time: several minutes)"
     # Machine-wide pip settings may name local index folders that do not exist; their
     # warnings are noise here.
     quiet_pip() { .venv/bin/python -m pip "$@" 2> >(grep -v "is ignored: it is neither" >&2); }
     quiet_pip install -q --upgrade "pip==26.3" "setuptools==80.9.0" wheel
-    quiet_pip install -q -e ".[full,dev]"
+    quiet_pip install -q -e ".[$extras]"
     echo "$want" >"$stamp"
 fi
 echo "[setup] ready: $(.venv/bin/python -c 'import torch, torchaudio; print("torch", torch.__version__, "torchaudio", torchaudio.__version__)')"
