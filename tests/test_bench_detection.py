@@ -272,3 +272,42 @@ def test_phrases_in_running_speech_are_reported_beside_isolated_ones(tmp_path) -
     )
     with pytest.raises(ConfigError, match="--carrier: .* has no val wake-phrase clips"):
         score_addon_clips(EnergyScorer(), tmp_path / "manifest.csv", "val", 0.5, "--carrier")
+
+
+def test_held_out_conditions_pool_the_types_by_their_positives_and_stream_hours() -> None:
+    from wakefl.tools.bench_detection import (
+        condition_lines,
+        held_out_conditions,
+        pooled_operating_point,
+        summarize,
+    )
+
+    def scores(pos: list[float], peaks: list[float], hours: float) -> SplitScores:
+        stream = np.zeros(int(hours * 36000))
+        stream[np.arange(len(peaks)) * 1000 + 500] = peaks
+        return SplitScores(np.array(pos), np.zeros(2), [stream], hours, smoothing=1)
+
+    # A: 4 positives, one below the shipped 0.9, one false accept above it in 2 h.
+    # B: 2 positives, both below, no false accept in 1 h.
+    per = {
+        "A": scores([0.95, 0.97, 0.99, 0.5], [0.92, 0.3], 2.0),
+        "B": scores([0.6, 0.7], [0.2], 1.0),
+    }
+    rows: dict = {d: summarize(sc, shipped=0.9) for d, sc in per.items()}
+    rows["_pooled"] = pooled_operating_point(per, 0.5)
+    out = held_out_conditions({"held-out acoustics": rows})["held-out acoustics"]
+    every = out["all types"]
+    assert every["positives"] == 6 and every["stream_hours"] == 3.0
+    assert every["fa_h_resolution"] == pytest.approx(1 / 3)
+    assert every["frr_at_shipped_threshold"] == pytest.approx((1 + 2) / 6)
+    assert every["fa_h_at_shipped_threshold"] == pytest.approx(1 / 3)
+    # Over 3 h, 0.5 FA/h allows one false accept: the pooled threshold lies below 0.92.
+    assert every["threshold_at_0.5_fa_h"] < 0.92 and every["resolved_at_0.5_fa_h"]
+    assert out["by_type"]["A"]["fa_h_at_shipped_threshold"] == pytest.approx(0.5)
+    assert out["by_type"]["A"]["fa_h_resolution"] == pytest.approx(0.5)
+    assert out["by_type"]["B"]["frr_at_shipped_threshold"] == 1.0
+    assert not out["by_type"]["B"]["resolved_at_0.5_fa_h"]  # 1 h allows none at 0.5 FA/h
+    lines = condition_lines({"held-out acoustics": out})
+    assert "held-out acoustics | B | 1.000 | " in "\n".join(lines)
+    assert any(line.startswith("held-out acoustics | all | 0.500 |") for line in lines)
+    assert held_out_conditions({"x": {"_seconds": 1.0}}) == {}

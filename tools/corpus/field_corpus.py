@@ -71,8 +71,11 @@ class _Field:
         self.ctx = ctx
         self.kind_offset = kind_offset
         self.rooms: dict[tuple[str, int], ImageSourceRoom] = {}
+        # Only what was synthesized: a split with no clips or streams says nothing.
         self.chatter = {
-            split: [ctx.speech[(s.voice, t)] for s in pool for t in s.others]
+            split: [
+                ctx.speech[k] for s in pool for t in s.others if (k := (s.voice, t)) in ctx.speech
+            ]
             for split, pool in ctx.speakers.items()
         }
 
