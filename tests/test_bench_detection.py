@@ -275,7 +275,7 @@ def test_phrases_in_running_speech_are_reported_beside_isolated_ones(tmp_path) -
 
 
 def test_held_out_conditions_pool_the_types_by_their_positives_and_stream_hours() -> None:
-    from wakefl.tools.bench_detection import (
+    from wakefl.tools.bench.detection import (
         condition_lines,
         held_out_conditions,
         pooled_operating_point,
