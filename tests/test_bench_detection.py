@@ -11,7 +11,8 @@ import pytest
 from wakefl.edge_runtime import StreamingDetector
 from wakefl.edge_runtime.detection_rule import stream_windows
 from wakefl.errors import ConfigError
-from wakefl.tools.bench.detection import SplitScores, _events, parse_detector
+from wakefl.tools.bench.detection import parse_detector
+from wakefl.tools.bench.detection_scoring import SplitScores, stream_events
 
 SR, WINDOW = 16000, 24000
 
@@ -49,7 +50,7 @@ def test_a_coarser_detector_from_fine_scores_matches_the_streaming_detector(hop_
     assert np.allclose(coarse.streams[0], [s for _, _, s in posteriors])
     for thr in (0.3, 0.5, 0.8):
         det = StreamingDetector(scorer, hop_s=hop_s, smoothing=smoothing, threshold=thr)
-        assert _events(coarse, thr) == len(det.feed(wave)[1])
+        assert stream_events(coarse, thr) == len(det.feed(wave)[1])
 
 
 def test_detector_settings_are_checked():
@@ -85,7 +86,8 @@ def test_the_delay_is_measured_from_the_end_of_speech_to_the_detection():
 
 
 def test_frr_by_voice_family_uses_the_split_threshold(tmp_path) -> None:
-    from wakefl.tools.bench.detection import format_table, summarize, voice_families
+    from wakefl.tools.bench.detection_report import format_table
+    from wakefl.tools.bench.detection_scoring import summarize, voice_families
 
     (tmp_path / "speakers.csv").write_text(
         "speaker,split,engine,voice,variant,rate,pitch\n"
@@ -128,7 +130,8 @@ def test_frr_by_voice_family_uses_the_split_threshold(tmp_path) -> None:
 def test_the_validation_split_is_scored_apart_from_the_test_split(tmp_path) -> None:
     import soundfile as sf
 
-    from wakefl.tools.bench.detection import _splits, score_split
+    from wakefl.tools.bench.detection_conditions import corpus_splits
+    from wakefl.tools.bench.detection_scoring import score_split
 
     rng = np.random.default_rng(1)
     rows = ["path,label,device_type,state,speaker,split,duration_s,kind"]
@@ -153,16 +156,17 @@ def test_the_validation_split_is_scored_apart_from_the_test_split(tmp_path) -> N
     # Choosing on validation leaves both reported splits (held-out, unseen) unread.
     (tmp_path / "unseen").mkdir()
     (tmp_path / "unseen" / "manifest.csv").write_text(rows[0] + "\n")
-    assert _splits(tmp_path, "val") == {"validation": tmp_path / "manifest.csv"}
-    assert list(_splits(tmp_path, "test")) == ["held-out speakers", "unseen voices"]
+    assert corpus_splits(tmp_path, "val") == {"validation": tmp_path / "manifest.csv"}
+    assert list(corpus_splits(tmp_path, "test")) == ["held-out speakers", "unseen voices"]
     with pytest.raises(ConfigError, match="no manifest.csv"):
-        _splits(tmp_path / "unseen" / "none", "val")
+        corpus_splits(tmp_path / "unseen" / "none", "val")
     with pytest.raises(ConfigError, match="no train clips"):
         score_split(scorer, tmp_path / "manifest.csv", "A", None, split="train")
 
 
 def test_the_highest_stream_moments_are_distinct_events_with_what_was_said(tmp_path) -> None:
-    from wakefl.tools.bench.detection import format_table, summarize, top_stream_events
+    from wakefl.tools.bench.detection_report import format_table
+    from wakefl.tools.bench.detection_scoring import summarize, top_stream_events
 
     wav = tmp_path / "A_stream_000.wav"
     wav.write_bytes(b"")  # only its name and the transcript beside it are read
@@ -201,7 +205,8 @@ def test_the_highest_stream_moments_are_distinct_events_with_what_was_said(tmp_p
 def test_retimed_phrases_report_each_types_misses_at_the_shipped_threshold(tmp_path) -> None:
     import soundfile as sf
 
-    from wakefl.tools.bench.detection import format_table, score_retimed
+    from wakefl.tools.bench.detection_conditions import score_retimed
+    from wakefl.tools.bench.detection_report import format_table
 
     rng = np.random.default_rng(2)
     rows = ["path,label,device_type,state,speaker,split,duration_s,kind"]
@@ -241,7 +246,8 @@ def test_retimed_phrases_report_each_types_misses_at_the_shipped_threshold(tmp_p
 def test_phrases_in_running_speech_are_reported_beside_isolated_ones(tmp_path) -> None:
     import soundfile as sf
 
-    from wakefl.tools.bench.detection import carrier_lines, format_table, score_addon_clips
+    from wakefl.tools.bench.detection_conditions import score_addon_clips
+    from wakefl.tools.bench.detection_report import carrier_lines, format_table
 
     rng = np.random.default_rng(3)
     rows = ["path,label,device_type,state,speaker,split,duration_s,kind"]
@@ -275,12 +281,9 @@ def test_phrases_in_running_speech_are_reported_beside_isolated_ones(tmp_path) -
 
 
 def test_held_out_conditions_pool_the_types_by_their_positives_and_stream_hours() -> None:
-    from wakefl.tools.bench.detection import (
-        condition_lines,
-        held_out_conditions,
-        pooled_operating_point,
-        summarize,
-    )
+    from wakefl.tools.bench.detection_conditions import held_out_conditions
+    from wakefl.tools.bench.detection_report import condition_lines
+    from wakefl.tools.bench.detection_scoring import pooled_operating_point, summarize
 
     def scores(pos: list[float], peaks: list[float], hours: float) -> SplitScores:
         stream = np.zeros(int(hours * 36000))

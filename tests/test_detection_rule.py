@@ -84,7 +84,7 @@ def _clicks(seconds: float = 30.0) -> np.ndarray:
 
 @pytest.mark.parametrize("hop_s", [0.1, 0.2, 0.3])
 def test_every_user_counts_the_streaming_detectors_events(hop_s):
-    from wakefl.tools.bench.detection import SplitScores, lowest_threshold
+    from wakefl.tools.bench.detection_scoring import SplitScores, lowest_threshold
     from wakefl.tools.evaluation.model_scoring import detection_times, stream_posteriors
     from wakefl.tools.training.validation import threshold_for_fa
 

@@ -15,12 +15,12 @@ import pytest
 import soundfile as sf
 
 from wakefl.errors import ConfigError
-from wakefl.tools.bench.detection import (
+from wakefl.tools.bench.detection import run
+from wakefl.tools.bench.detection_conditions import extra_stream_manifests
+from wakefl.tools.bench.detection_scoring import (
     SplitScores,
-    extra_stream_manifests,
     frr_at_fa,
     pooled_operating_point,
-    run,
     score_split,
     top_stream_events,
 )

@@ -87,7 +87,8 @@ def test_the_add_on_holds_the_held_out_speakers_through_the_field_devices(built)
 
 @pytest.mark.slow
 def test_the_benchmark_reports_the_three_held_out_conditions_apart(built, tmp_path) -> None:
-    from wakefl.tools.bench.detection import format_table, run
+    from wakefl.tools.bench.detection import run
+    from wakefl.tools.bench.detection_report import format_table
 
     main, field = built
     args = argparse.Namespace(
@@ -140,7 +141,7 @@ def test_the_benchmark_reports_the_three_held_out_conditions_apart(built, tmp_pa
 
 
 def test_an_add_on_of_other_speakers_or_acoustics_is_refused(tmp_path) -> None:
-    from wakefl.tools.bench.detection import acoustics_manifests
+    from wakefl.tools.bench.detection_conditions import acoustics_manifests
 
     def corpus(name: str, seed: int, acoustics: str | None) -> Path:
         folder = tmp_path / name
