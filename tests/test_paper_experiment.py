@@ -25,7 +25,8 @@ from wakefl.tools.studies.paper_experiment import (
     selection_score,
     split_speakers,
 )
-from wakefl.tools.studies.paper_report import ci_side, format_cell, render_markdown
+from wakefl.tools.studies.paper_report import render_markdown
+from wakefl.tools.studies.paper_tables import ci_side, format_cell
 
 ROW_KEYS = {
     "setting",
