@@ -82,7 +82,7 @@ def best_per_column(
     return best
 
 
-# The row field of the relative FR at matched FA per clip (paper_experiment.matched_fa_record).
+# The row field of the relative FR at matched FA per clip (paper_figures.matched_fa_record).
 MATCHED_FA = "relative_fr_at_matched_clip_fa"
 
 
