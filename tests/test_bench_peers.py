@@ -1,5 +1,6 @@
-"""tools/bench/peers.py: how clips are laid out and scored, and wakefl, openWakeWord and
-microWakeWord through their own streaming paths on a few seconds of espeak-ng speech."""
+"""tools/bench/peers.py and peer_detectors.py: how clips are laid out and scored, and
+wakefl, openWakeWord and microWakeWord through their own streaming paths on a few seconds
+of espeak-ng speech."""
 
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ import numpy as np
 import pytest
 
 from wakefl.errors import ConfigError
+from wakefl.tools.bench import peer_detectors as pdet
 from wakefl.tools.bench import peers as bp
 
-SR = bp.SAMPLE_RATE
+SR = pdet.SAMPLE_RATE
 needs_peers = pytest.mark.skipif(
-    not bp.peers_available(),
+    not pdet.peers_available(),
     reason="the optional extra `peers` (pyopen-wakeword, pymicro-wakeword) is not installed",
 )
 needs_espeak = pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng missing")
@@ -49,7 +51,7 @@ def test_clips_lie_apart_each_with_its_own_background_and_span():
 
 
 def test_a_clip_scores_the_highest_score_within_its_span():
-    track = bp.ScoreTrack(
+    track = pdet.ScoreTrack(
         np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]), np.array([0.9, 0.2, 0.7, 0.1, 0.4, 0.95]), 1.0
     )
     # (1, 3]: 2.0 and 3.0; (3.5, 5]: 4.0 and 5.0; nothing in (6, 7].
@@ -152,14 +154,14 @@ def jarvis_corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_peers_stream_real_speech_from_a_fresh_state(jarvis_corpus):
     audio = bp.load_condition(jarvis_corpus, None, None)["A"]
     wave, spans = bp.clip_stream(audio.pos)
-    for det in (bp.OpenWakeWordDetector(), bp.MicroWakeWordDetector()):
+    for det in (pdet.OpenWakeWordDetector(), pdet.MicroWakeWordDetector()):
         first, again = det.track(wave), det.track(wave)
         assert np.array_equal(first.scores, again.scores)  # no state left from the first
         assert np.all(np.diff(first.times_s) >= 0) and first.times_s[-1] <= wave.size / SR
         assert np.all((first.scores >= 0) & (first.scores <= 1))
         gaps = np.diff(np.unique(first.times_s))
         assert np.allclose(gaps, det.hop_s)
-    oww = bp.OpenWakeWordDetector()
+    oww = pdet.OpenWakeWordDetector()
     pos = bp.clip_scores(oww.track(wave), spans)
     other = oww.track(bp.to_int16(audio.streams[0])).scores
     # openWakeWord's own model hears espeak-ng's "hey jarvis" and not its other speech.

@@ -377,7 +377,7 @@ def test_batched_stream_scoring_is_the_streaming_detector_bit_for_bit(models, ti
 def test_eval_and_study_give_identical_rows_on_the_same_scores(models, tiny_corpus):
     from wakefl.tools.evaluation.evaluate import bootstrap_units, run_evaluation
     from wakefl.tools.evaluation.model_scoring import score_clips
-    from wakefl.tools.studies.paper_experiment import EvalSet, relative_records
+    from wakefl.tools.studies.paper_figures import EvalSet, relative_records
 
     settings = EvalSettings(n_boot=60, seed=3, hop_s=0.5, progress=False)
     result = run_evaluation(models["base"], [models["other"]], tiny_corpus, settings)

@@ -14,18 +14,18 @@ import pytest
 from wakefl.errors import ConfigError
 from wakefl.sdk.wake_metrics import relative_fa_fr
 from wakefl.tools.evaluation.evaluate import bootstrap_units
-from wakefl.tools.studies.paper_experiment import (
+from wakefl.tools.studies.paper_experiment import run_paper_study
+from wakefl.tools.studies.paper_figures import EvalSet, paired_fa_ratio
+from wakefl.tools.studies.paper_report import render_markdown
+from wakefl.tools.studies.paper_rules import (
     METHODS,
     NO_GLOBAL,
     SELFFL_ABLATIONS,
-    EvalSet,
-    paired_fa_ratio,
     resolve_profile,
-    run_paper_study,
     selection_score,
     split_speakers,
 )
-from wakefl.tools.studies.paper_report import ci_side, format_cell, render_markdown
+from wakefl.tools.studies.paper_tables import ci_side, format_cell
 
 ROW_KEYS = {
     "setting",
@@ -343,7 +343,7 @@ def test_cli_rejects_unknown_method(tiny_corpus: Path, tmp_path: Path, capsys):
 
 def test_selffl_ablations_are_valid_self_fl_hyperparameters():
     from wakefl.sdk.selffl import make_strategy
-    from wakefl.tools.studies.paper_experiment import method_hyperparams
+    from wakefl.tools.studies.paper_rules import method_hyperparams
 
     prof = resolve_profile("tiny")
     for overrides in SELFFL_ABLATIONS.values():

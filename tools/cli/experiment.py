@@ -105,12 +105,8 @@ def command_line(args: argparse.Namespace) -> str:
 
 
 def _paper(args: argparse.Namespace) -> int:
-    from wakefl.tools.studies.paper_experiment import (
-        ACTIVITY_RATES,
-        METHODS,
-        SELFFL_ABLATIONS,
-        run_paper_study,
-    )
+    from wakefl.tools.studies.paper_experiment import run_paper_study
+    from wakefl.tools.studies.paper_rules import ACTIVITY_RATES, METHODS, SELFFL_ABLATIONS
 
     methods = (
         METHODS
