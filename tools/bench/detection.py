@@ -73,9 +73,6 @@ from wakefl.tools.bench.detection_scoring import (
 )
 
 # The peers benchmark reads these from here.
-from wakefl.tools.bench.detection_scoring import frr_at_fa as frr_at_fa
-from wakefl.tools.bench.detection_scoring import lowest_threshold as lowest_threshold
-from wakefl.tools.bench.detection_scoring import voice_families as voice_families
 
 
 def parse_detector(text: str) -> tuple[float, int]:

@@ -48,7 +48,7 @@ import numpy as np
 
 from wakefl.edge_runtime.detection_rule import count_events, refractory_hops
 from wakefl.errors import ConfigError, WakeflError
-from wakefl.tools.bench.detection import SplitScores, frr_at_fa, lowest_threshold
+from wakefl.tools.bench.detection_scoring import SplitScores, frr_at_fa, lowest_threshold
 from wakefl.tools.bench.peer_detectors import (
     SAMPLE_RATE,
     Detector,
@@ -125,7 +125,7 @@ def load_condition(
     clips are not needed)."""
     from wakefl.edge_runtime import load_audio
     from wakefl.sdk.manifest import read_manifest
-    from wakefl.tools.bench.detection import voice_families
+    from wakefl.tools.bench.detection_scoring import voice_families
 
     manifest = folder / "manifest.csv"
     if not manifest.is_file():
