@@ -72,7 +72,10 @@ def plot_det(
                     _floor(np.array([pfr]), n_positive),
                     "o" if i == 0 else "s",
                     color=line.get_color(),
-                    markersize=8 if i == 0 else 5,
+                    # Hollow candidates' points, so that one on the baseline's shows both.
+                    markerfacecolor=line.get_color() if i == 0 else "none",
+                    markeredgewidth=1.5,
+                    markersize=8 if i == 0 else 9 + 2 * i,
                     zorder=3,
                     label=_point_label(name, (pfa, pfr)),
                 )
