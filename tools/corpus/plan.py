@@ -357,14 +357,14 @@ FIELD_ACOUSTICS_PROFILES = ("pretrain-acoustics", "pretrain-acoustics-micro")
 
 # A fleet of users the shipped model serves badly (`wakefl demo`'s default): each device type
 # A-E has its own users, all speaking with voices the pretraining corpus never uses
-# (FLEET_VOICES), with their own rooms, background and near-miss speech. 4 users per device
+# (FLEET_VOICES), with their own rooms, background and near-miss speech. 6 users per device
 # type train, validate and are tested (other takes); 2 more are kept out of its training
 # data (the new-users test corpus). 96 validation clips per device type, so that the
 # served-model gate sees enough negatives to set a false-accept level; 6 minutes of test
 # stream per device type: one false accept is 10 FA/h.
 PROFILES["fleet"] = CorpusProfile(
     "fleet", 0, 40, 96, 120, 3, 120.0, 4, 3, 16, "fleet",
-    users_per_device=4, new_users_per_device=2, new_user_test_clips=60,
+    users_per_device=6, new_users_per_device=2, new_user_test_clips=60,
 )  # fmt: skip
 # The same recipe at a size a test builds in seconds.
 PROFILES["fleet-micro"] = CorpusProfile(

@@ -6,6 +6,7 @@ and pale underneath, candidates dashed on top); curves that coincide are said to
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -33,6 +34,25 @@ def coinciding(curves: dict[str, tuple[np.ndarray, np.ndarray]]) -> list[str]:
 def _point_label(name: str, point: tuple[float, float]) -> str:
     fa, fr = point
     return f"{name} at its threshold: FRR {fr:.2f}, FA {fa:.3f}"
+
+
+def _mark_point(
+    ax: Any, name: str, point: tuple[float, float], color: Any, i: int, counts: tuple[int, int]
+) -> None:
+    """A model's operating point, named in the legend: the baseline's (i = 0) filled, the
+    candidates' hollow and larger, so that one on the baseline's shows both."""
+    pfa, pfr = point
+    ax.plot(
+        _floor(np.array([pfa]), counts[0]),
+        _floor(np.array([pfr]), counts[1]),
+        "o" if i == 0 else "s",
+        color=color,
+        markerfacecolor=color if i == 0 else "none",
+        markeredgewidth=1.5,
+        markersize=8 if i == 0 else 9 + 2 * i,
+        zorder=3,
+        label=_point_label(name, point),
+    )
 
 
 def plot_det(
@@ -66,15 +86,8 @@ def plot_det(
                 _floor(fa, n_negative), _floor(fr, n_positive), where="post", label=label, **style
             )
             if operating_points and name in operating_points:
-                pfa, pfr = operating_points[name]
-                ax.plot(
-                    _floor(np.array([pfa]), n_negative),
-                    _floor(np.array([pfr]), n_positive),
-                    "o" if i == 0 else "s",
-                    color=line.get_color(),
-                    markersize=8 if i == 0 else 5,
-                    zorder=3,
-                    label=_point_label(name, (pfa, pfr)),
+                _mark_point(
+                    ax, name, operating_points[name], line.get_color(), i, (n_negative, n_positive)
                 )
         ax.set_xscale("log")
         ax.set_yscale("log")

@@ -121,9 +121,7 @@ def resolution_lines(summary: list[dict[str, Any]]) -> list[str]:
             else "no stream: FA is matched on the clips"
         )
         n = s["n_positive"]
-        frr = (
-            f"{n} wake-word clips of {s['n_speakers']} speakers: FRR moves in steps of {1 / n:.1%}"
-        )
+        frr = f"{n} wake-word test clips: FRR moves in steps of {1 / n:.1%}"
         texts.append((s["device_type"], f"{frr}; {fa}."))
     distinct = {t for _, t in texts}
     if len(distinct) == 1:
@@ -159,8 +157,8 @@ def new_users_table(rows: list[dict[str, Any]], device_types: list[str]) -> list
     """Markdown lines: the served models on users kept out of their device type's training
     data, at matched FA per clip (these users have no streams)."""
     lines = [
-        "| device | baseline FRR | served FRR | relative FR [95% CI] | wake words | speakers |",
-        "|---|---|---|---|---|---|",
+        "| device | baseline FRR | served FRR | relative FR [95% CI] | wake words |",
+        "|---|---|---|---|---|",
     ]
     for t in device_types:
         r = _own_row(rows, f"served-{t}", t)
@@ -169,7 +167,7 @@ def new_users_table(rows: list[dict[str, Any]], device_types: list[str]) -> list
             continue
         lines.append(
             f"| {t} | {_fmt(rec['baseline_fr'])} | {_fmt(rec['candidate_fr'])} | "
-            f"{_fmt(rec['relative_fr'])} {_interval(rec)} | {r['n_positive']} | {r['n_speakers']} |"
+            f"{_fmt(rec['relative_fr'])} {_interval(rec)} | {r['n_positive']} |"
         )
     return lines
 
