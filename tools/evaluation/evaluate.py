@@ -660,10 +660,11 @@ def _matched_fa_figures(
     base, cand = scores[BASELINE][cell.mask], _cell_scores(cell, scores, clips)
     units = bootstrap_units(clips.speakers[cell.mask])
     tb = cell.op.baseline_threshold
-    out["relative_fr_at_matched_clip_fa"] = relative_fr_at_matched_clip_fa(
-        base[pos], base[neg], cand[pos], cand[neg], st.target_fr, (units[pos], units[neg]),
-        st.n_boot, st.seed, baseline_thr=tb,
-    ).as_record()  # fmt: skip
+    if neg.any():  # a user's own recordings may hold negatives only as streams
+        out["relative_fr_at_matched_clip_fa"] = relative_fr_at_matched_clip_fa(
+            base[pos], base[neg], cand[pos], cand[neg], st.target_fr, (units[pos], units[neg]),
+            st.n_boot, st.seed, baseline_thr=tb,
+        ).as_record()  # fmt: skip
     srows = [r for r in streams if r.device_type in cell.members]
     hours = sum(r.duration_s for r in srows) / 3600.0
     if not srows or hours <= 0:
