@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from wakefl.sdk.manifest import CLIP_SAMPLES, SAMPLE_RATE, read_manifest
-from wakefl.tools.corpus.build import _join, _place_in_running_speech, build_corpus
+from wakefl.tools.corpus.build import build_corpus, join_utterances, place_in_running_speech
 from wakefl.tools.corpus.plan import (
     ENGINES_TRAIN_FESTIVAL,
     ENGINES_TRAIN_MBROLA,
@@ -102,10 +102,10 @@ def test_the_engines_add_on_keeps_its_held_out_voices_and_the_main_corpus_apart(
 
 def test_utterances_join_with_pauses_and_overlap_when_run_together() -> None:
     a, b = np.ones(1000), 2 * np.ones(500)
-    joined, starts = _join([a, b], [0.01])
+    joined, starts = join_utterances([a, b], [0.01])
     assert starts == [0, 1160] and joined.size == 1660 and joined[1100] == 0.0
     # A negative pause overlaps the parts, as words said in one breath.
-    joined, starts = _join([a, b], [-0.02])
+    joined, starts = join_utterances([a, b], [-0.02])
     assert starts == [0, 680] and joined.size == 1180 and joined[700] == 3.0
 
 
@@ -114,7 +114,7 @@ def test_the_window_holds_the_phrase_whole_wherever_it_lies(start: int, end: int
     speech = np.zeros(60000)
     speech[start:end] = 1.0
     for seed in range(20):
-        window = _place_in_running_speech(np.random.default_rng(seed), speech, start, end)
+        window = place_in_running_speech(np.random.default_rng(seed), speech, start, end)
         assert window.size == CLIP_SAMPLES
         # A phrase longer than 1.4 s is sped up to fit; otherwise all of it is there.
         assert window.sum() >= min(end - start, 1.4 * SAMPLE_RATE) - 2

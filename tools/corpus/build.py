@@ -57,7 +57,7 @@ _MAX_PHRASE_S = 1.4  # the phrase must fit in the 1.5 s window with a margin
 _EDGE_S = 0.04
 _SPEECH_LEVEL_DB = (-32.0, -20.0)  # acoustic speech level at the device, dBFS RMS
 _STATE_SNR_FALLBACK = (5.0, 15.0)
-_CORPUS_INFO = "corpus.json"
+CORPUS_INFO = "corpus.json"
 
 
 class Acoustics(Protocol):
@@ -92,7 +92,7 @@ ACOUSTICS: dict[str, Acoustics] = {"device": DeviceAcoustics()}
 
 
 @dataclass
-class _Context:
+class CorpusContext:
     seed: int
     profile: CorpusProfile
     speakers: dict[str, list[Speaker]]  # by split
@@ -132,8 +132,8 @@ def change_speed(x: np.ndarray, factor: float) -> np.ndarray:
     return np.interp(np.arange(n_out) * factor, np.arange(x.size), x)
 
 
-def _said(
-    ctx: _Context, rng: np.random.Generator, speaker: Speaker, content: str
+def said(
+    ctx: CorpusContext, rng: np.random.Generator, speaker: Speaker, content: str
 ) -> tuple[str, np.ndarray]:
     """What `speaker` says for `content`, and its speech."""
     if content == "pos":
@@ -150,9 +150,9 @@ def _said(
 
 
 def _utterance(
-    ctx: _Context, rng: np.random.Generator, speaker: Speaker, content: str
+    ctx: CorpusContext, rng: np.random.Generator, speaker: Speaker, content: str
 ) -> np.ndarray:
-    return _said(ctx, rng, speaker, content)[1]
+    return said(ctx, rng, speaker, content)[1]
 
 
 def _gap_s(rng: np.random.Generator, ranges: tuple[tuple[float, float, float], ...]) -> float:
@@ -168,7 +168,7 @@ _GAP_BEFORE = ((0.5, -0.05, 0.1), (0.3, 0.1, 0.4), (0.2, 0.4, 1.0))
 _GAP_AFTER = ((0.6, -0.05, 0.1), (0.4, 0.1, 0.3))
 
 
-def _join(parts: list[np.ndarray], gaps: list[float]) -> tuple[np.ndarray, list[int]]:
+def join_utterances(parts: list[np.ndarray], gaps: list[float]) -> tuple[np.ndarray, list[int]]:
     """Utterances one after another with the given pauses (overlap-added where a pause is
     negative); returns the speech and each part's start sample."""
     starts: list[int] = []
@@ -185,12 +185,12 @@ def _join(parts: list[np.ndarray], gaps: list[float]) -> tuple[np.ndarray, list[
 
 
 def _said_in_running_speech(
-    ctx: _Context, rng: np.random.Generator, speaker: Speaker, content: str
+    ctx: CorpusContext, rng: np.random.Generator, speaker: Speaker, content: str
 ) -> tuple[np.ndarray, int, int]:
     """The phrase (pos_run) or a confusable (conf_run) with speech before it (a sentence or
     a filler, now and then none) and a command after it (now and then none), spliced from
     the speaker's own utterances. Returns the speech and where the phrase starts and ends."""
-    core = _said(ctx, rng, speaker, "pos" if content == "pos_run" else "conf")[1]
+    core = said(ctx, rng, speaker, "pos" if content == "pos_run" else "conf")[1]
     lead_kind = rng.random()
     parts, gaps, at = [core], [], 0
     if lead_kind < 0.85:
@@ -203,13 +203,13 @@ def _said_in_running_speech(
         ]
         parts.append(command)
         gaps.append(_gap_s(rng, _GAP_AFTER))
-    speech, starts = _join(parts, gaps)
+    speech, starts = join_utterances(parts, gaps)
     factor = rng.uniform(0.92, 1.08)
     speech = change_speed(speech, factor)
     return speech, int(starts[at] / factor), int((starts[at] + core.size) / factor)
 
 
-def _place_in_running_speech(
+def place_in_running_speech(
     rng: np.random.Generator, speech: np.ndarray, start: int, end: int
 ) -> np.ndarray:
     """A window of running speech holding [start, end) whole at a random position."""
@@ -228,16 +228,16 @@ def _place_in_running_speech(
 
 
 def _dry_speech(
-    ctx: _Context, rng: np.random.Generator, speaker: Speaker, content: str
+    ctx: CorpusContext, rng: np.random.Generator, speaker: Speaker, content: str
 ) -> np.ndarray:
     """The window's dry speech for a clip of `content`."""
     if content in ("pos_run", "conf_run"):
         speech, start, end = _said_in_running_speech(ctx, rng, speaker, content)
-        return _place_in_running_speech(rng, speech, start, end)
-    return _place(rng, _utterance(ctx, rng, speaker, content), content)
+        return place_in_running_speech(rng, speech, start, end)
+    return place_in_window(rng, _utterance(ctx, rng, speaker, content), content)
 
 
-def _place(rng: np.random.Generator, speech: np.ndarray, content: str) -> np.ndarray:
+def place_in_window(rng: np.random.Generator, speech: np.ndarray, content: str) -> np.ndarray:
     """Put the utterance somewhere in the window. The wake phrase always fits whole; other
     speech longer than the window is cut at a random point."""
     out = np.zeros(CLIP_SAMPLES)
@@ -256,7 +256,7 @@ def _place(rng: np.random.Generator, speech: np.ndarray, content: str) -> np.nda
     return out
 
 
-def render_clip(ctx: _Context, recipe: ClipRecipe) -> tuple[np.ndarray, str]:
+def render_clip(ctx: CorpusContext, recipe: ClipRecipe) -> tuple[np.ndarray, str]:
     """One 1.5 s clip as recorded by the recipe's device; returns (wave, speaker id)."""
     dev = DEVICE_PROFILES[recipe.device_type]
     rng = np.random.default_rng(
@@ -285,7 +285,7 @@ def render_clip(ctx: _Context, recipe: ClipRecipe) -> tuple[np.ndarray, str]:
     return ctx.acoustics.capture(rng, recipe.device_type, field_), speaker_id
 
 
-def _gate(
+def on_off_gate(
     rng: np.random.Generator, n: int, on_s: tuple[float, float], off_s: tuple[float, float]
 ) -> np.ndarray:
     """On/off bursts, for alarms that ring for a while and stop."""
@@ -311,7 +311,7 @@ class StreamUtterance:
 
 
 def render_stream(
-    ctx: _Context, device: str, index: int, split: str = "test"
+    ctx: CorpusContext, device: str, index: int, split: str = "test"
 ) -> tuple[np.ndarray, str, list[StreamUtterance]]:
     """A long negative recording: the split's speakers saying confusable phrases and other
     speech with pauses, over the state's background. Returns (wave, state, transcript)."""
@@ -331,7 +331,7 @@ def render_stream(
     while t < n:
         speaker = pool[int(rng.integers(len(pool)))]
         content = "conf" if rng.random() < 0.4 else "other"
-        text, speech = _said(ctx, rng, speaker, content)
+        text, speech = said(ctx, rng, speaker, content)
         utt = scale_to(speech, rng.uniform(*_SPEECH_LEVEL_DB))
         seg = utt[: n - t]
         dry[t : t + seg.size] += seg
@@ -349,7 +349,7 @@ def render_stream(
     background = background_for_state(rng, state, n)
     if background is not None:
         if state == "alarm":
-            background = background * _gate(rng, n, (3.0, 8.0), (5.0, 15.0))
+            background = background * on_off_gate(rng, n, (3.0, 8.0), (5.0, 15.0))
         snr = rng.uniform(*dev.snr_db.get(state, _STATE_SNR_FALLBACK))
         field_ += scale_to(reverberate(background, room), ref_db - snr)
     return ctx.acoustics.capture(rng, device, field_), state, transcript
@@ -361,7 +361,7 @@ def transcript_path(stream: Path) -> Path:
     return stream.with_suffix(".transcript.csv")
 
 
-def _write_transcript(path: Path, transcript: list[StreamUtterance]) -> None:
+def write_transcript(path: Path, transcript: list[StreamUtterance]) -> None:
     with path.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f, lineterminator="\n")
         w.writerow(["start_s", "end_s", "speaker", "content", "text"])
@@ -387,7 +387,7 @@ def read_transcript(stream: Path) -> list[StreamUtterance]:
         raise ConfigError(f"{path}: not a stream transcript ({exc})") from None
 
 
-def _write_wav(path: Path, wave: np.ndarray) -> None:
+def write_wav(path: Path, wave: np.ndarray) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     sf.write(
         str(path), np.asarray(wave, dtype=np.float32), SAMPLE_RATE, subtype="PCM_16", format="WAV"
@@ -399,19 +399,19 @@ def _prepare_out_dir(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} exists and is not a folder")
     if out.is_dir() and any(out.iterdir()):
-        if not (out / _CORPUS_INFO).is_file():
+        if not (out / CORPUS_INFO).is_file():
             raise ConfigError(
                 f"--out {out} is not empty and holds no wakefl corpus; choose an empty or new folder"
             )
         for sub in ("clips", "streams", UNSEEN_DIR, NEW_USERS_DIR):
             shutil.rmtree(out / sub, ignore_errors=True)
-        for f in ("manifest.csv", "speakers.csv", _CORPUS_INFO):
+        for f in ("manifest.csv", "speakers.csv", CORPUS_INFO):
             (out / f).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
 
 
 def _render_clips(
-    ctx: _Context, recipes: list[ClipRecipe], out: Path, progress: bool, desc: str
+    ctx: CorpusContext, recipes: list[ClipRecipe], out: Path, progress: bool, desc: str
 ) -> list[ManifestRow]:
     from tqdm import tqdm
 
@@ -419,7 +419,7 @@ def _render_clips(
     for r in tqdm(recipes, desc=desc, unit="clip", disable=bar_disabled(progress)):
         wave, speaker_id = render_clip(ctx, r)
         rel = f"clips/{r.device_type}/{r.split}/{r.device_type}_{r.split}_{r.index:05d}_{r.content}.wav"
-        _write_wav(out / rel, wave)
+        write_wav(out / rel, wave)
         rows.append(
             ManifestRow(rel, int(r.content in POSITIVE_CONTENTS), r.device_type, r.state, speaker_id, r.split,
                         CLIP_SAMPLES / SAMPLE_RATE, "clip")
@@ -428,7 +428,7 @@ def _render_clips(
 
 
 def _render_streams(
-    ctx: _Context, counts: dict[str, int], out: Path, progress: bool
+    ctx: CorpusContext, counts: dict[str, int], out: Path, progress: bool
 ) -> list[ManifestRow]:
     """`counts[split]` streams per device type, from that split's speakers. Test streams keep
     their historical file names; training and validation streams carry their split."""
@@ -440,15 +440,15 @@ def _render_streams(
         wave, state, transcript = render_stream(ctx, d, i, sp)
         name = f"{d}_stream_{i:03d}.wav" if sp == "test" else f"{d}_{sp}_stream_{i:03d}.wav"
         rel = f"streams/{d}/{name}"
-        _write_wav(out / rel, wave)
-        _write_transcript(transcript_path(out / rel), transcript)
+        write_wav(out / rel, wave)
+        write_transcript(transcript_path(out / rel), transcript)
         rows.append(
             ManifestRow(rel, 0, d, state, f"mixed-{sp}", sp, wave.size / SAMPLE_RATE, "stream")
         )
     return rows
 
 
-def _write_speakers(path: Path, speakers: list[Speaker]) -> None:
+def write_speakers(path: Path, speakers: list[Speaker]) -> None:
     with path.open("w", newline="", encoding="utf-8") as f:
         w = csv.writer(f, lineterminator="\n")
         w.writerow(["speaker", "split", "engine", "voice", "variant", "rate", "pitch"])
@@ -457,7 +457,7 @@ def _write_speakers(path: Path, speakers: list[Speaker]) -> None:
             w.writerow([s.speaker_id, s.split, v.engine, v.voice, v.variant, v.rate, v.pitch])
 
 
-def _corpus_info(seed: int, prof: CorpusProfile, phrase: str, **extra: object) -> str:
+def corpus_info(seed: int, prof: CorpusProfile, phrase: str, **extra: object) -> str:
     info = {
         "generator": "wakefl corpus build",
         "seed": seed,
@@ -488,20 +488,24 @@ def _build_unseen(
     jobs = [(s.voice, t) for s, said in zip(speakers, texts, strict=True) for t in said]
     speech = synthesize_many(jobs, tts_cache_dir, progress=progress)
     sub = replace(prof, test_clips=prof.unseen_test_clips)
-    ctx = _Context(seed, sub, {"test": speakers}, speech, phrases, kind_offset=_UNSEEN_KIND_OFFSET)
+    ctx = CorpusContext(
+        seed, sub, {"test": speakers}, speech, phrases, kind_offset=_UNSEEN_KIND_OFFSET
+    )
     recipes = [r for r in clip_recipes(seed + _UNSEEN_KIND_OFFSET, sub) if r.split == "test"]
     udir = out / UNSEEN_DIR
     udir.mkdir(parents=True, exist_ok=True)
     rows = _render_clips(ctx, recipes, udir, progress, "clips (unseen voices)")
     rows += _render_streams(ctx, {"test": prof.unseen_streams_per_device}, udir, progress)
-    _write_speakers(udir / "speakers.csv", speakers)
-    (udir / _CORPUS_INFO).write_text(
-        _corpus_info(seed, prof, phrase, subset="unseen-voices"), encoding="utf-8"
+    write_speakers(udir / "speakers.csv", speakers)
+    (udir / CORPUS_INFO).write_text(
+        corpus_info(seed, prof, phrase, subset="unseen-voices"), encoding="utf-8"
     )
     return write_manifest(rows, udir / "manifest.csv")
 
 
-def _build_new_users(out: Path, ctx: _Context, progress: bool, tts_cache_dir: Path | None) -> Path:
+def _build_new_users(
+    out: Path, ctx: CorpusContext, progress: bool, tts_cache_dir: Path | None
+) -> Path:
     """The fleet's new-users test corpus in `out/new-users/`: test clips of each device
     type's users that its training, validation and test data never hear."""
     prof, speakers = ctx.profile, ctx.speakers["test"]
@@ -513,15 +517,15 @@ def _build_new_users(out: Path, ctx: _Context, progress: bool, tts_cache_dir: Pa
     ndir = out / NEW_USERS_DIR
     ndir.mkdir(parents=True, exist_ok=True)
     rows = _render_clips(nctx, recipes, ndir, progress, "clips (new users)")
-    _write_speakers(ndir / "speakers.csv", speakers)
-    (ndir / _CORPUS_INFO).write_text(
-        _corpus_info(ctx.seed, prof, " ".join(ctx.phrases[0].split()), subset="new-users"),
+    write_speakers(ndir / "speakers.csv", speakers)
+    (ndir / CORPUS_INFO).write_text(
+        corpus_info(ctx.seed, prof, " ".join(ctx.phrases[0].split()), subset="new-users"),
         encoding="utf-8",
     )
     return write_manifest(rows, ndir / "manifest.csv")
 
 
-def _texts_said(prof: CorpusProfile, speaker: Speaker, phrases: tuple[str, ...]) -> list[str]:
+def texts_said(prof: CorpusProfile, speaker: Speaker, phrases: tuple[str, ...]) -> list[str]:
     """What `speaker` may say in a corpus of `prof`: only what its split's clips and
     streams use (streams hold confusables and other speech)."""
     clips = sum(c[speaker.split] for c in clip_counts(prof).values())
@@ -544,7 +548,7 @@ def read_corpus_info(folder: Path) -> object | None:
     """The parsed corpus.json of a finished build in `folder`, or None when it is missing
     or unreadable (a folder that is not a finished synthetic build)."""
     try:
-        return json.loads((Path(folder) / _CORPUS_INFO).read_text(encoding="utf-8"))
+        return json.loads((Path(folder) / CORPUS_INFO).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
 
@@ -578,10 +582,10 @@ def build_corpus(
     everyone = make_speakers(seed, prof, phrase)
     speakers = [s for s in everyone if not is_new_user(s.speaker_id)]
     phrases = phrase_variants(phrase)
-    jobs = [(s.voice, t) for s in speakers for t in _texts_said(prof, s, phrases)]
+    jobs = [(s.voice, t) for s in speakers for t in texts_said(prof, s, phrases)]
     speech = synthesize_many(jobs, cache, progress=progress)
     by_split = {sp: [s for s in speakers if s.split == sp] for sp in SPLITS}
-    ctx = _Context(
+    ctx = CorpusContext(
         seed, prof, by_split, speech, phrases, kind_offset=prof.draw_offset,
         acoustics=ACOUSTICS[prof.acoustics],
     )  # fmt: skip
@@ -589,12 +593,12 @@ def build_corpus(
     recipes = clip_recipes(seed + prof.draw_offset, prof)
     rows = _render_clips(ctx, recipes, out, progress, f"clips ({prof.name})")
     rows += _render_streams(ctx, stream_counts(prof), out, progress)
-    _write_speakers(out / "speakers.csv", speakers)
+    write_speakers(out / "speakers.csv", speakers)
     if prof.unseen_speakers > 0:
         _build_unseen(out, seed, prof, phrase, phrases, progress, cache)
     new_users = [s for s in everyone if is_new_user(s.speaker_id)]
     if new_users and prof.new_user_test_clips > 0:
         _build_new_users(out, replace(ctx, speakers={"test": new_users}), progress, cache)
     # Written last: its presence marks a finished build.
-    (out / _CORPUS_INFO).write_text(_corpus_info(seed, prof, phrase), encoding="utf-8")
+    (out / CORPUS_INFO).write_text(corpus_info(seed, prof, phrase), encoding="utf-8")
     return write_manifest(rows, out / "manifest.csv")

@@ -27,19 +27,19 @@ from wakefl.tools.acoustics.field_acoustics import (
     image_source_room,
 )
 from wakefl.tools.corpus.build import (
-    _CORPUS_INFO,
+    CORPUS_INFO,
     UNSEEN_DIR,
+    CorpusContext,
     StreamUtterance,
-    _Context,
-    _corpus_info,
-    _gate,
-    _place,
-    _said,
-    _texts_said,
-    _write_speakers,
-    _write_transcript,
-    _write_wav,
+    corpus_info,
+    on_off_gate,
+    place_in_window,
+    said,
+    texts_said,
     transcript_path,
+    write_speakers,
+    write_transcript,
+    write_wav,
 )
 from wakefl.tools.corpus.plan import (
     SPLITS,
@@ -67,7 +67,7 @@ class _Field:
     """What rendering needs beyond corpus_build's context: the field rooms (made on first
     use: about a second each) and each split's pool of background speech."""
 
-    def __init__(self, ctx: _Context, kind_offset: int) -> None:
+    def __init__(self, ctx: CorpusContext, kind_offset: int) -> None:
         self.ctx = ctx
         self.kind_offset = kind_offset
         self.rooms: dict[tuple[str, int], ImageSourceRoom] = {}
@@ -118,14 +118,14 @@ def render_field_clip(field: _Field, recipe: ClipRecipe) -> tuple[np.ndarray, st
         pool = ctx.speakers[recipe.split]
         speaker = pool[int(rng.integers(len(pool)))]
         speaker_id = speaker.speaker_id
-        speech = _place(rng, _said(ctx, rng, speaker, recipe.content)[1], recipe.content)
+        speech = place_in_window(rng, said(ctx, rng, speaker, recipe.content)[1], recipe.content)
     noise = field.noise(rng, recipe.state, CLIP_SAMPLES, recipe.split, need=speech is None)
     dev = FIELD_DEVICES[recipe.device_type]
     return field_capture(rng, dev, room, speech, noise), speaker_id
 
 
 def _stream_speech(
-    ctx: _Context, rng: np.random.Generator, n: int, split: str
+    ctx: CorpusContext, rng: np.random.Generator, n: int, split: str
 ) -> tuple[np.ndarray, list[StreamUtterance]]:
     """The split's speakers saying confusables and other speech with conversational pauses
     and now and then a long quiet stretch, dry, with its transcript."""
@@ -136,7 +136,7 @@ def _stream_speech(
     while t < n:
         speaker = pool[int(rng.integers(len(pool)))]
         content = "conf" if rng.random() < 0.4 else "other"
-        text, speech = _said(ctx, rng, speaker, content)
+        text, speech = said(ctx, rng, speaker, content)
         seg = speech[: n - t] * 10.0 ** (rng.uniform(-6.0, 6.0) / 20.0)
         dry[t : t + seg.size] += seg / (np.sqrt(np.mean(speech**2)) + 1e-12)
         transcript.append(
@@ -165,7 +165,7 @@ def render_field_stream(
     dry, transcript = _stream_speech(ctx, rng, n, split)
     noise = field.noise(rng, state, n, split, need=False)
     if noise is not None and state == "alarm":
-        noise = noise * _gate(rng, n, (3.0, 8.0), (5.0, 15.0))
+        noise = noise * on_off_gate(rng, n, (3.0, 8.0), (5.0, 15.0))
     return field_capture(rng, FIELD_DEVICES[device], room, dry, noise), state, transcript
 
 
@@ -179,7 +179,7 @@ def _render(field: _Field, recipes: list[ClipRecipe], streams: dict[str, int], o
     ):
         wave, speaker_id = render_field_clip(field, r)
         rel = f"clips/{r.device_type}/{r.split}/{r.device_type}_{r.split}_{r.index:05d}_{r.content}.wav"
-        _write_wav(out / rel, wave)
+        write_wav(out / rel, wave)
         rows.append(
             ManifestRow(rel, int(r.content == "pos"), r.device_type, r.state, speaker_id, r.split,
                         CLIP_SAMPLES / SAMPLE_RATE, "clip")
@@ -190,8 +190,8 @@ def _render(field: _Field, recipes: list[ClipRecipe], streams: dict[str, int], o
     ):
         wave, state, transcript = render_field_stream(field, d, i, sp)
         rel = f"streams/{d}/{d}_{sp}_stream_{i:03d}.wav"
-        _write_wav(out / rel, wave)
-        _write_transcript(transcript_path(out / rel), transcript)
+        write_wav(out / rel, wave)
+        write_transcript(transcript_path(out / rel), transcript)
         rows.append(
             ManifestRow(rel, 0, d, state, f"mixed-{sp}", sp, wave.size / SAMPLE_RATE, "stream")
         )
@@ -200,7 +200,7 @@ def _render(field: _Field, recipes: list[ClipRecipe], streams: dict[str, int], o
 
 def _info(seed: int, prof: CorpusProfile, phrase: str, **extra: object) -> str:
     devices = {k: f"{d.name}: {d.description}" for k, d in FIELD_DEVICES.items()}
-    return _corpus_info(seed, prof, phrase, acoustics="field", field_devices=devices, **extra)
+    return corpus_info(seed, prof, phrase, acoustics="field", field_devices=devices, **extra)
 
 
 def _build_part(
@@ -215,14 +215,14 @@ def _build_part(
 ) -> list[ManifestRow]:
     """Clips and streams of `speakers` in `out`, with their speakers.csv."""
     phrases = phrase_variants(phrase)
-    jobs = [(s.voice, t) for s in speakers for t in _texts_said(prof, s, phrases)]
+    jobs = [(s.voice, t) for s in speakers for t in texts_said(prof, s, phrases)]
     speech = synthesize_many(jobs, cache, progress=progress)
     by_split = {sp: [s for s in speakers if s.split == sp] for sp in SPLITS}
     offset = prof.draw_offset + (_UNSEEN_OFFSET if unseen else 0)
-    field = _Field(_Context(seed, prof, by_split, speech, phrases, kind_offset=offset), offset)
+    field = _Field(CorpusContext(seed, prof, by_split, speech, phrases, kind_offset=offset), offset)
     recipes = [r for r in clip_recipes(seed + offset, prof) if r.split != "train"]
     rows = _render(field, recipes, stream_counts(prof), out, progress)
-    _write_speakers(out / "speakers.csv", speakers)
+    write_speakers(out / "speakers.csv", speakers)
     return rows
 
 
@@ -245,10 +245,10 @@ def build_field_corpus(
         udir = out / UNSEEN_DIR
         udir.mkdir(parents=True, exist_ok=True)
         urows = _build_part(udir, seed, sub, phrase, unseen, progress, cache, unseen=True)
-        (udir / _CORPUS_INFO).write_text(
+        (udir / CORPUS_INFO).write_text(
             _info(seed, prof, phrase, subset="unseen-voices"), encoding="utf-8"
         )
         write_manifest(urows, udir / "manifest.csv")
     # Written last: its presence marks a finished build.
-    (out / _CORPUS_INFO).write_text(_info(seed, prof, phrase), encoding="utf-8")
+    (out / CORPUS_INFO).write_text(_info(seed, prof, phrase), encoding="utf-8")
     return write_manifest(rows, out / "manifest.csv")
