@@ -772,6 +772,27 @@ def test_static_registry_with_an_offline_device_still_runs_rounds(mqtt_broker, t
         _close_all(devs)
     assert final.round_id == 2 and wall < 15
     assert all(r.sampled == ["a", "b"] and r.closed_by == "all" for r in srv.reports)
+    # round 1 waited out the start grace for "never"; its line tells that wait apart
+    first = srv.reports[0]
+    assert first.phases_s["wait"] >= 1.0 and "after waiting" in first.time_words()
+    assert srv.reports[1].phases_s["wait"] < first.phases_s["wait"]
+    assert 0 <= first.phases_s["open"] < first.phases_s["wait"] <= first.wall_s
+
+
+@pytest.mark.parametrize(
+    ("wall", "waited", "says"),
+    [
+        (62.0, 60.6, "in 1.40 s, after waiting 60.6 s for devices to come online"),
+        (1.4, 0.0, "in 1.40 s"),
+        (1.4, 0.01, "in 1.40 s"),  # a wait too short to mention
+        (12.5, None, "in 12.50 s"),  # a resumed round, or a report without phases
+    ],
+)
+def test_a_rounds_closing_line_tells_the_wait_for_devices_apart(wall, waited, says):
+    from wakefl.server.server_config import RoundReport
+
+    phases = {} if waited is None else {"wait": waited, "open": 0.1}
+    assert RoundReport(1, ["a"], {}, "", wall, "all", phases).time_words() == says
 
 
 def test_broker_queue_overflow_is_reported_by_the_server(tmp_path):
