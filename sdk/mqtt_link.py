@@ -347,7 +347,8 @@ class MqttLink:
     def delivered_retained(self) -> bool:
         """Called by a handler (on paho's thread): the message being handled is the copy
         the broker retained, sent because this client subscribed, not one published while
-        it listened. MQTT clears the flag on live deliveries, so a sender cannot set it."""
+        it listened. The broker clears the flag on live deliveries (this link subscribes
+        without MQTT 5's retain-as-published), so a sender cannot set it."""
         return bool(getattr(self._delivery, "retained", False))
 
     def defer_ack(self) -> Callable[[], None]:
