@@ -295,7 +295,7 @@ class DeviceClient(serving.ModelAccess):
         self._progress(f"{self.device_id}: round {down.round_id}: declined ({reason})")
 
     def _report(self, outcome: RoundOutcome) -> None:
-        described = self.trainer.describe(outcome.record)
+        described = self.trainer.describe(outcome.record, outcome.round_id)
         self._progress(device_progress.round_line(self.device_id, outcome, described))
 
 

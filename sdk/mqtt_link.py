@@ -332,6 +332,7 @@ class MqttLink:
             ]
         self._delivery.current = (message.mid, message.qos)
         self._delivery.deferred = False
+        self._delivery.retained = bool(message.retain)
         for h in handlers:
             try:
                 h(message.topic, message.payload)
@@ -339,8 +340,16 @@ class MqttLink:
                 # An exception escaping here would stop paho's network thread.
                 log.exception("handler for %s failed", message.topic)
         self._delivery.current = None
+        self._delivery.retained = False
         if self._manual_ack and not self._delivery.deferred:
             self._client.ack(message.mid, message.qos)
+
+    def delivered_retained(self) -> bool:
+        """Called by a handler (on paho's thread): the message being handled is the copy
+        the broker retained, sent because this client subscribed, not one published while
+        it listened. The broker clears the flag on live deliveries (this link subscribes
+        without MQTT 5's retain-as-published), so a sender cannot set it."""
+        return bool(getattr(self._delivery, "retained", False))
 
     def defer_ack(self) -> Callable[[], None]:
         """Called by a handler (on paho's thread, with `manual_ack`): the message being

@@ -89,6 +89,7 @@ class RoundTrainer:
         # models are scored once each, however often the gate and the report ask.
         self._scores: OrderedDict[str, np.ndarray] = OrderedDict()
         self._labels: np.ndarray | None = None
+        self._note: tuple[int, str] | None = None  # the last trained round's ClientResult.note
 
     @property
     def num_samples(self) -> int:
@@ -96,11 +97,17 @@ class RoundTrainer:
             return int(self._problem.num_samples)
         return dataset_size(self.train_data)  # type: ignore[arg-type]
 
-    def describe(self, record: dict[str, float]) -> str:
-        """An uplink record for a progress line, in the running strategy's words."""
+    def describe(self, record: dict[str, float], round_id: int | None = None) -> str:
+        """An uplink record for a progress line, in the running strategy's words, with the
+        strategy's note on round `round_id` when this process trained it (why this many
+        local steps, for Self-FL)."""
         if self._strategy is not None:
-            return self._strategy.describe_result(record)
-        return ", ".join(f"{k}={v:.3g}" for k, v in sorted(record.items()))
+            words = self._strategy.describe_result(record)
+        else:
+            words = ", ".join(f"{k}={v:.3g}" for k, v in sorted(record.items()))
+        if self._note is not None and self._note[0] == round_id and self._note[1]:
+            return f"{words} ({self._note[1]})"
+        return words
 
     def new_run(self) -> None:
         """A new run brings a new baseline (and a new model, maybe)."""
@@ -203,6 +210,7 @@ class RoundTrainer:
             problem,
             round_generator(self.seed, self.device_id, down.round_id),
         )
+        self._note = (down.round_id, result.note)
         personal = new_client.tensors.get("personal", result.params)
         report = self.relative_report(personal, st)
         st.client = ClientState(tensors=dict(new_client.tensors), scalars=dict(new_client.scalars))

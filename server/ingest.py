@@ -96,6 +96,7 @@ class Ingest:
         self.rejections: Counter[str] = Counter(session.store.rejection_counts())
         self.acks_withheld = 0  # refusal acks not sent to a flooding device id
         self.broker_dropped = 0  # mosquitto's $SYS count of dropped messages
+        self._stale_hellos_logged: set[str] = set()  # device ids of refused retained hellos
         self._ack_throttle = Throttle(REFUSAL_ACK_BURST, REFUSAL_ACKS_PER_S)
         self._log_throttle = Throttle(REFUSAL_LOG_BURST, REFUSAL_LOGS_PER_S)
 
@@ -288,13 +289,22 @@ class Ingest:
                 "malformed", f"hello on topic {topic[:200]!r} names no valid device id", None, None
             )
             return
+        retained = self.s.link is not None and self.s.link.delivered_retained()
         try:
             msg: Hello = decode_as(payload, Hello, max_bytes=1 << 20)
         except MessageRejected as exc:
-            self.count(exc.reason, f"hello: {exc.detail}", dev, None)
+            if retained:
+                self._refused_retained_hello(dev, f"{exc.reason}: hello: {exc.detail}", False)
+            else:
+                self.count(exc.reason, f"hello: {exc.detail}", dev, None)
             return
         with self.s.lock:
             refusal = self._hello_refusal(msg, dev, topic)
+            if refusal is not None and retained:
+                self._refused_retained_hello(dev, f"{refusal.reason}: {refusal.detail}", msg.online)
+                if msg.online:
+                    self._tell_refused_hello(dev, refusal)
+                return
             if refusal is not None:
                 self.carry_out(refusal)
                 self._tell_refused_hello(dev, refusal)
@@ -302,6 +312,22 @@ class Ingest:
             self.s.store.set_online(dev, msg.online)
             self.s.changed.notify_all()
         log.info("device %s (%s) %s", dev, msg.device_type, "online" if msg.online else "offline")
+
+    def _refused_retained_hello(self, dev: str, why: str, online: bool) -> None:
+        """A Hello that cannot stand, delivered as the broker's retained copy: it predates
+        this server's subscription, most often an earlier run's (a device since dropped from
+        the fleet, or of another type), so it is not counted against this run; it is logged
+        once per device id. Still refused: the device is neither registered nor sampled."""
+        if dev in self._stale_hellos_logged:
+            return
+        self._stale_hellos_logged.add(dev)
+        log.warning(
+            "retained hello from %s (%s) refused, not counted: it was on the broker before "
+            "this server subscribed: %s",
+            dev,
+            "online" if online else "offline",
+            why,
+        )
 
     def _tell_refused_hello(self, dev: str, refusal: Decision) -> None:
         """Answer a Hello refused for its device (unknown, or of another type) with an ack

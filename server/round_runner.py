@@ -65,6 +65,7 @@ class RoundRunner:
         self._on_close = on_close  # before the link and the store close
         self.reports: list[RoundReport] = []
         self._started_rounds = False  # the start grace period applies before the first round
+        self._waited_s = 0.0  # the open round's wait for devices to come online
 
     def _on_connect(self, session_present: bool) -> None:
         with self.s.lock:
@@ -215,7 +216,8 @@ class RoundRunner:
             time.monotonic() - t0,
             closed_by,
             {
-                "open": t_open - t0,
+                "wait": self._waited_s,
+                "open": t_open - t0 - self._waited_s,
                 "collect": t_closed - t_open,
                 "aggregate": t_aggregated - t_closed,
             },
@@ -231,6 +233,7 @@ class RoundRunner:
     ) -> tuple[list[str], float] | None:
         """Sample (or resume) the round, record it and publish its downlink; the sampled
         devices and the deadline, None when the server was stopped meanwhile."""
+        self._waited_s = 0.0
         if resume:
             rec = self.s.store.round(round_id)
             assert rec is not None
@@ -246,7 +249,9 @@ class RoundRunner:
                 f"{len(sampled)} updates on record"
             )
         else:
+            t_wait = time.monotonic()
             online = self._wait_for_devices()
+            self._waited_s = time.monotonic() - t_wait
             if self.s.stop_event.is_set():
                 return None
             deadline = time.time() + self.s.cfg.round_timeout
@@ -279,8 +284,8 @@ class RoundRunner:
         summary = f"{report.state_summary}; " if report.state_summary else ""
         self.s.progress(
             f"round {report.round_id}/{self.s.cfg.rounds}: closed by {report.closed_by} "
-            f"with {len(reported)}/{len(report.sampled)} updates in "
-            f"{report.wall_s:.2f} s; {summary}{details}"
+            f"with {len(reported)}/{len(report.sampled)} updates {report.time_words()}; "
+            f"{summary}{details}"
             + (f"; declined: {', '.join(sorted(declined))}" if declined else "")
             + (f"; screened: {screened}" if screened else "")
             + (f"; no answer from {', '.join(missing)}" if missing else "")

@@ -86,8 +86,20 @@ class RoundReport:
     state_summary: str  # the strategy's figures of the new state (Strategy.describe_server)
     wall_s: float
     closed_by: str  # "all" (every sampled device answered or declined), "quorum", "deadline"
-    # Where the wall time went: opening (sampling, downlink encode and publish), collecting
-    # (until the round closed), aggregating plus persisting the new state.
+    # Where the wall time went: waiting for devices to come online (the start grace, or
+    # --min-clients), opening (sampling, downlink encode and publish), collecting (until
+    # the round closed), aggregating plus persisting the new state.
     phases_s: dict[str, float] = field(default_factory=dict)
     declined: dict[str, str] = field(default_factory=dict)  # device -> its reason
     screened: dict[str, str] = field(default_factory=dict)  # device -> clipped / refused, why
+
+    def time_words(self) -> str:
+        """The round's time for its closing line, the wait for devices apart: a first round
+        that waited out the start grace would otherwise look slow for a quick training."""
+        waited = self.phases_s.get("wait", 0.0)
+        if waited < 0.05:
+            return f"in {self.wall_s:.2f} s"
+        return (
+            f"in {self.wall_s - waited:.2f} s, after waiting {waited:.1f} s for devices "
+            "to come online"
+        )

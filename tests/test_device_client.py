@@ -170,7 +170,8 @@ def test_round_trip_resend_and_run_end(tmp_path, broker):
     server = FakeServer(broker.url, "f1")
     # The broker still holds the end of an earlier run: a new device does not leave on it.
     server.downlink(7, [], final=True, run_id="run0")
-    client = _client(tmp_path, broker, "f1")
+    lines: list[str] = []
+    client = _client(tmp_path, broker, "f1", progress=lines.append)
     th, out = _start(client)
     try:
         hello = server.hellos.get(timeout=20)
@@ -218,6 +219,22 @@ def test_round_trip_resend_and_run_end(tmp_path, broker):
         assert torch.equal(state.personal_params, up3.params)
         assert torch.equal(state.baseline_params, server.initial)
         assert state.last_acked_round == 3
+        # each round's line says why it ran that many local steps (Eqn 16's inputs, the cap)
+        rounds = {rid: [x for x in lines if f": round {rid}: " in x] for rid in (1, 3)}
+        assert any(
+            "2 local steps, " in x
+            and "(local steps: warm-up until it has a variance of its own (warmup_steps=2, "
+            "cap l_max=3)) in "
+            in x
+            for x in rounds[1]
+        ), lines
+        assert any(
+            "3 local steps, " in x
+            and "(local steps: the cap l_max=3: no precision S_-m of other devices yet for "
+            "Eqn 16) in "
+            in x
+            for x in rounds[3]
+        ), lines
     finally:
         client.stop()
         th.join(10)

@@ -191,6 +191,61 @@ def test_running_variance_overflow_of_finite_inputs_is_refused_and_state_kept():
     assert torch.equal(rv.mean, mean_before)
 
 
+@pytest.mark.parametrize(
+    ("sigma_m_sq", "s_others", "data_cap", "steps", "says"),
+    [
+        (
+            None,
+            1.0,
+            None,
+            20,
+            "warm-up until it has a variance of its own (warmup_steps=20, cap l_max=20)",
+        ),
+        (
+            None,
+            1.0,
+            4,
+            4,
+            "warm-up until it has a variance of its own (warmup_steps=20, "
+            "cap 4 by its data's epochs, l_max=20)",
+        ),
+        (0.05, 10.0, None, 5, "Eqn 16 from sigma_m^2=0.05 and S_-m=10, cap l_max=20"),
+        (0.5, 2.0, None, 20, "Eqn 16 from sigma_m^2=0.5 and S_-m=2, held at the cap l_max=20"),
+        (
+            0.5,
+            2.0,
+            4,
+            4,
+            "Eqn 16 from sigma_m^2=0.5 and S_-m=2, held at the cap 4 by its "
+            "data's epochs, l_max=20",
+        ),
+        (
+            0.05,
+            0.0,
+            None,
+            20,
+            "the cap l_max=20: no precision S_-m of other devices yet for Eqn 16",
+        ),
+        (
+            0.05,
+            math.inf,
+            None,
+            1,
+            "Eqn 16's minimum: S_-m is infinite (the others pin the model), cap l_max=20",
+        ),
+    ],
+)
+def test_step_count_words_name_the_rule_and_inputs_that_set_the_count(
+    sigma_m_sq, s_others, data_cap, steps, says
+):
+    from wakefl.sdk.selffl.rules import step_count_words
+
+    l_cap = 20 if data_cap is None else min(20, data_cap)
+    # the count the words explain is the rule's own (lr 0.01, B 1, l_max 20, warm-up 20)
+    assert local_steps(0.01, 1, sigma_m_sq, s_others, l_cap, 20) == steps
+    assert step_count_words(steps, sigma_m_sq, s_others, 20, data_cap, 20) == says
+
+
 def test_local_steps_refuses_an_overflowing_step_count_with_its_documented_error():
     # eta/(B sigma_m^2) is subnormal: ln(ratio) / ln(1 - rate) overflows to +inf.
     with pytest.raises(NonFiniteError, match="step count"):

@@ -324,8 +324,15 @@ def test_step_count_follows_the_local_data_size():
     gen = torch.Generator().manual_seed(0)
     res, state = st.client_update(ins, ClientState(), prob, gen)
     assert res.scalars["local_steps"] == 4
+    assert res.note == (
+        "local steps: warm-up until it has a variance of its own "
+        "(warmup_steps=10, cap 4 by its data's epochs, l_max=20)"
+    )
     res, state = st.client_update(ins, state, prob, gen)  # Eqn 16 is capped too
     assert res.scalars["local_steps"] <= 4
+    # the note names the variance Eqn 16 used (the one kept before this round) and S_-m
+    assert res.note.startswith("local steps: Eqn 16 from sigma_m^2=") and "S_-m=5," in res.note
+    assert res.note.endswith("cap 4 by its data's epochs, l_max=20")
     big = GaussianLocalProblem(torch.tensor([1.0], dtype=torch.float64), 0.05, 960)
     res, _ = st.client_update(ins, ClientState(), big, gen)
     assert res.scalars["local_steps"] == 10

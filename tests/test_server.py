@@ -590,6 +590,54 @@ def test_crafted_uplinks_are_counted_acked_and_never_crash(mqtt_broker, tmp_path
     assert not [r for r in caplog.records if r.exc_info], "a handler raised"
 
 
+def test_retained_hellos_from_before_the_server_started_are_refused_but_not_counted(
+    mqtt_broker, tmp_path, caplog
+):
+    """An earlier run's retained Hellos reach the server when it subscribes: refused, logged,
+    but not counted as this run's rejections; the same Hellos sent live are counted."""
+    reg = {"a": "speaker", "b": "tv", "c": "speaker"}
+    old = _Raw(mqtt_broker.url, "ghost")
+    old.listen_acks("ghost")
+
+    def hello(dev: str, typ: str, online: bool) -> None:
+        payload = M.encode(M.Hello(FLEET, dev, typ, 10, online=online))
+        old.c.publish(topics.hello(FLEET, dev), payload, qos=1, retain=True).wait_for_publish(5)
+
+    hello("gone", "speaker", False)  # a device no longer in the fleet, offline
+    hello("c", "tv", False)  # a device of the fleet that then ran as another type
+    hello("ghost", "speaker", True)  # still connected: it is told it is refused
+    a, b = SimDevice(mqtt_broker.url, "a", "speaker"), SimDevice(mqtt_broker.url, "b", "tv")
+    a.hold.clear()
+    srv = _server(mqtt_broker, tmp_path, reg, rounds=1, round_timeout=30, min_clients=2)
+    thread = _start(srv)
+    try:
+        _wait(lambda: a._todo is not None, 15, "round 1 downlink")
+        _wait(lambda: len(old.acks) >= 1, 10, "the refusal of ghost's retained hello")
+        assert srv.rejections["unknown_device"] == 0 and srv.rejections["wrong_device_type"] == 0
+        hello("gone", "speaker", True)  # published retained, delivered live: counted
+        hello("c", "tv", True)
+        _wait(lambda: sum(srv.rejections.values()) >= 2, 15, "the live hellos' refusals")
+        a.hold.set()
+        thread.join(30)
+        assert not thread.is_alive()
+    finally:
+        old.close()
+        _close_all([a, b])
+    assert srv.rejections["unknown_device"] == 1 and srv.rejections["wrong_device_type"] == 1
+    assert sum(srv.rejections.values()) == 2, dict(srv.rejections)
+    store = StateStore(tmp_path / "server")
+    try:
+        assert store.rejection_counts() == {"unknown_device": 1, "wrong_device_type": 1}
+    finally:
+        store.close()
+    assert [(x.answers, x.accepted, x.reason.split(":")[0]) for x in old.acks] == [
+        ("hello", False, "unknown_device")
+    ]
+    stale = [r.getMessage() for r in caplog.records if "retained hello from" in r.getMessage()]
+    assert sorted(m.split()[3] for m in stale) == ["c", "ghost", "gone"], stale
+    assert srv.reports[0].closed_by == "all"
+
+
 def test_updates_queued_while_server_was_down_are_accepted_after_restart(mqtt_broker, tmp_path):
     reg = {"a": "speaker", "b": "speaker", "c": "tv"}
     # resend_s=300: b's single send is the one queued in the server's broker session
@@ -724,6 +772,27 @@ def test_static_registry_with_an_offline_device_still_runs_rounds(mqtt_broker, t
         _close_all(devs)
     assert final.round_id == 2 and wall < 15
     assert all(r.sampled == ["a", "b"] and r.closed_by == "all" for r in srv.reports)
+    # round 1 waited out the start grace for "never"; its line tells that wait apart
+    first = srv.reports[0]
+    assert first.phases_s["wait"] >= 1.0 and "after waiting" in first.time_words()
+    assert srv.reports[1].phases_s["wait"] < first.phases_s["wait"]
+    assert 0 <= first.phases_s["open"] < first.phases_s["wait"] <= first.wall_s
+
+
+@pytest.mark.parametrize(
+    ("wall", "waited", "says"),
+    [
+        (62.0, 60.6, "in 1.40 s, after waiting 60.6 s for devices to come online"),
+        (1.4, 0.0, "in 1.40 s"),
+        (1.4, 0.01, "in 1.40 s"),  # a wait too short to mention
+        (12.5, None, "in 12.50 s"),  # a resumed round, or a report without phases
+    ],
+)
+def test_a_rounds_closing_line_tells_the_wait_for_devices_apart(wall, waited, says):
+    from wakefl.server.server_config import RoundReport
+
+    phases = {} if waited is None else {"wait": waited, "open": 0.1}
+    assert RoundReport(1, ["a"], {}, "", wall, "all", phases).time_words() == says
 
 
 def test_broker_queue_overflow_is_reported_by_the_server(tmp_path):

@@ -180,6 +180,35 @@ def data_step_cap(num_samples: int, batch_size: int, max_epochs: float | None) -
     return max(1, math.ceil(epochs * per_epoch - 1e-9))
 
 
+def step_count_words(
+    steps: int,
+    sigma_m_sq: float | None,
+    others_precision: float,
+    l_max: int,
+    data_cap: int | None,
+    warmup_steps: int,
+) -> str:
+    """Why `local_steps` gave `steps`, for the device's progress line: the rule that set it,
+    its inputs and the cap, e.g. "Eqn 16 from sigma_m^2=0.0123 and S_-m=45.6, cap
+    l_max=20". A count that falls from 20 to 3 is the warm-up ending, not a fault.
+    `data_cap` is `data_step_cap`'s (None: no cap by the data)."""
+    cap = f"cap l_max={l_max}"
+    if data_cap is not None and data_cap < l_max:
+        cap = f"cap {data_cap} by its data's epochs, l_max={l_max}"
+    if sigma_m_sq is None:
+        return f"warm-up until it has a variance of its own (warmup_steps={warmup_steps}, {cap})"
+    if others_precision == 0.0:
+        return f"the {cap}: no precision S_-m of other devices yet for Eqn 16"
+    if math.isinf(others_precision):
+        return f"Eqn 16's minimum: S_-m is infinite (the others pin the model), {cap}"
+    at_cap = steps >= min(l_max, data_cap or l_max)
+    return (
+        f"Eqn 16 from sigma_m^2={sigma_m_sq:.4g} and S_-m={others_precision:.4g}, "
+        + ("held at the " if at_cap else "")
+        + cap
+    )
+
+
 # floor(C M) compared on a slack: 0.29 * 100 is 28.999999999999996 in floating point.
 _SAMPLING_SLACK = 1e-9
 

@@ -68,6 +68,7 @@ from wakefl.sdk.selffl.rules import (
     initial_point,
     local_steps,
     precision,
+    step_count_words,
 )
 from wakefl.sdk.selffl.running_variance import RunningVariance
 from wakefl.sdk.selffl.strategy import (
@@ -473,7 +474,7 @@ class SelfFL(Strategy):
         t_m = int(state.scalars.get("t_m", 0))
         sigma_m_sq = self._intra_variance(problem, rv)
         theta_init = self._initial_point(instructions, state, sigma_m_sq, s0, s_others)
-        steps = self._step_count(problem, sigma_m_sq, s_others)
+        steps, steps_why = self._step_count(problem, sigma_m_sq, s_others)
         # With early_variance, a client's first round also keeps the iterate halfway through
         # the training that produces the model its variance is kept over.
         early = self.early_variance and self.intra_variance == "running" and rv.count == 0
@@ -510,6 +511,7 @@ class SelfFL(Strategy):
                 "others_precision": s_others,
             },
             tensors=result_tensors,
+            note=f"local steps: {steps_why}",
         )
         return result, new_state
 
@@ -544,14 +546,17 @@ class SelfFL(Strategy):
             max_factor=self.eqn10_max_factor,
         )
 
-    def _step_count(self, problem: LocalProblem, sigma_m_sq: float | None, s_others: float) -> int:
-        """Eqn 16's local step count, capped at l_max and at the data's epochs."""
+    def _step_count(
+        self, problem: LocalProblem, sigma_m_sq: float | None, s_others: float
+    ) -> tuple[int, str]:
+        """Eqn 16's local step count, capped at l_max and at the data's epochs, and why
+        (rules.step_count_words)."""
         # A known sigma_m^2 (intra_variance="problem") already carries the data size
         # (sigma_m^2 = s^2 / n_m); the running variance of the client's models does not.
         epochs = self.max_local_epochs if self.intra_variance == "running" else None
         cap = data_step_cap(int(problem.num_samples), self.batch_size, epochs)
         l_cap = self.l_max if cap is None else min(self.l_max, cap)
-        return local_steps(
+        steps = local_steps(
             self.lr,
             self.batch_size,
             sigma_m_sq,
@@ -560,6 +565,8 @@ class SelfFL(Strategy):
             self.warmup_steps,
             loss=self.step_rate_loss,
         )
+        why = step_count_words(steps, sigma_m_sq, s_others, self.l_max, cap, self.warmup_steps)
+        return steps, why
 
     def _local_training(
         self,

@@ -59,6 +59,8 @@ class ClientResult:
     scalars: dict[str, float] = field(default_factory=dict)  # e.g. sigma_m_sq, local_steps
     tensors: dict[str, Tensor] = field(default_factory=dict)  # e.g. Algorithm 2's converged model
     group: str = ""  # cluster key (device type) for cluster-level aggregation
+    # Words for the device's progress line (e.g. why this many local steps); never sent.
+    note: str = ""
 
 
 @dataclass
