@@ -205,7 +205,8 @@ def test_the_bench_scores_all_three_detectors_and_writes_relative_json(
 
 def test_the_compact_corpus_resolves_half_a_false_accept_an_hour_per_condition():
     from wakefl.tools.acoustics.device_acoustics import DEVICE_PROFILES
-    from wakefl.tools.corpus.plan import PROFILES, make_speakers, make_unseen_speakers
+    from wakefl.tools.corpus.plan import PROFILES
+    from wakefl.tools.corpus.speakers import make_speakers, make_unseen_speakers
 
     p = PROFILES["pretrain-compact"]
     types = len(DEVICE_PROFILES)

@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 
 from wakefl.errors import ConfigError
-from wakefl.tools.corpus.plan import PROFILES, clip_recipes, make_speakers, texts_for
+from wakefl.tools.corpus.plan import PROFILES, clip_recipes, texts_for
+from wakefl.tools.corpus.speakers import make_speakers
 
 
 @pytest.mark.parametrize("base", ["pretrain", "pretrain-micro"])

@@ -11,17 +11,16 @@ import pytest
 
 from wakefl.sdk.manifest import CLIP_SAMPLES, SAMPLE_RATE, read_manifest
 from wakefl.tools.corpus.build import build_corpus, join_utterances, place_in_running_speech
-from wakefl.tools.corpus.plan import (
+from wakefl.tools.corpus.plan import PROFILES
+from wakefl.tools.corpus.speakers import make_speakers, make_unseen_speakers
+from wakefl.tools.corpus.speech_synthesis import Voice, synthesize
+from wakefl.tools.corpus.voices import (
     ENGINES_TRAIN_FESTIVAL,
     ENGINES_TRAIN_MBROLA,
     ENGINES_TRAIN_RHVOICE,
     ENGINES_UNSEEN_MBROLA,
     ENGINES_UNSEEN_RHVOICE,
-    PROFILES,
-    make_speakers,
-    make_unseen_speakers,
 )
-from wakefl.tools.corpus.speech_synthesis import Voice, synthesize
 
 
 def _absent(engine: str, voice: str) -> str | None:

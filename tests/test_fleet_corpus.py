@@ -10,14 +10,9 @@ import pytest
 
 from wakefl.sdk.manifest import read_manifest
 from wakefl.tools.corpus.build import ACOUSTICS, NEW_USERS_DIR, build_corpus
-from wakefl.tools.corpus.plan import (
-    FLEET_VOICES,
-    PROFILES,
-    SPLITS,
-    fleet_device_of,
-    is_new_user,
-    make_speakers,
-)
+from wakefl.tools.corpus.plan import PROFILES, SPLITS
+from wakefl.tools.corpus.speakers import fleet_device_of, is_new_user, make_speakers
+from wakefl.tools.corpus.voices import FLEET_VOICES
 
 
 def _digest(folder: Path) -> dict[str, str]:

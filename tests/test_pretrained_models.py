@@ -15,8 +15,8 @@ from wakefl.models.kws_cnn.pretrained import (
     pretrained_card,
     pretrained_path,
 )
-from wakefl.tools.corpus.plan import UNSEEN_ESPEAK_VOICES
 from wakefl.tools.corpus.speech_synthesis import Voice, synthesize
+from wakefl.tools.corpus.voices import UNSEEN_ESPEAK_VOICES
 
 WINDOW = 24000
 POSITIVE_TEXTS = ("hey nova", "hey nova!", "hey, nova")

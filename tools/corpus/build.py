@@ -2,8 +2,7 @@
 one model window (1.5 s at 16 kHz) and long negative streams, with `manifest.csv` at the root.
 
 Every clip draws its randomness from a generator seeded by (seed, device type, kind, split,
-index), so the same seed and profile give byte-identical files whatever the order of work.
-"""
+index), so the same seed and profile give byte-identical files whatever the order of work."""
 
 from __future__ import annotations
 
@@ -35,12 +34,14 @@ from wakefl.tools.corpus.plan import (
     Speaker,
     clip_counts,
     clip_recipes,
+    phrase_variants,
+    stream_counts,
+)
+from wakefl.tools.corpus.speakers import (
     fleet_device_of,
     is_new_user,
     make_speakers,
     make_unseen_speakers,
-    phrase_variants,
-    stream_counts,
 )
 from wakefl.tools.corpus.speech_synthesis import Voice, synthesize_many
 from wakefl.tools.corpus.word_timing import run_together
@@ -574,7 +575,6 @@ def build_corpus(
         from wakefl.tools.corpus.field_corpus import build_field_corpus  # it builds on this module
 
         return build_field_corpus(out, seed, prof, phrase, progress, cache)
-
     if prof.acoustics not in ACOUSTICS:
         raise ConfigError(
             f"profile {prof.name}: unknown acoustics {prof.acoustics!r}; one of {', '.join(ACOUSTICS)}"

@@ -48,11 +48,10 @@ from wakefl.tools.corpus.plan import (
     CorpusProfile,
     Speaker,
     clip_recipes,
-    make_speakers,
-    make_unseen_speakers,
     phrase_variants,
     stream_counts,
 )
+from wakefl.tools.corpus.speakers import make_speakers, make_unseen_speakers
 from wakefl.tools.corpus.speech_synthesis import synthesize_many
 
 # Generator kinds of this add-on: apart from corpus_build's (0-2, +10 for unseen voices).

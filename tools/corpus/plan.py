@@ -1,6 +1,7 @@
-"""What a synthetic corpus holds, decided before any audio is made: profiles (sizes),
-synthetic speakers and their splits, the texts, and each clip's recipe. Pure functions of
-the seed, so the plan (and with it the audio) never depends on generation order."""
+"""What a synthetic corpus holds, decided before any audio is made: profiles (sizes), the
+texts, what a speaker and a clip are, and each clip's recipe. Pure functions of the seed,
+so the plan (and with it the audio) never depends on generation order. The voices are
+drawn in `voices`, the speakers (and the fleet's users) in `speakers`."""
 
 from __future__ import annotations
 
@@ -11,16 +12,7 @@ import numpy as np
 
 from wakefl.errors import ConfigError
 from wakefl.tools.acoustics.device_acoustics import DEVICE_PROFILES
-from wakefl.tools.corpus.speech_synthesis import (
-    ESPEAK_VARIANTS,
-    ESPEAK_VOICES,
-    FLITE_VOICES,
-    MBROLA_VOICES,
-    PICO_OTHER_VOICES,
-    PICO_VOICES,
-    RHVOICE_VOICES,
-    Voice,
-)
+from wakefl.tools.corpus.speech_synthesis import Voice
 
 STATES = ("normal", "playback", "alarm")
 SPLITS = ("train", "val", "test")
@@ -74,28 +66,6 @@ PRETRAIN_OTHER_SPEECH = (
     "in other news, the market fell", "welcome back to the show", "shuffle my playlist",
     "where did i park the car", "it's your turn to do the dishes", "happy birthday to you",
     "one two three four five six", "i love this song", "could you turn that down",
-)  # fmt: skip
-
-# Voice families kept out of training entirely in the pretraining corpus: they make the
-# unseen-voices test split, beside the held-out speakers of the training engines.
-UNSEEN_ESPEAK_VOICES = ("en-029", "en-us-nyc")
-UNSEEN_FESTIVAL_VOICES = ("cmu_us_slt_arctic_hts",)
-TRAIN_FESTIVAL_VOICES = ("kal_diphone", "ked_diphone")
-
-# The `pretrain-engines` add-on: engines of other synthesis methods than the main corpus's.
-# Training hears RHVoice's native English voices, MBROLA's English and some accented
-# speakers through espeak-ng, and festival's other diphone voices and its prosody over the
-# MBROLA speakers. Whole voices are kept out of its training for its unseen-engines split
-# (accented MBROLA speakers and RHVoice's two accented voices); RHVoice's `slt` is never
-# used (festival's held-out HTS voice is the same speaker).
-ENGINES_TRAIN_RHVOICE = ("alan", "bdl", "clb")
-ENGINES_UNSEEN_RHVOICE = ("evgeniy-eng", "lyubov")
-ENGINES_TRAIN_MBROLA = (
-    "mb-us1", "mb-us2", "mb-us3", "mb-en1", "mb-de1-en", "mb-de2-en", "mb-nl2-en", "mb-fr1-en",
-)  # fmt: skip
-ENGINES_UNSEEN_MBROLA = ("mb-fr4-en", "mb-sw2-en", "mb-pl1-en", "mb-hu1-en")
-ENGINES_TRAIN_FESTIVAL = (
-    "rab_diphone", "don_diphone", "us1_mbrola", "us2_mbrola", "us3_mbrola", "en1_mbrola",
 )  # fmt: skip
 
 
@@ -417,7 +387,7 @@ def confusables_for(phrase: str) -> tuple[str, ...]:
     return tuple(w for w in dict.fromkeys(out) if w.strip().lower() != phrase.strip().lower())
 
 
-def _allocate(total: int, shares: dict[str, float], minimum: int = 0) -> dict[str, int]:
+def allocate(total: int, shares: dict[str, float], minimum: int = 0) -> dict[str, int]:
     """Integer counts proportional to `shares` (largest remainder), each at least `minimum`
     when the total allows it."""
     keys = list(shares)
@@ -432,182 +402,6 @@ def _allocate(total: int, shares: dict[str, float], minimum: int = 0) -> dict[st
     return {k: counts[k] + minimum for k in keys}
 
 
-def make_speakers(seed: int, profile: CorpusProfile, phrase: str) -> list[Speaker]:
-    """Synthetic speakers, each a distinct voice and prosody, assigned to disjoint splits
-    (stratified by engine, so every split hears both synthesisers)."""
-    if profile.voice_set in ("pretrain", "pico-other", "engines"):
-        return make_pretrain_speakers(seed, profile, phrase)
-    if profile.voice_set == "fleet":
-        return make_fleet_speakers(seed, profile, phrase)
-    rng = np.random.default_rng([seed, 9001])
-    n_flite = max(3, profile.n_speakers // 4)
-    n_espeak = profile.n_speakers - n_flite
-    pairs = [(v, var) for v in ESPEAK_VOICES for var in ESPEAK_VARIANTS]
-    chosen = rng.choice(len(pairs), size=min(n_espeak, len(pairs)), replace=False)
-    espeak = [
-        Voice(
-            "espeak-ng",
-            pairs[i][0],
-            pairs[i][1],
-            int(rng.integers(125, 196)),
-            int(rng.integers(25, 76)),
-        )
-        for i in chosen
-    ]
-    flite = []
-    for k in range(n_flite):
-        name = FLITE_VOICES[k % len(FLITE_VOICES)]
-        f0 = int(rng.integers(165, 236)) if name == "slt" else int(rng.integers(85, 146))
-        flite.append(Voice("flite", name, "", int(rng.integers(85, 126)), f0))
-    confusables = confusables_for(phrase)
-    speakers: list[Speaker] = []
-    for group in (espeak, flite):
-        counts = _allocate(len(group), SPEAKER_SHARE, minimum=1)
-        order = rng.permutation(len(group))
-        pos = 0
-        for split in SPLITS:
-            for i in order[pos : pos + counts[split]]:
-                conf = rng.choice(
-                    len(confusables),
-                    size=min(profile.confusables_per_speaker, len(confusables)),
-                    replace=False,
-                )
-                oth = rng.choice(
-                    len(OTHER_SPEECH),
-                    size=min(profile.others_per_speaker, len(OTHER_SPEECH)),
-                    replace=False,
-                )
-                speakers.append(
-                    Speaker(
-                        "",
-                        group[i],
-                        split,
-                        tuple(confusables[j] for j in sorted(conf)),
-                        tuple(OTHER_SPEECH[j] for j in sorted(oth)),
-                    )  # fmt: skip
-                )
-            pos += counts[split]
-    speakers.sort(key=lambda s: (SPLITS.index(s.split), s.voice.describe()))
-    return [
-        Speaker(f"spk{i:03d}", s.voice, s.split, s.confusables, s.others)
-        for i, s in enumerate(speakers)
-    ]
-
-
-def _pretrain_voices(rng: np.random.Generator, n: int) -> list[Voice]:
-    """Voices of the training engines: espeak-ng (all but the held-out families), flite and
-    festival's diphone voices, each with a wide, random rate and pitch."""
-    n_festival = max(1, n // 12)
-    n_flite = max(1, n // 6)
-    n_espeak = n - n_festival - n_flite
-    families = [v for v in ESPEAK_VOICES if v not in UNSEEN_ESPEAK_VOICES]
-    pairs = [(v, var) for v in families for var in ESPEAK_VARIANTS]
-    picks = rng.choice(len(pairs), size=n_espeak, replace=n_espeak > len(pairs))
-    voices = [
-        Voice(
-            "espeak-ng",
-            pairs[i][0],
-            pairs[i][1],
-            int(rng.integers(100, 231)),
-            int(rng.integers(5, 96)),
-        )
-        for i in picks
-    ]
-    for k in range(n_flite):
-        name = FLITE_VOICES[k % len(FLITE_VOICES)]
-        f0 = int(rng.integers(150, 261)) if name == "slt" else int(rng.integers(75, 171))
-        voices.append(Voice("flite", name, "", int(rng.integers(70, 141)), f0))
-    for k in range(n_festival):
-        voices.append(
-            Voice(
-                "festival",
-                TRAIN_FESTIVAL_VOICES[k % len(TRAIN_FESTIVAL_VOICES)],
-                "",
-                int(rng.integers(70, 141)),
-                0,
-            )
-        )
-    return voices
-
-
-def _pico_voices(rng: np.random.Generator, names: tuple[str, ...], n: int) -> list[Voice]:
-    """`n` Pico speakers over `names` in turn, each with its own speed and pitch."""
-    return [
-        Voice(
-            "pico",
-            names[k % len(names)],
-            "",
-            int(rng.integers(75, 146)),
-            int(rng.integers(70, 146)),
-        )
-        for k in range(n)
-    ]
-
-
-def engine_voices(
-    rng: np.random.Generator,
-    n: int,
-    rhvoice: tuple[str, ...],
-    mbrola: tuple[str, ...],
-    festival: tuple[str, ...],
-) -> list[Voice]:
-    """`n` speakers of RHVoice, MBROLA (through espeak-ng) and festival voices, a quarter,
-    a half and a quarter of them, each voice in turn with its own rate and pitch."""
-    assert set(rhvoice) <= set(RHVOICE_VOICES) and set(mbrola) <= set(MBROLA_VOICES)
-    n_rh = max(1, n // 4) if rhvoice else 0
-    n_fest = max(1, n // 4) if festival else 0
-    n_mb = n - n_rh - n_fest
-    voices = [
-        Voice("rhvoice", rhvoice[k % len(rhvoice)], "", int(rng.integers(70, 151)),
-              int(rng.integers(70, 141)))
-        for k in range(n_rh)
-    ]  # fmt: skip
-    voices += [
-        Voice("mbrola", mbrola[k % len(mbrola)], "", int(rng.integers(100, 221)),
-              int(rng.integers(15, 86)))
-        for k in range(n_mb)
-    ]  # fmt: skip
-    voices += [
-        Voice("festival", festival[k % len(festival)], "", int(rng.integers(70, 141)), 0)
-        for k in range(n_fest)
-    ]
-    return voices
-
-
-def unseen_voices(seed: int, n: int) -> list[Voice]:
-    """Voices no training clip uses: Pico's English voices, festival's HTS voice and the
-    held-out espeak-ng families. The main corpus has no Pico voice at all; the add-on
-    `pretrain-voices` corpus has Pico's other voices."""
-    rng = np.random.default_rng([seed, 9002])
-    n_fest = max(1, n // 6)
-    n_espeak = max(1, n // 3)
-    n_pico = max(1, n - n_fest - n_espeak)
-    voices = _pico_voices(rng, PICO_VOICES, n_pico)
-    voices += [
-        Voice(
-            "festival",
-            UNSEEN_FESTIVAL_VOICES[k % len(UNSEEN_FESTIVAL_VOICES)],
-            "",
-            int(rng.integers(75, 136)),
-            0,
-        )
-        for k in range(n_fest)
-    ]
-    pairs = [(v, var) for v in UNSEEN_ESPEAK_VOICES for var in ESPEAK_VARIANTS]
-    picks = rng.choice(len(pairs), size=min(n_espeak, len(pairs)), replace=False)
-    voices += [
-        Voice(
-            "espeak-ng",
-            pairs[i][0],
-            pairs[i][1],
-            int(rng.integers(100, 231)),
-            int(rng.integers(5, 96)),
-        )
-        for i in picks
-    ]
-    return voices
-
-
 def texts_for(profile: CorpusProfile, phrase: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(confusable phrases, other speech) a profile's speakers draw from."""
     confusables: tuple[str, ...] = confusables_for(phrase)
@@ -617,100 +411,6 @@ def texts_for(profile: CorpusProfile, phrase: str) -> tuple[tuple[str, ...], tup
             confusables = tuple(dict.fromkeys(confusables + PRETRAIN_CONFUSABLES))
         others = tuple(dict.fromkeys(others + PRETRAIN_OTHER_SPEECH))
     return confusables, others
-
-
-def speakers_with_texts(
-    rng: np.random.Generator,
-    profile: CorpusProfile,
-    phrase: str,
-    voices: list[Voice],
-    split: str,
-    prefix: str,
-) -> list[Speaker]:
-    """One speaker per voice, each with its own draw of confusables and other speech."""
-    confusables, others = texts_for(profile, phrase)
-    out = []
-    for i, v in enumerate(voices):
-        conf = rng.choice(
-            len(confusables),
-            size=min(profile.confusables_per_speaker, len(confusables)),
-            replace=False,
-        )
-        oth = rng.choice(
-            len(others), size=min(profile.others_per_speaker, len(others)), replace=False
-        )
-        out.append(
-            Speaker(
-                f"{prefix}{i:03d}",
-                v,
-                split,
-                tuple(confusables[j] for j in sorted(conf)),
-                tuple(others[j] for j in sorted(oth)),
-            )
-        )
-    return out
-
-
-def make_pretrain_speakers(seed: int, profile: CorpusProfile, phrase: str) -> list[Speaker]:
-    """Training-engine speakers split 80/10/10 by speaker (stratified by engine)."""
-    rng = np.random.default_rng([seed, 9003])
-    if profile.voice_set == "pico-other":
-        voices = _pico_voices(rng, PICO_OTHER_VOICES, profile.n_speakers)
-    elif profile.voice_set == "engines":
-        voices = engine_voices(
-            rng, profile.n_speakers, ENGINES_TRAIN_RHVOICE, ENGINES_TRAIN_MBROLA,
-            ENGINES_TRAIN_FESTIVAL,
-        )  # fmt: skip
-    else:
-        voices = _pretrain_voices(rng, profile.n_speakers)
-    shares = {"train": 0.8, "val": 0.1, "test": 0.1}
-    speakers: list[Speaker] = []
-    for engine in dict.fromkeys(v.engine for v in voices):
-        group = [v for v in voices if v.engine == engine]
-        counts = _allocate(len(group), shares, minimum=1)
-        order = rng.permutation(len(group))
-        pos = 0
-        for split in SPLITS:
-            chosen = [group[i] for i in order[pos : pos + counts[split]]]
-            speakers += speakers_with_texts(rng, profile, phrase, chosen, split, "tmp")
-            pos += counts[split]
-    speakers.sort(key=lambda s: (SPLITS.index(s.split), s.voice.describe()))
-    speakers = [
-        Speaker(f"spk{i:03d}", s.voice, s.split, s.confusables, s.others)
-        for i, s in enumerate(speakers)
-    ]
-    if profile.new_confusables:
-        speakers = _with_new_confusables(seed, profile, phrase, speakers)
-    return speakers
-
-
-def _with_new_confusables(
-    seed: int, profile: CorpusProfile, phrase: str, speakers: list[Speaker]
-) -> list[Speaker]:
-    """Each speaker with `profile.new_confusables` confusables it was not given, drawn from
-    a generator of their own, so the speakers' voices and splits are the base draw's."""
-    confusables, _ = texts_for(profile, phrase)
-    rng = np.random.default_rng([seed, 9005])
-    out = []
-    for s in speakers:
-        fresh = [c for c in confusables if c not in s.confusables]
-        pick = rng.choice(len(fresh), size=min(profile.new_confusables, len(fresh)), replace=False)
-        out.append(replace(s, confusables=tuple(fresh[j] for j in sorted(pick))))
-    return out
-
-
-def make_unseen_speakers(seed: int, profile: CorpusProfile, phrase: str) -> list[Speaker]:
-    """The unseen-voices test speakers (ids `unseen000`, ...), all in split test: for the
-    `engines` add-on its held-out voices, else `unseen_voices`."""
-    rng = np.random.default_rng([seed, 9004])
-    if profile.voice_set == "engines":
-        voices = engine_voices(
-            np.random.default_rng([seed, 9006]), profile.unseen_speakers,
-            ENGINES_UNSEEN_RHVOICE, ENGINES_UNSEEN_MBROLA, (),
-        )  # fmt: skip
-    else:
-        voices = unseen_voices(seed, profile.unseen_speakers)
-    return speakers_with_texts(rng, profile, phrase, voices, "test", "unseen")
 
 
 def clip_counts(profile: CorpusProfile) -> dict[str, dict[str, int]]:
@@ -744,84 +444,10 @@ def clip_recipes(seed: int, profile: CorpusProfile) -> list[ClipRecipe]:
             n = clip_counts(profile)[name][split]
             slots: list[tuple[str, str]] = []
             shares = {c: CONTENT_SHARE[c] for c in CONTENT_SHARE if c in profile.contents}
-            for content, k in _allocate(n, shares).items():
+            for content, k in allocate(n, shares).items():
                 minimum = 1 if split != "train" else 0
-                states = _allocate(k, dict(zip(STATES, dev.state_probs, strict=True)), minimum)
+                states = allocate(k, dict(zip(STATES, dev.state_probs, strict=True)), minimum)
                 slots += [(content, st) for st, m in states.items() for _ in range(m)]
             order = np.random.default_rng([seed, d_idx, 7, s_idx]).permutation(len(slots))
             recipes += [ClipRecipe(name, split, i, *slots[j]) for i, j in enumerate(order)]
     return recipes
-
-
-# --------------------------------------------------------------------------------------
-# The fleet of hard users
-# --------------------------------------------------------------------------------------
-
-# (engine, voice) of the fleet's users: every voice the pretraining corpus keeps out (Pico's
-# English voices, festival's HTS voice, the held-out espeak-ng families; see
-# `unseen_voices`). Each device type's users go round this list from its own place.
-FLEET_VOICES: tuple[tuple[str, str], ...] = (
-    ("pico", "en-US"),
-    ("festival", UNSEEN_FESTIVAL_VOICES[0]),
-    ("espeak-ng", UNSEEN_ESPEAK_VOICES[0]),
-    ("pico", "en-GB"),
-    ("espeak-ng", UNSEEN_ESPEAK_VOICES[1]),
-)
-# Speaker ids of the users kept out of their device type's training data: "<type>-new<k>".
-NEW_USER_TAG = "-new"
-
-
-def fleet_device_of(speaker_id: str) -> str:
-    """The device type a fleet user belongs to (its id is "<type>-user<k>" or "<type>-new<k>")."""
-    return speaker_id.split("-", 1)[0]
-
-
-def is_new_user(speaker_id: str) -> bool:
-    """Whether a fleet user is kept out of its device type's training data."""
-    return NEW_USER_TAG in speaker_id
-
-
-def _fleet_voice(rng: np.random.Generator, engine: str, name: str) -> Voice:
-    """A user's voice: the engine's voice at the user's own speed and pitch."""
-    if engine == "pico":
-        return Voice(engine, name, "", int(rng.integers(80, 131)), int(rng.integers(75, 141)))
-    if engine == "festival":
-        return Voice(engine, name, "", int(rng.integers(80, 126)), 0)
-    variant = ESPEAK_VARIANTS[int(rng.integers(len(ESPEAK_VARIANTS)))]
-    return Voice(engine, name, variant, int(rng.integers(120, 211)), int(rng.integers(15, 86)))
-
-
-def _other_take(rng: np.random.Generator, voice: Voice) -> Voice:
-    """The same user on another day: speed within 10 % and pitch a little apart."""
-    rate = max(60, int(round(voice.rate * rng.uniform(0.9, 1.1))))
-    pitch = (
-        voice.pitch
-        if voice.engine == "festival"
-        else max(0, voice.pitch + int(rng.integers(-8, 9)))
-    )
-    return replace(voice, rate=rate, pitch=pitch)
-
-
-def make_fleet_speakers(seed: int, profile: CorpusProfile, phrase: str) -> list[Speaker]:
-    """The fleet's users per device type, one `Speaker` per (user, split) it speaks in:
-    "<type>-user<k>" in train, val and test (its training voice, then another take of it
-    for each held-out split), "<type>-new<k>" in test only (kept out of training)."""
-    rng = np.random.default_rng([seed, 9006])
-    confusables, others = texts_for(profile, phrase)
-    out: list[Speaker] = []
-    for d_idx, device in enumerate(DEVICE_PROFILES):
-        for u in range(profile.users_per_device + profile.new_users_per_device):
-            engine, name = FLEET_VOICES[(d_idx + u) % len(FLEET_VOICES)]
-            voice = _fleet_voice(rng, engine, name)
-            n_conf = min(profile.confusables_per_speaker, len(confusables))
-            conf = tuple(
-                confusables[j] for j in sorted(rng.choice(len(confusables), n_conf, replace=False))
-            )
-            n_oth = min(profile.others_per_speaker, len(others))
-            oth = tuple(others[j] for j in sorted(rng.choice(len(others), n_oth, replace=False)))
-            new = u >= profile.users_per_device
-            sid = f"{device}{NEW_USER_TAG if new else '-user'}{u:02d}"
-            for split in ("test",) if new else SPLITS:
-                take = voice if split == "train" else _other_take(rng, voice)
-                out.append(Speaker(sid, take, split, conf, oth))
-    return out

@@ -1,0 +1,188 @@
+"""The voice sets of the synthetic corpora, each a pure draw from a seeded generator: the
+pretraining corpus's training voices and the voices it keeps out (its unseen split), the
+`pretrain-engines` add-on's engines, Pico's voices, and the voices of the fleet's users."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from wakefl.tools.corpus.speech_synthesis import (
+    ESPEAK_VARIANTS,
+    ESPEAK_VOICES,
+    FLITE_VOICES,
+    MBROLA_VOICES,
+    PICO_VOICES,
+    RHVOICE_VOICES,
+    Voice,
+)
+
+# Voice families kept out of training entirely in the pretraining corpus: they make the
+# unseen-voices test split, beside the held-out speakers of the training engines.
+UNSEEN_ESPEAK_VOICES = ("en-029", "en-us-nyc")
+UNSEEN_FESTIVAL_VOICES = ("cmu_us_slt_arctic_hts",)
+TRAIN_FESTIVAL_VOICES = ("kal_diphone", "ked_diphone")
+
+# The `pretrain-engines` add-on: engines of other synthesis methods than the main corpus's.
+# Training hears RHVoice's native English voices, MBROLA's English and some accented
+# speakers through espeak-ng, and festival's other diphone voices and its prosody over the
+# MBROLA speakers. Whole voices are kept out of its training for its unseen-engines split
+# (accented MBROLA speakers and RHVoice's two accented voices); RHVoice's `slt` is never
+# used (festival's held-out HTS voice is the same speaker).
+ENGINES_TRAIN_RHVOICE = ("alan", "bdl", "clb")
+ENGINES_UNSEEN_RHVOICE = ("evgeniy-eng", "lyubov")
+ENGINES_TRAIN_MBROLA = (
+    "mb-us1", "mb-us2", "mb-us3", "mb-en1", "mb-de1-en", "mb-de2-en", "mb-nl2-en", "mb-fr1-en",
+)  # fmt: skip
+ENGINES_UNSEEN_MBROLA = ("mb-fr4-en", "mb-sw2-en", "mb-pl1-en", "mb-hu1-en")
+ENGINES_TRAIN_FESTIVAL = (
+    "rab_diphone", "don_diphone", "us1_mbrola", "us2_mbrola", "us3_mbrola", "en1_mbrola",
+)  # fmt: skip
+
+
+def pretrain_voices(rng: np.random.Generator, n: int) -> list[Voice]:
+    """Voices of the training engines: espeak-ng (all but the held-out families), flite and
+    festival's diphone voices, each with a wide, random rate and pitch."""
+    n_festival = max(1, n // 12)
+    n_flite = max(1, n // 6)
+    n_espeak = n - n_festival - n_flite
+    families = [v for v in ESPEAK_VOICES if v not in UNSEEN_ESPEAK_VOICES]
+    pairs = [(v, var) for v in families for var in ESPEAK_VARIANTS]
+    picks = rng.choice(len(pairs), size=n_espeak, replace=n_espeak > len(pairs))
+    voices = [
+        Voice(
+            "espeak-ng",
+            pairs[i][0],
+            pairs[i][1],
+            int(rng.integers(100, 231)),
+            int(rng.integers(5, 96)),
+        )
+        for i in picks
+    ]
+    for k in range(n_flite):
+        name = FLITE_VOICES[k % len(FLITE_VOICES)]
+        f0 = int(rng.integers(150, 261)) if name == "slt" else int(rng.integers(75, 171))
+        voices.append(Voice("flite", name, "", int(rng.integers(70, 141)), f0))
+    for k in range(n_festival):
+        voices.append(
+            Voice(
+                "festival",
+                TRAIN_FESTIVAL_VOICES[k % len(TRAIN_FESTIVAL_VOICES)],
+                "",
+                int(rng.integers(70, 141)),
+                0,
+            )
+        )
+    return voices
+
+
+def pico_voices(rng: np.random.Generator, names: tuple[str, ...], n: int) -> list[Voice]:
+    """`n` Pico speakers over `names` in turn, each with its own speed and pitch."""
+    return [
+        Voice(
+            "pico",
+            names[k % len(names)],
+            "",
+            int(rng.integers(75, 146)),
+            int(rng.integers(70, 146)),
+        )
+        for k in range(n)
+    ]
+
+
+def engine_voices(
+    rng: np.random.Generator,
+    n: int,
+    rhvoice: tuple[str, ...],
+    mbrola: tuple[str, ...],
+    festival: tuple[str, ...],
+) -> list[Voice]:
+    """`n` speakers of RHVoice, MBROLA (through espeak-ng) and festival voices, a quarter,
+    a half and a quarter of them, each voice in turn with its own rate and pitch."""
+    assert set(rhvoice) <= set(RHVOICE_VOICES) and set(mbrola) <= set(MBROLA_VOICES)
+    n_rh = max(1, n // 4) if rhvoice else 0
+    n_fest = max(1, n // 4) if festival else 0
+    n_mb = n - n_rh - n_fest
+    voices = [
+        Voice("rhvoice", rhvoice[k % len(rhvoice)], "", int(rng.integers(70, 151)),
+              int(rng.integers(70, 141)))
+        for k in range(n_rh)
+    ]  # fmt: skip
+    voices += [
+        Voice("mbrola", mbrola[k % len(mbrola)], "", int(rng.integers(100, 221)),
+              int(rng.integers(15, 86)))
+        for k in range(n_mb)
+    ]  # fmt: skip
+    voices += [
+        Voice("festival", festival[k % len(festival)], "", int(rng.integers(70, 141)), 0)
+        for k in range(n_fest)
+    ]
+    return voices
+
+
+def unseen_voices(seed: int, n: int) -> list[Voice]:
+    """Voices no training clip uses: Pico's English voices, festival's HTS voice and the
+    held-out espeak-ng families. The main corpus has no Pico voice at all; the add-on
+    `pretrain-voices` corpus has Pico's other voices."""
+    rng = np.random.default_rng([seed, 9002])
+    n_fest = max(1, n // 6)
+    n_espeak = max(1, n // 3)
+    n_pico = max(1, n - n_fest - n_espeak)
+    voices = pico_voices(rng, PICO_VOICES, n_pico)
+    voices += [
+        Voice(
+            "festival",
+            UNSEEN_FESTIVAL_VOICES[k % len(UNSEEN_FESTIVAL_VOICES)],
+            "",
+            int(rng.integers(75, 136)),
+            0,
+        )
+        for k in range(n_fest)
+    ]
+    pairs = [(v, var) for v in UNSEEN_ESPEAK_VOICES for var in ESPEAK_VARIANTS]
+    picks = rng.choice(len(pairs), size=min(n_espeak, len(pairs)), replace=False)
+    voices += [
+        Voice(
+            "espeak-ng",
+            pairs[i][0],
+            pairs[i][1],
+            int(rng.integers(100, 231)),
+            int(rng.integers(5, 96)),
+        )
+        for i in picks
+    ]
+    return voices
+
+
+# (engine, voice) of the fleet's users: every voice the pretraining corpus keeps out (Pico's
+# English voices, festival's HTS voice, the held-out espeak-ng families; see
+# `unseen_voices`). Each device type's users go round this list from its own place.
+FLEET_VOICES: tuple[tuple[str, str], ...] = (
+    ("pico", "en-US"),
+    ("festival", UNSEEN_FESTIVAL_VOICES[0]),
+    ("espeak-ng", UNSEEN_ESPEAK_VOICES[0]),
+    ("pico", "en-GB"),
+    ("espeak-ng", UNSEEN_ESPEAK_VOICES[1]),
+)
+
+
+def fleet_voice(rng: np.random.Generator, engine: str, name: str) -> Voice:
+    """A user's voice: the engine's voice at the user's own speed and pitch."""
+    if engine == "pico":
+        return Voice(engine, name, "", int(rng.integers(80, 131)), int(rng.integers(75, 141)))
+    if engine == "festival":
+        return Voice(engine, name, "", int(rng.integers(80, 126)), 0)
+    variant = ESPEAK_VARIANTS[int(rng.integers(len(ESPEAK_VARIANTS)))]
+    return Voice(engine, name, variant, int(rng.integers(120, 211)), int(rng.integers(15, 86)))
+
+
+def other_take(rng: np.random.Generator, voice: Voice) -> Voice:
+    """The same user on another day: speed within 10 % and pitch a little apart."""
+    rate = max(60, int(round(voice.rate * rng.uniform(0.9, 1.1))))
+    pitch = (
+        voice.pitch
+        if voice.engine == "festival"
+        else max(0, voice.pitch + int(rng.integers(-8, 9)))
+    )
+    return replace(voice, rate=rate, pitch=pitch)
