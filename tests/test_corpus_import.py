@@ -319,7 +319,7 @@ def test_short_clips_are_padded_with_the_files_background(tmp_path: Path) -> Non
 def test_names_are_normalized_and_only_ambiguity_is_refused(
     recordings: Path, tmp_path: Path
 ) -> None:
-    from wakefl.tools.evaluation.evaluate import bootstrap_units
+    from wakefl.tools.evaluation.cells import bootstrap_units
 
     rows = [
         ("pos_22k.wav", "1", "phone", " Playback ", "Alice  Smith", "TEST"),

@@ -20,7 +20,8 @@ from wakefl.models.kws_cnn import KwsCnn, ModelConfig, export_onnx, save_model
 from wakefl.sdk.manifest import read_manifest, write_manifest
 from wakefl.sdk.wake_metrics import false_accepts_per_hour
 from wakefl.tools.cli import main
-from wakefl.tools.evaluation.evaluate import EvalSettings, stream_detections
+from wakefl.tools.evaluation.cells import stream_detections
+from wakefl.tools.evaluation.evaluate import EvalSettings
 from wakefl.tools.evaluation.model_scoring import detection_times, load_scorer, stream_posteriors
 
 WIDTH = 0.125
@@ -375,7 +376,8 @@ def test_batched_stream_scoring_is_the_streaming_detector_bit_for_bit(models, ti
 
 
 def test_eval_and_study_give_identical_rows_on_the_same_scores(models, tiny_corpus):
-    from wakefl.tools.evaluation.evaluate import bootstrap_units, run_evaluation
+    from wakefl.tools.evaluation.cells import bootstrap_units
+    from wakefl.tools.evaluation.evaluate import run_evaluation
     from wakefl.tools.evaluation.model_scoring import score_clips
     from wakefl.tools.studies.paper_figures import EvalSet, relative_records
 
@@ -511,7 +513,7 @@ def test_thresholds_file_and_model_card(models, tiny_corpus, tmp_path, capsys):
 
 def test_pairing_scores_each_model_on_its_own_device_type(models, tiny_corpus, tmp_path, capsys):
     from wakefl.sdk.wake_metrics import relative_by_subset
-    from wakefl.tools.evaluation.evaluate import bootstrap_units
+    from wakefl.tools.evaluation.cells import bootstrap_units
     from wakefl.tools.evaluation.model_scoring import score_clips
 
     pairing = tmp_path / "pairs.csv"

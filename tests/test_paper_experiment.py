@@ -13,7 +13,7 @@ import pytest
 
 from wakefl.errors import ConfigError
 from wakefl.sdk.wake_metrics import relative_fa_fr
-from wakefl.tools.evaluation.evaluate import bootstrap_units
+from wakefl.tools.evaluation.cells import bootstrap_units
 from wakefl.tools.studies.paper_experiment import run_paper_study
 from wakefl.tools.studies.paper_figures import EvalSet, paired_fa_ratio
 from wakefl.tools.studies.paper_report import render_markdown

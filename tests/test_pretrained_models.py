@@ -79,7 +79,7 @@ def test_shipped_model_detects_the_phrase_from_an_unseen_voice(name: str, clips)
 def test_every_entry_point_starts_from_the_shipped_model(tmp_path) -> None:
     from wakefl.errors import ConfigError
     from wakefl.models.kws_cnn import load_model
-    from wakefl.tools.evaluation.evaluate import card_threshold
+    from wakefl.tools.evaluation.inputs import card_threshold
     from wakefl.tools.training.warm_start import resolve_baseline
 
     small = resolve_baseline(None, None, width=0.25, cache_dir=tmp_path, progress=False)

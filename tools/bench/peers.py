@@ -235,7 +235,7 @@ def wakefl_operating_point(model: Path, threshold: float | None) -> dict[str, An
     it), else `shipped_threshold` in the JSON beside the model or an ONNX file's metadata.
     `threshold` overrides the threshold."""
     from wakefl.models.kws_cnn.pretrained import card_beside
-    from wakefl.tools.evaluation.evaluate import card_threshold
+    from wakefl.tools.evaluation.inputs import card_threshold
 
     card = card_beside(model) if model.suffix == ".safetensors" else None
     card = card or {}

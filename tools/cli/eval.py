@@ -179,13 +179,8 @@ def empty_cell_notes(rows: list[dict]) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from wakefl.errors import ConfigError
-    from wakefl.tools.evaluation.evaluate import (
-        EvalSettings,
-        parse_candidate,
-        read_pairing,
-        read_thresholds,
-        run_evaluation,
-    )
+    from wakefl.tools.evaluation.evaluate import EvalSettings, run_evaluation
+    from wakefl.tools.evaluation.inputs import parse_candidate, read_pairing, read_thresholds
     from wakefl.tools.evaluation.report import matched_fa_table, result_json, write_report
 
     if not (math.isfinite(args.target_fr) and 0.0 <= args.target_fr < 1.0):
@@ -239,7 +234,7 @@ def _score_alone(args: argparse.Namespace, threshold: float | dict | None) -> in
     """No candidate: the --baseline model alone at its shipped threshold (or the given
     one), FRR and FA/h with their resolutions."""
     from wakefl.errors import ConfigError
-    from wakefl.tools.evaluation.evaluate import card_threshold
+    from wakefl.tools.evaluation.inputs import card_threshold
     from wakefl.tools.evaluation.single_model import DetectorSettings, format_rows, score_model
 
     if args.report:

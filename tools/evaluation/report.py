@@ -9,8 +9,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from wakefl.tools.evaluation.cells import ALL, BASELINE
 from wakefl.tools.evaluation.det_plot import coinciding, plot_det
-from wakefl.tools.evaluation.evaluate import ALL, BASELINE, EvalResult
+from wakefl.tools.evaluation.evaluate import EvalResult
 
 COLUMNS = (
     ("candidate", "candidate"),

@@ -372,7 +372,8 @@ def evaluate_and_report(
     """Scores the baseline, the global model and each served model (on its own device type)
     on the test clips and streams, and writes the report with the summary on top. Returns
     the report folder and the summary's Markdown lines."""
-    from wakefl.tools.evaluation.evaluate import card_threshold, run_evaluation
+    from wakefl.tools.evaluation.evaluate import run_evaluation
+    from wakefl.tools.evaluation.inputs import card_threshold
     from wakefl.tools.evaluation.report import write_report
     from wakefl.tools.fleet.demo_report import device_summary, summary_markdown
 

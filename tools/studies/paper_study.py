@@ -154,7 +154,7 @@ class PaperStudy:
         import torch
 
         from wakefl.sdk.dataset import WakeWordDataset
-        from wakefl.tools.evaluation.evaluate import bootstrap_units
+        from wakefl.tools.evaluation.cells import bootstrap_units
 
         ws = self.cfg.window_samples
         self.train: dict[str, Any] = {}
