@@ -131,9 +131,9 @@ def test_device_types_differ_measurably(tiny_corpus: Path) -> None:
 
 
 def test_each_stream_has_a_transcript_of_what_is_said_when(tiny_corpus: Path) -> None:
-    from wakefl.tools.corpus.build import read_transcript
     from wakefl.tools.corpus.plan import PROFILES
     from wakefl.tools.corpus.speakers import make_speakers
+    from wakefl.tools.corpus.transcripts import read_transcript
 
     speakers = {s.speaker_id: s for s in make_speakers(0, PROFILES["tiny"], "hey nova")}
     streams = [r for r in read_manifest(tiny_corpus) if r.kind == "stream"]

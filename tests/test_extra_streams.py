@@ -52,7 +52,8 @@ def _test_speakers(folder: Path, split: str = "test") -> set[str]:
 @pytest.mark.slow
 def test_the_streams_add_on_holds_new_streams_of_the_held_out_speakers_only(tmp_path) -> None:
     from wakefl.sdk.manifest import read_manifest
-    from wakefl.tools.corpus.build import build_corpus, read_transcript
+    from wakefl.tools.corpus.build import build_corpus
+    from wakefl.tools.corpus.transcripts import read_transcript
 
     main = build_corpus(tmp_path / "main", 0, "pretrain-micro", progress=False)
     extra = build_corpus(tmp_path / "extra", 0, "pretrain-streams-micro", progress=False)

@@ -44,7 +44,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 @pytest.mark.slow
 def test_the_add_on_holds_the_held_out_speakers_through_the_field_devices(built) -> None:
     from wakefl.sdk.manifest import read_manifest
-    from wakefl.tools.corpus.build import build_corpus, read_transcript
+    from wakefl.tools.corpus.build import build_corpus
+    from wakefl.tools.corpus.transcripts import read_transcript
 
     main, field = built
     rows = read_manifest(field / "manifest.csv")

@@ -269,7 +269,7 @@ def top_stream_events(sc: SplitScores, k: int = TOP_EVENTS) -> list[dict[str, An
     """The `k` highest-scoring moments of the negative streams, as distinct detector events
     (at least a refractory period apart), with what the stream's transcript says was spoken
     in the window: the false accepts that set the threshold, and what they heard."""
-    from wakefl.tools.corpus.build import read_transcript
+    from wakefl.tools.corpus.transcripts import read_transcript
 
     assert sc.stream_files is not None
     refractory = refractory_hops(REFRACTORY_S, sc.hop_s, SAMPLE_RATE)

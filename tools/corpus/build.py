@@ -44,6 +44,7 @@ from wakefl.tools.corpus.speakers import (
     make_unseen_speakers,
 )
 from wakefl.tools.corpus.speech_synthesis import Voice, synthesize_many
+from wakefl.tools.corpus.transcripts import StreamUtterance, transcript_path, write_transcript
 from wakefl.tools.corpus.word_timing import run_together
 
 _KIND_CLIP, _KIND_STREAM, _KIND_ROOM = 0, 1, 2
@@ -300,17 +301,6 @@ def on_off_gate(
     return np.convolve(gate, np.ones(ramp) / ramp, mode="same")
 
 
-@dataclass(frozen=True)
-class StreamUtterance:
-    """One utterance of a negative stream, for telling what a false accept heard."""
-
-    start_s: float
-    end_s: float
-    speaker: str
-    content: str  # "conf" (a confusable phrase) or "other" (other speech)
-    text: str
-
-
 def render_stream(
     ctx: CorpusContext, device: str, index: int, split: str = "test"
 ) -> tuple[np.ndarray, str, list[StreamUtterance]]:
@@ -354,38 +344,6 @@ def render_stream(
         snr = rng.uniform(*dev.snr_db.get(state, _STATE_SNR_FALLBACK))
         field_ += scale_to(reverberate(background, room), ref_db - snr)
     return ctx.acoustics.capture(rng, device, field_), state, transcript
-
-
-def transcript_path(stream: Path) -> Path:
-    """Where the transcript of stream WAV `stream` is written: beside it, as CSV (a name of
-    its own, so that a recording's other files beside it are never taken for one)."""
-    return stream.with_suffix(".transcript.csv")
-
-
-def write_transcript(path: Path, transcript: list[StreamUtterance]) -> None:
-    with path.open("w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f, lineterminator="\n")
-        w.writerow(["start_s", "end_s", "speaker", "content", "text"])
-        for u in transcript:
-            w.writerow([f"{u.start_s:.3f}", f"{u.end_s:.3f}", u.speaker, u.content, u.text])
-
-
-def read_transcript(stream: Path) -> list[StreamUtterance]:
-    """The transcript written beside stream WAV `stream`; empty when there is none (a corpus
-    built before transcripts, or recordings brought in with `wakefl corpus import`)."""
-    path = transcript_path(stream)
-    if not path.is_file():
-        return []
-    try:
-        with path.open(newline="", encoding="utf-8") as f:
-            return [
-                StreamUtterance(
-                    float(r["start_s"]), float(r["end_s"]), r["speaker"], r["content"], r["text"]
-                )
-                for r in csv.DictReader(f)
-            ]
-    except (KeyError, ValueError) as exc:
-        raise ConfigError(f"{path}: not a stream transcript ({exc})") from None
 
 
 def write_wav(path: Path, wave: np.ndarray) -> None:

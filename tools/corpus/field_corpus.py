@@ -30,15 +30,12 @@ from wakefl.tools.corpus.build import (
     CORPUS_INFO,
     UNSEEN_DIR,
     CorpusContext,
-    StreamUtterance,
     corpus_info,
     on_off_gate,
     place_in_window,
     said,
     texts_said,
-    transcript_path,
     write_speakers,
-    write_transcript,
     write_wav,
 )
 from wakefl.tools.corpus.plan import (
@@ -53,6 +50,7 @@ from wakefl.tools.corpus.plan import (
 )
 from wakefl.tools.corpus.speakers import make_speakers, make_unseen_speakers
 from wakefl.tools.corpus.speech_synthesis import synthesize_many
+from wakefl.tools.corpus.transcripts import StreamUtterance, transcript_path, write_transcript
 
 # Generator kinds of this add-on: apart from corpus_build's (0-2, +10 for unseen voices).
 _KIND_CLIP, _KIND_STREAM = 31, 32
