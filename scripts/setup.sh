@@ -59,7 +59,10 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     # warnings are noise here.
     quiet_pip() { .venv/bin/python -m pip "$@" 2> >(grep -v "is ignored: it is neither" >&2); }
     quiet_pip install -q --upgrade "pip==26.3" "setuptools==80.9.0" wheel
-    quiet_pip install -q -e ".[$extras]"
+    # setuptools' editable install notes that a folder named like the package may shadow it;
+    # here the folder `wakefl/` is the package itself (pyproject's package-dir), so the note
+    # does not apply and is not printed.
+    PYTHONWARNINGS="ignore:Editable installation" quiet_pip install -q -e ".[$extras]"
     echo "$want" >"$stamp"
 fi
 echo "[setup] ready: $(.venv/bin/python -c 'import torch, torchaudio; print("torch", torch.__version__, "torchaudio", torchaudio.__version__)')"
