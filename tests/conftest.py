@@ -102,8 +102,8 @@ def tiny_kws_onnx(tiny_kws_model, tmp_path_factory) -> Path:
 
 
 # --- Test tiers ---------------------------------------------------------------------------
-# `pytest -m "not slow"` is the fast tier a developer runs while working (about 2 minutes on
-# 2 cores); CI runs every test. A test is in the slow tier when it needs the synthetic corpus
+# `pytest -m "not slow"` is the fast tier a developer runs while working (about 40 s of tests
+# on 2 cores); CI runs every test. A test is in the slow tier when it needs the synthetic corpus
 # (about 15 s to build), a real MQTT broker, or is named below (several seconds alone:
 # training, CLI subprocesses, large exports). Whole modules marked with `pytestmark` and
 # Self-FL's own convergence tests carry the marker in their files.
@@ -114,6 +114,10 @@ SLOW_MODULES = frozenset(
         "test_device_client.py",  # devices training the CNN against a real broker
     }
 )
+# Fixtures slow only in their own module: test_pretrain.py's `corpus` and `voices_corpus`
+# build the pretraining corpus's micro profile (about 15 s), and every test using them
+# trains or decodes it.
+SLOW_MODULE_FIXTURES = {"test_pretrain.py": frozenset({"corpus", "voices_corpus"})}
 SLOW_TESTS = frozenset(
     {
         "test_corpus_build.py::test_same_seed_gives_byte_identical_corpus",
@@ -143,5 +147,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             module in SLOW_MODULES
             or f"{module}::{name}" in SLOW_TESTS
             or SLOW_FIXTURES & set(getattr(item, "fixturenames", ()))
+            or SLOW_MODULE_FIXTURES.get(module, frozenset())
+            & set(getattr(item, "fixturenames", ()))
         ):
             item.add_marker(pytest.mark.slow)
