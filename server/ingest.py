@@ -338,8 +338,9 @@ class Ingest:
             self.send_ack(dev, 0, False, f"{refusal.reason}: {refusal.detail}"[:200], "hello")
 
     def _hello_refusal(self, msg: Hello, dev: str, topic: str) -> Decision | None:
-        """A hello that cannot stand (never acked), or None after registering its device
-        when the registry is open."""
+        """A hello that cannot stand, or None after registering its device when the
+        registry is open. Only an unknown or wrong-type device is told why
+        (`_tell_refused_hello`); a hello on a mismatched topic gets no answer."""
         if msg.device_id != dev or msg.fleet != self.s.cfg.fleet:
             return refuse(
                 "topic_mismatch", f"hello from {msg.device_id!r} on {topic!r}", dev, None, None
