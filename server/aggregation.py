@@ -7,15 +7,20 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
 
+from wakefl.sdk.selffl.aggregation import aggregate_stream
+from wakefl.sdk.selffl.selffl_strategy import SelfFL
 from wakefl.sdk.selffl.strategy import ClientResult, ServerState, Strategy
-from wakefl.sdk.selffl.update_screening import Screening, apply_scale, delta_norm, screen_updates
+from wakefl.sdk.selffl.update_screening import Screening, apply_scale, screen_updates
 from wakefl.server.admission import Decision, refused_at_screening
+from wakefl.server.partial_aggregate import reported_uncertainties
 from wakefl.server.recorded_updates import UpdateView
+from wakefl.server.round_receipts import RoundReceipts
 from wakefl.server.server_session import ServerSession
 
 log = logging.getLogger("wakefl.server")
@@ -73,7 +78,12 @@ def screened_devices(rows: list[dict], screening: Screening) -> dict[str, str]:
 
 
 class LocalAggregation:
-    """Screen a round's recorded updates and aggregate those kept, in this process."""
+    """Screen a round's recorded updates and aggregate those kept, in this process.
+
+    Self-FL without clusters reads each kept update once: its screening distances and
+    Eqn 14's spread come from the round's receipts (server/round_receipts.py), and only
+    Eqn 11's weighted mean reads the updates. Other strategies get the screened updates
+    through their own `aggregate`."""
 
     def __init__(
         self, session: ServerSession, strategy: Strategy, refuse: Callable[[Decision], None]
@@ -81,11 +91,14 @@ class LocalAggregation:
         self.s = session
         self.strategy = strategy
         self._refuse = refuse
+        uses_receipts = isinstance(strategy, SelfFL) and not strategy.cluster_by_group
+        self._selffl = strategy if uses_receipts else None
 
     def __call__(self, state: ServerState, round_id: int, view: UpdateView) -> Aggregated:
         if not len(view):
             return self.strategy.skip_round(state), [], {}
-        norms = self._distances(round_id, view, state.global_params)
+        receipts = self._receipts(round_id, view, state.global_params)
+        norms = [math.sqrt(receipts.sq_distance[row["device_id"]]) for row in view.rows]
         screening = screen_norms(
             self.s, self.strategy, round_id, view.rows, norms, state.global_params, self._refuse
         )
@@ -96,21 +109,58 @@ class LocalAggregation:
         if not keep.rows:
             return self.strategy.skip_round(state), [], screened
         rate = self.strategy.activity_share(len(keep.rows), len(self.s.registry()))
-        return self.strategy.aggregate(state, keep, rate), keep.rows, screened
+        if self._selffl is None:
+            return self.strategy.aggregate(state, keep, rate), keep.rows, screened
+        spread = self._spread(receipts, view, screening)
+        kept = [v for v in screening.verdicts if v.action != "refuse"]
+        reported = reported_uncertainties(keep.rows, kept, self.strategy.screened_variance)
 
-    def _distances(self, round_id: int, view: UpdateView, global_params: Tensor) -> list[float]:
-        """Each update's distance to the global model: taken at ingest when this process
-        accepted it (`ServerSession.norms`), read from its file otherwise (a restart)."""
-        noted = self.s.norms
+        def theta_hat(sigma0_sq: float, sigmas: list[float]) -> Tensor:
+            pairs = ((r.params, s) for r, s in zip(keep, sigmas, strict=True))
+            return aggregate_stream(pairs, sigma0_sq)
+
+        new_state = self._selffl.combine(state, reported, spread, theta_hat, rate)
+        return new_state, keep.rows, screened
+
+    def _receipts(self, round_id: int, view: UpdateView, global_params: Tensor) -> RoundReceipts:
+        """The round's receipts, sealed, with every recorded update in them: those ingest
+        did not see in this process (a restart) are read from their files."""
         with self.s.lock:
-            found = {d: noted.pop((r, d)) for r, d in list(noted) if r == round_id}
-            for key in [k for k in noted if k[0] < round_id]:
-                del noted[key]  # rounds aggregated without them
+            held = self.s.receipts
+            if held is not None and held.round_id == round_id:
+                self.s.receipts = None
+        if held is None or held.round_id != round_id:
+            held = RoundReceipts(round_id, global_params)
+        held.seal()
         rows = view.rows
-        missing = [i for i, row in enumerate(rows) if row["device_id"] not in found]
+        missing = [i for i, row in enumerate(rows) if row["device_id"] not in held.sq_distance]
         for i, res in zip(missing, view.only(missing), strict=True):
-            found[rows[i]["device_id"]] = delta_norm(res.params, global_params)
-        return [found[row["device_id"]] for row in rows]
+            held.include(rows[i]["device_id"], res.params)
+        return held
+
+    @staticmethod
+    def _spread(receipts: RoundReceipts, view: UpdateView, screening: Screening) -> float:
+        """Eqn 14 over the screened models. Clipped updates (within the refusal bound) are
+        read again to take their clipped part out of the receipts' sum. A refused update
+        may be absurdly far (1e38 entries): subtracting it would cancel every digit of the
+        honest sum, so when one is refused the sum is taken again over the kept updates."""
+        verdicts = screening.verdicts
+        kept = [
+            (i, row["device_id"], v.scale)
+            for i, (row, v) in enumerate(zip(view.rows, verdicts, strict=True))
+            if v.action != "refuse"
+        ]
+        if len(kept) < len(verdicts):
+            again = [i for i, _, _ in kept]
+            scales = [s for _, _, s in kept]
+            receipts.restart_sum(
+                (res.params, s) for res, s in zip(view.only(again), scales, strict=True)
+            )
+        else:
+            clipped = [i for i, v in enumerate(verdicts) if v.action == "clip"]
+            for i, res in zip(clipped, view.only(clipped), strict=True):
+                receipts.take_out(res.params, 1.0 - verdicts[i].scale)
+        return receipts.spread([(dev, s) for _, dev, s in kept])
 
 
 class ScreenedUpdates:

@@ -30,7 +30,6 @@ from wakefl.sdk.messages import (
     unpack_uplink,
 )
 from wakefl.sdk.selffl.strategy import Strategy
-from wakefl.sdk.selffl.update_screening import delta_norm
 from wakefl.sdk.served_model_gate import with_gate_schema
 from wakefl.server.admission import (
     AckKind,
@@ -275,11 +274,12 @@ class Ingest:
             puback()
 
     def _note_distance(self, msg: Uplink) -> None:
-        """The update's screening distance to the round's global model, kept for the
-        aggregation (server/aggregation.py) when this process runs the round."""
-        g = self.s.global_params
-        if g is not None and msg.params.shape == g.shape:
-            self.s.norms[(msg.round_id, msg.device_id)] = delta_norm(msg.params, g)
+        """Fold the update into the open round's receipts (its screening distance and the
+        difference sum, server/round_receipts.py) while it is in memory, when this process
+        runs the round."""
+        receipts = self.s.receipts
+        if receipts is not None and receipts.round_id == msg.round_id:
+            receipts.note(msg.device_id, msg.params)
 
     # ------------------------------------------------------------------ hellos
     def _handle_hello(self, topic: str, payload: bytes) -> None:

@@ -31,6 +31,7 @@ from torch import Tensor
 from wakefl.errors import ConfigError
 from wakefl.sdk.selffl.aggregation import PrecisionSum
 from wakefl.sdk.selffl.checks import require_finite
+from wakefl.sdk.selffl.float64_chunks import move_mean_, widened
 from wakefl.sdk.selffl.selffl_strategy import ReportedUncertainty, SelfFL
 from wakefl.sdk.selffl.strategy import Strategy
 from wakefl.sdk.selffl.update_screening import Verdict, apply_scale, delta_norm
@@ -46,15 +47,13 @@ class Spread:
 
     def add(self, x: Tensor) -> None:
         """Welford's update with one vector."""
-        x64 = x.detach().reshape(-1).to(torch.float64, copy=True)  # ours to change
         if self.mean is None:
-            self.count, self.mean, self.m2 = 1, x64, 0.0
+            self.count, self.mean, self.m2 = 1, widened(x), 0.0
             return
         self.count += 1
-        delta = x64.sub_(self.mean)  # x's float64 copy is not needed past this point
-        self.mean.add_(delta, alpha=1.0 / self.count)
+        delta_sq = move_mean_(self.mean, x, 1.0 / self.count)
         # x - new mean = delta (n-1)/n: one dot product instead of a second difference
-        self.m2 += float(torch.dot(delta, delta)) * (self.count - 1) / self.count
+        self.m2 += delta_sq * (self.count - 1) / self.count
 
     @property
     def value(self) -> float:

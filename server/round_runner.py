@@ -25,6 +25,7 @@ from wakefl.server.aggregation import Aggregated
 from wakefl.server.downlink import build_downlink
 from wakefl.server.ingest import Ingest
 from wakefl.server.recorded_updates import UpdateView
+from wakefl.server.round_receipts import RoundReceipts
 from wakefl.server.server_config import RoundReport
 from wakefl.server.server_session import ServerSession
 
@@ -260,7 +261,7 @@ class RoundRunner:
         payload = self._build_downlink(state, round_id, sampled, deadline)
         with self.s.lock:
             self.s.open_round = OpenRound.of(round_id, sampled, deadline)
-            self.s.global_params = state.global_params
+            self.s.receipts = RoundReceipts(round_id, state.global_params)
             self.s.downlink = payload
             self.s.republish = False
         self._publish_downlink(payload)
@@ -305,7 +306,7 @@ class RoundRunner:
         self.s.store.extend_deadline(rid, deadline)
         with self.s.lock:
             self.s.open_round = OpenRound.of(rid, rec.sampled, deadline)
-            self.s.global_params = state.global_params
+            self.s.receipts = RoundReceipts(rid, state.global_params)
 
     def run(self) -> ServerState:
         state = self.s.store.load_server_state()

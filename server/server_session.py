@@ -17,6 +17,7 @@ from wakefl.sdk import topics
 from wakefl.sdk.messages import Downlink, decode_as
 from wakefl.sdk.mqtt_link import MqttLink
 from wakefl.server.admission import OpenRound
+from wakefl.server.round_receipts import RoundReceipts
 from wakefl.server.server_config import ServerConfig
 from wakefl.server.state_store import StateStore
 
@@ -41,12 +42,10 @@ class ServerSession:
         self.stop_event = threading.Event()
         self.static = config.devices is not None
         self._base: tuple[bytes, Tensor] | None = None  # a downlink and its global model
-        # The open round's global model (the server's float32 copy, not the downlink's),
-        # and each accepted update's screening distance to it, taken at ingest while the
-        # decoded update is in memory: aggregation then reads no update just to screen it.
-        # In memory only: after a restart the distances are taken again from the files.
-        self.global_params: Tensor | None = None
-        self.norms: dict[tuple[int, str], float] = {}
+        # The open round's global model (the server's float32 copy, not the downlink's)
+        # and what ingest learns of each accepted update while it is decoded
+        # (server/round_receipts.py): aggregation then reads the kept updates once.
+        self.receipts: RoundReceipts | None = None
         for dev, typ in (config.devices or {}).items():
             topics.check_name(dev, "device id")
             topics.check_name(typ, "device type")

@@ -10,20 +10,12 @@ from __future__ import annotations
 
 import math
 
-import torch
 from torch import Tensor
 
 from wakefl.errors import ConfigError, NonFiniteError
 from wakefl.finite import all_finite
 from wakefl.sdk.selffl.checks import require_finite
-
-
-def _sq_norm(x: Tensor) -> float:
-    # Squared norms are accumulated in float64 whatever the parameter dtype: a float32 sum
-    # over millions of entries would lose the small round-to-round differences.
-    # (An explicit float64 copy and dot is ~3x faster than vector_norm(dtype=float64).)
-    x64 = x.reshape(-1).to(torch.float64)
-    return float(torch.dot(x64, x64))
+from wakefl.sdk.selffl.float64_chunks import sq_norm
 
 
 def _check_vector(x: Tensor, what: str) -> Tensor:
@@ -83,7 +75,7 @@ class RunningVariance:
         delta = flat.to(self._mean.dtype) - self._mean  # x_t - mean_{t-1}
         # Both norms of the recursion follow from ||delta||^2, so one pass over d entries
         # suffices: mean_t - mean_{t-1} = delta / t and x_t - mean_t = delta (t-1) / t.
-        delta_sq = _sq_norm(delta)
+        delta_sq = sq_norm(delta)  # float64, whatever the dtype
         shift_sq = delta_sq / (t * t)  # ||mean_t - mean_{t-1}||^2
         resid_sq = delta_sq * ((t - 1) / t) ** 2  # ||x_t - mean_t||^2
         new_mean = self._mean.add(delta, alpha=1.0 / t)

@@ -32,10 +32,10 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
 from wakefl.errors import ConfigError
+from wakefl.sdk.selffl.float64_chunks import sq_distance
 
 
 @dataclass(frozen=True)
@@ -77,9 +77,6 @@ class Screening:
     refuse_bound: float  # min of the relative and the absolute bound
 
 
-_NORM_CHUNK = 1 << 16  # entries per step of `delta_norm`
-
-
 def delta_norm(params: Tensor, global_params: Tensor) -> float:
     """||theta_m - theta_global||_2 in float64 (float32 would overflow for 3e38 entries)."""
     if params.shape != global_params.shape:
@@ -87,19 +84,8 @@ def delta_norm(params: Tensor, global_params: Tensor) -> float:
             f"update of shape {tuple(params.shape)} against a global model of "
             f"shape {tuple(global_params.shape)}"
         )
-    # Exact float64 differences, a chunk at a time through one small buffer: no float64
-    # copy of either vector (two 23 MB allocations per update, page faults included).
-    a = params.detach().reshape(-1)
-    b = global_params.detach().reshape(-1)
-    buf = torch.empty(min(_NORM_CHUNK, a.numel()), dtype=torch.float64)
-    total = 0.0
-    for start in range(0, a.numel(), _NORM_CHUNK):
-        part = a[start : start + _NORM_CHUNK]
-        d = buf[: part.numel()]
-        d.copy_(part)
-        d.sub_(b[start : start + _NORM_CHUNK])
-        total += float(torch.dot(d, d))
-    return math.sqrt(total)
+    # Exact float64 differences a chunk at a time: no float64 copy of either vector.
+    return math.sqrt(sq_distance(params, global_params))
 
 
 def _median(values: Sequence[float]) -> float:
