@@ -5,7 +5,7 @@ gives it), docstring and blank lines included, decorators excluded. Nested funct
 methods are counted on their own as well as inside the function that holds them.
 
 Usage: python scripts/check_function_length.py [--max N] [PATH ...]
-(defaults: 60 lines; models/, sdk/, server/, edge_runtime/, tools/, wakefl/).
+(defaults: 60 lines; models/, protocol/, sdk/, server/, edge_runtime/, tools/, wakefl/).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCE_DIRS = ("models", "sdk", "server", "edge_runtime", "tools", "wakefl")
+SOURCE_DIRS = ("models", "protocol", "sdk", "server", "edge_runtime", "tools", "wakefl")
 DEFAULT_MAX_LINES = 60
 
 

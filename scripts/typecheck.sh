@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# mypy on the installed packages wakefl.models, wakefl.sdk, wakefl.server,
+# mypy on the installed packages wakefl.models, wakefl.protocol, wakefl.sdk, wakefl.server,
 # wakefl.edge_runtime and wakefl.tools (settings in pyproject.toml, [tool.mypy]).
 #
 # The folders install under the `wakefl` namespace (pyproject's package-dir), which mypy
@@ -13,7 +13,7 @@ mkdir -p "$tree/wakefl"
 for f in wakefl/*.py; do
     ln -s "../../../$f" "$tree/wakefl/$(basename "$f")"
 done
-for pkg in models sdk server edge_runtime tools; do
+for pkg in models protocol sdk server edge_runtime tools; do
     ln -s "../../../$pkg" "$tree/wakefl/$pkg"
 done
-exec .venv/bin/mypy -p wakefl.models -p wakefl.sdk -p wakefl.server -p wakefl.edge_runtime -p wakefl.tools "$@"
+exec .venv/bin/mypy -p wakefl.models -p wakefl.protocol -p wakefl.sdk -p wakefl.server -p wakefl.edge_runtime -p wakefl.tools "$@"

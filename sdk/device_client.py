@@ -30,7 +30,8 @@ from pathlib import Path
 from torch.utils.data import Dataset
 
 from wakefl.errors import AudioError, ConfigError, NonFiniteError, ProtocolError
-from wakefl.sdk import device_progress, messages, serving, topics
+from wakefl.protocol import messages, topics
+from wakefl.sdk import device_progress, serving
 from wakefl.sdk.device_link import DeviceLink
 from wakefl.sdk.device_state import DeviceState, open_state_folder
 from wakefl.sdk.round_policy import RoundPlan, RoundStep, apply_plan, plan_round

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from wakefl.errors import ConfigError, ProtocolError, WakeflError
-from wakefl.sdk import messages, topics
+from wakefl.protocol import messages, topics
 from wakefl.sdk.mqtt_link import MqttLink
 from wakefl.sdk.round_policy import newer
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from wakefl.sdk.messages import Downlink
+from wakefl.protocol.messages import Downlink
 from wakefl.sdk.round_policy import RoundPlan, RoundStep
 from wakefl.sdk.update_delivery import RoundOutcome
 

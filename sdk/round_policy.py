@@ -19,8 +19,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from wakefl.protocol.messages import Ack, Downlink
 from wakefl.sdk.device_state import DeviceState
-from wakefl.sdk.messages import Ack, Downlink
 
 
 class RoundStep(enum.Enum):

@@ -24,10 +24,10 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from wakefl.errors import ConfigError, ProtocolError, WakeflError
-from wakefl.sdk import messages
+from wakefl.protocol import messages
+from wakefl.protocol.records import RecordError, check_record
 from wakefl.sdk.device_state import DeviceState, PendingUpdate
 from wakefl.sdk.local_training import dataset_size
-from wakefl.sdk.selffl.records import RecordError, check_record
 from wakefl.sdk.selffl.strategy import ClientInstructions, ClientState, LocalProblem, Strategy
 
 log = logging.getLogger("wakefl.device")

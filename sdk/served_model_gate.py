@@ -72,7 +72,7 @@ from wakefl.sdk.wake_metrics import (
 )
 
 if TYPE_CHECKING:
-    from wakefl.sdk.selffl.records import RecordSchema
+    from wakefl.protocol.records import RecordSchema
 
 ArrayLike = Sequence[float] | np.ndarray
 TIE_RULES = ("keep", "switch")
@@ -436,7 +436,7 @@ def gate_uplink_schema(
     `uplink_schema` (`with_gate_schema`), they let the decision travel in the uplink's
     scalar map."""
     # Imported here: the gate itself needs numpy only, the schema types live with torch's.
-    from wakefl.sdk.selffl.records import MAX_RECORD_ABS, ScalarSpec
+    from wakefl.protocol.records import MAX_RECORD_ABS, ScalarSpec
 
     schema: dict[str, ScalarSpec] = {
         f"{prefix}switched": ScalarSpec(0.0, 1.0, integer=True, required=False),

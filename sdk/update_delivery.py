@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from wakefl.errors import ProtocolError
-from wakefl.sdk import messages, topics, update_codec
+from wakefl.protocol import messages, topics, update_codec
 from wakefl.sdk.device_link import DeviceLink
 from wakefl.sdk.device_state import DeviceState, DeviceStateStore, PendingUpdate
 from wakefl.sdk.round_policy import ack_verdict, answers_update, supersedes

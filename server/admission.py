@@ -18,7 +18,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from wakefl.sdk.messages import Decline, MessageRejected, Uplink
+from wakefl.protocol.messages import Decline, MessageRejected, Uplink
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 
-from wakefl.sdk import topics
+from wakefl.protocol import topics
 from wakefl.sdk.mqtt_link import MqttLink
 from wakefl.sdk.selffl.strategy import ServerState, Strategy
 from wakefl.server.aggregation import LocalAggregation, ScreenedUpdates

@@ -30,8 +30,8 @@ from pathlib import Path
 from torch import Tensor
 
 from wakefl.errors import ConfigError
-from wakefl.sdk import topics
-from wakefl.sdk.messages import MessageRejected, Uplink
+from wakefl.protocol import topics
+from wakefl.protocol.messages import MessageRejected, Uplink
 from wakefl.sdk.mqtt_link import MqttLink
 from wakefl.sdk.selffl.strategy import ServerState, Strategy
 from wakefl.server.admission import OpenRound

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 from wakefl.errors import ConfigError
-from wakefl.sdk.messages import Downlink, encode
+from wakefl.protocol.messages import Downlink, encode
 from wakefl.sdk.selffl.strategy import ServerState, Strategy
 from wakefl.server.server_session import ServerSession
 

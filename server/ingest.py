@@ -17,8 +17,8 @@ from collections.abc import Callable
 from torch import Tensor
 
 from wakefl.errors import ProtocolError
-from wakefl.sdk import topics
-from wakefl.sdk.messages import (
+from wakefl.protocol import topics
+from wakefl.protocol.messages import (
     Ack,
     Decline,
     Hello,

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from wakefl.errors import ConfigError
-from wakefl.sdk.topics import DEFAULT_FLEET
+from wakefl.protocol.topics import DEFAULT_FLEET
 from wakefl.server.broker_config import (
     DEFAULT_HOST,
     DEFAULT_TLS_PORT,
@@ -105,7 +105,7 @@ def provision(
     port: int = DEFAULT_TLS_PORT,
 ) -> dict[str, Any]:
     """Create or update the provisioning directory for `device_id`; returns its config."""
-    from wakefl.sdk.topics import check_name
+    from wakefl.protocol.topics import check_name
 
     check_name(device_id, "device id")
     check_name(device_type, "device type")
@@ -145,7 +145,7 @@ def provision_worker(
 ) -> dict[str, Any]:
     """A broker account for aggregation worker `worker_id` of a sharded server
     (server/config/acl_worker.template); returns its config (workers/<id>.json)."""
-    from wakefl.sdk.topics import check_name
+    from wakefl.protocol.topics import check_name
 
     check_name(worker_id, "worker id")
     check_name(fleet, "fleet")

@@ -13,8 +13,8 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from wakefl.errors import ConfigError
-from wakefl.sdk import frames, update_codec
-from wakefl.sdk.messages import Uplink
+from wakefl.protocol import frames, update_codec
+from wakefl.protocol.messages import Uplink
 from wakefl.sdk.selffl.strategy import ClientResult, ServerState
 
 

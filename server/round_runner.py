@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from wakefl.errors import ConfigError, ProtocolError
-from wakefl.sdk import topics
+from wakefl.protocol import topics
 from wakefl.sdk.mqtt_link import MqttLink
 from wakefl.sdk.selffl.rules import sampled_count
 from wakefl.sdk.selffl.strategy import ServerState, Strategy

@@ -11,11 +11,11 @@ from torch import Tensor
 
 from wakefl.errors import ConfigError
 from wakefl.finite import all_finite
-from wakefl.sdk import topics
-from wakefl.sdk.messages import DEFAULT_MAX_BYTES
-from wakefl.sdk.round_settings import RoundSettings, SettingsError
+from wakefl.protocol import topics
+from wakefl.protocol.messages import DEFAULT_MAX_BYTES
+from wakefl.protocol.round_settings import RoundSettings, SettingsError
+from wakefl.protocol.update_codec import CODECS
 from wakefl.sdk.selffl.update_screening import ScreeningRules
-from wakefl.sdk.update_codec import CODECS
 
 
 @dataclass
@@ -33,7 +33,7 @@ class ServerConfig:
     strategy_name: str = "selffl"
     strategy_args: dict[str, Any] = field(default_factory=dict)
     wire_dtype: str = "fp32"  # the downlink's tensors (and plain uplinks, by default)
-    # What devices send (announced in the downlink; sdk/update_codec.py): "" = plain in
+    # What devices send (announced in the downlink; protocol/update_codec.py): "" = plain in
     # wire_dtype, or fp32 / fp16 / fp16-delta / int8-delta. Any known codec is accepted.
     uplink_codec: str = ""
     max_bytes: int = DEFAULT_MAX_BYTES

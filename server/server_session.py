@@ -13,8 +13,8 @@ from collections.abc import Callable
 from torch import Tensor
 
 from wakefl.errors import ProtocolError
-from wakefl.sdk import topics
-from wakefl.sdk.messages import Downlink, decode_as
+from wakefl.protocol import topics
+from wakefl.protocol.messages import Downlink, decode_as
 from wakefl.sdk.mqtt_link import MqttLink
 from wakefl.server.admission import OpenRound
 from wakefl.server.round_receipts import RoundReceipts

@@ -6,7 +6,7 @@ worker is left). The maths is server/partial_aggregate.py's.
 
 Tasks are JSON; results are safetensors (float64 partial sums, so the merge loses nothing
 to the wire) with JSON metadata. Both travel only on topics the broker's ACL gives to the
-server's processes (sdk/topics.py, docs/SCALE.md).
+server's processes (protocol/topics.py, docs/SCALE.md).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from safetensors.torch import save as st_save
 from torch import Tensor
 
 from wakefl.errors import ConfigError
-from wakefl.sdk.messages import Downlink, decode_as
+from wakefl.protocol.messages import Downlink, decode_as
 from wakefl.sdk.selffl.aggregation import PrecisionSum
 from wakefl.server.partial_aggregate import Spread, shard_norms, shard_spread, shard_sum
 from wakefl.server.recorded_updates import read_recorded_update, server_state_from_bytes

@@ -27,9 +27,9 @@ from collections.abc import Callable
 from torch import Tensor
 
 from wakefl.errors import ConfigError
-from wakefl.sdk import topics
+from wakefl.protocol import topics
+from wakefl.protocol.messages import Uplink
 from wakefl.sdk.atomic_files import write_atomic
-from wakefl.sdk.messages import Uplink
 from wakefl.sdk.mqtt_link import MqttLink
 from wakefl.sdk.selffl.strategy import ServerState, Strategy
 from wakefl.server.aggregation import Aggregated, screen_norms, screened_devices

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from wakefl.protocol.messages import DEFAULT_MAX_BYTES, Uplink
 from wakefl.sdk.atomic_files import fsync_dir, write_atomic
-from wakefl.sdk.messages import DEFAULT_MAX_BYTES, Uplink
 from wakefl.sdk.selffl.strategy import ServerState
 from wakefl.server.recorded_updates import (
     BaseFn,

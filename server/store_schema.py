@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from wakefl.errors import ConfigError
-from wakefl.sdk.messages import Uplink
+from wakefl.protocol.messages import Uplink
 
 # Format 2 (protocol v3): the strategy's uplink record is stored as JSON (`updates.record`,
 # `clients.record`) instead of Self-FL's columns (sigma_m_sq, local_steps). A format 1

@@ -7,7 +7,7 @@ import threading
 import time
 from collections import Counter
 
-from wakefl.sdk.messages import message_id
+from wakefl.protocol.messages import message_id
 
 
 class LazyId:

@@ -16,7 +16,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
-from wakefl.sdk.messages import Uplink
+from wakefl.protocol.messages import Uplink
 from wakefl.server.server_session import ServerSession
 
 log = logging.getLogger("wakefl.server")

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from wakefl.sdk import messages as M
-from wakefl.sdk.messages import REJECT_REASONS, MessageRejected
+from wakefl.protocol import messages as M
+from wakefl.protocol.messages import REJECT_REASONS, MessageRejected
 from wakefl.server.admission import (
     AckKind,
     Arrival,

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from wakefl.errors import ProtocolError
-from wakefl.sdk import messages as M
-from wakefl.sdk import topics
+from wakefl.protocol import messages as M
+from wakefl.protocol import topics
 from wakefl.sdk.mqtt_link import MqttLink, PublishError, wait_until
 from wakefl.sdk.selffl.registry import make_strategy
 from wakefl.server.aggregation_server import AggregationServer, ServerConfig

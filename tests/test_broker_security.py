@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from wakefl.errors import ProtocolError
-from wakefl.sdk import topics
+from wakefl.protocol import topics
 from wakefl.sdk.mqtt_link import MqttLink, PublishError, parse_broker_url
 from wakefl.server.broker import ManagedBroker, free_port
 from wakefl.server.provisioning import provision

@@ -14,9 +14,9 @@ import zlib
 import pytest
 import torch
 
-from wakefl.sdk import messages as M
-from wakefl.sdk import topics
-from wakefl.sdk import update_codec as C
+from wakefl.protocol import messages as M
+from wakefl.protocol import topics
+from wakefl.protocol import update_codec as C
 from wakefl.sdk.mqtt_link import MqttLink
 from wakefl.sdk.selffl.registry import make_strategy
 from wakefl.sdk.selffl.strategy import ClientResult

@@ -14,11 +14,11 @@ import torch
 from torch.utils.data import Dataset
 
 from wakefl.models.kws_cnn import KwsCnn, ModelConfig, get_flat_params
-from wakefl.sdk import messages, topics
+from wakefl.protocol import messages, topics
+from wakefl.protocol.round_settings import RoundSettings
 from wakefl.sdk.device_client import DeviceClient
 from wakefl.sdk.device_state import DeviceStateStore
 from wakefl.sdk.mqtt_link import MqttLink
-from wakefl.sdk.round_settings import RoundSettings
 from wakefl.server.broker import ManagedBroker
 
 WIDTH = 0.05
@@ -569,7 +569,7 @@ def _tone_model(seed: int = 0) -> torch.Tensor:
 
 
 def test_sabotaged_personal_model_is_never_served_and_the_uplink_says_so(tmp_path, broker):
-    from wakefl.sdk.selffl.records import check_record
+    from wakefl.protocol.records import check_record
     from wakefl.sdk.selffl.selffl_strategy import SelfFL
     from wakefl.sdk.served_model_gate import with_gate_schema
 

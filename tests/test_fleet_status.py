@@ -8,7 +8,7 @@ import json
 
 import torch
 
-from wakefl.sdk.messages import Uplink
+from wakefl.protocol.messages import Uplink
 from wakefl.server.state_store import StateStore
 from wakefl.tools.cli import main
 from wakefl.tools.fleet.status import format_status, gate_summary, read_status

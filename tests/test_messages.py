@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import save as st_save
 
 from wakefl.errors import ProtocolError
-from wakefl.sdk import messages as M
-from wakefl.sdk import topics
-from wakefl.sdk.round_settings import RoundSettings
+from wakefl.protocol import messages as M
+from wakefl.protocol import topics
+from wakefl.protocol.round_settings import RoundSettings
 from wakefl.sdk.selffl import SelfFL
 
 
@@ -443,7 +443,7 @@ def test_a_peer_of_the_previous_protocol_version_is_refused_clearly():
 
 
 def test_a_sender_cannot_build_settings_that_a_receiver_would_refuse():
-    from wakefl.sdk.round_settings import SettingsError
+    from wakefl.protocol.round_settings import SettingsError
 
     with pytest.raises(SettingsError, match="ack_timeout_s"):
         RoundSettings(ack_timeout_s=float("nan"))

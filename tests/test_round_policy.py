@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from wakefl.sdk import messages
+from wakefl.protocol import messages
+from wakefl.protocol.round_settings import RoundSettings
 from wakefl.sdk.device_state import DeviceState, PendingUpdate
 from wakefl.sdk.round_policy import (
     RoundPlan,
@@ -20,7 +21,6 @@ from wakefl.sdk.round_policy import (
     plan_round,
     supersedes,
 )
-from wakefl.sdk.round_settings import RoundSettings
 
 NOW = 1_000_000.0
 ME = "dev1"

@@ -305,6 +305,6 @@ def test_the_decision_serialises_for_the_uplink_and_the_summary():
         0.0 if not d.switched else 1.0 + ["personalized", "global"].index(d.serve)
     )
     assert scalars["gate_personalized_admissible"] == 0.0
-    from wakefl.sdk.selffl.records import check_record
+    from wakefl.protocol.records import check_record
 
     assert check_record(scalars, gate_uplink_schema(), "uplink scalars") == scalars

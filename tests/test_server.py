@@ -22,8 +22,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from safetensors.torch import save_file
 
-from wakefl.sdk import messages as M
-from wakefl.sdk import topics
+from wakefl.protocol import messages as M
+from wakefl.protocol import topics
 from wakefl.sdk.selffl.registry import make_strategy
 from wakefl.sdk.selffl.strategy import ClientResult
 from wakefl.server.aggregation_server import AggregationServer, ServerConfig

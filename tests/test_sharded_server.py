@@ -22,8 +22,8 @@ import torch
 from paho.mqtt.enums import CallbackAPIVersion
 from test_server import FLEET, SimDevice, _close_all, _expected, _round_orders, _wait
 
-from wakefl.sdk import messages as M
-from wakefl.sdk import topics
+from wakefl.protocol import messages as M
+from wakefl.protocol import topics
 from wakefl.sdk.selffl.registry import make_strategy
 from wakefl.server.aggregation_server import ServerConfig
 from wakefl.server.aggregation_worker import AggregationWorker

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from wakefl.sdk import messages as M
+from wakefl.protocol import messages as M
 from wakefl.server.recorded_updates import read_recorded_update
 from wakefl.server.state_store import StateStore
 
@@ -23,7 +23,7 @@ _CHILD = textwrap.dedent(
     import os, sys, threading
     from pathlib import Path
     import torch
-    from wakefl.sdk import messages as M
+    from wakefl.protocol import messages as M
     from wakefl.server.admission import OpenRound
     from wakefl.server.server_config import ServerConfig
     from wakefl.server.server_session import ServerSession

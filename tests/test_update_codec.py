@@ -1,4 +1,4 @@
-"""Compressed updates (sdk/update_codec.py, wire protocol v4): error bounds against their
+"""Compressed updates (protocol/update_codec.py, wire protocol v4): error bounds against their
 closed forms, the decoded checksum, the size gain, and every hostile packed field refused
 with its reason."""
 
@@ -12,8 +12,8 @@ import pytest
 import torch
 from safetensors.torch import save as st_save
 
-from wakefl.sdk import messages as M
-from wakefl.sdk import update_codec as C
+from wakefl.protocol import messages as M
+from wakefl.protocol import update_codec as C
 from wakefl.server.state_store import StateStore
 
 

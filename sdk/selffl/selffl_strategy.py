@@ -42,6 +42,7 @@ import torch
 from torch import Tensor
 
 from wakefl.errors import ConfigError
+from wakefl.protocol.records import MAX_RECORD_ABS, MAX_STEPS, RecordSchema, ScalarSpec
 from wakefl.sdk.selffl.aggregation import (
     Representative,
     aggregate_clusters,
@@ -61,7 +62,6 @@ from wakefl.sdk.selffl.checks import (
     require_positive,
 )
 from wakefl.sdk.selffl.local_sgd import sgd_steps
-from wakefl.sdk.selffl.records import MAX_RECORD_ABS, MAX_STEPS, RecordSchema, ScalarSpec
 from wakefl.sdk.selffl.rules import (
     LOSS_SCALINGS,
     data_step_cap,
@@ -144,7 +144,7 @@ class SelfFL(Strategy):
       sigma_m^2 ("problem") already carries the data size, so it is not capped.
     """
 
-    # The records on the wire (records.py, docs/PROTOCOL.md): sigma0^2, S_-m and the
+    # The records on the wire (protocol/records.py, docs/PROTOCOL.md): sigma0^2, S_-m and the
     # client's share of the global model down; sigma_m^2 (with whether the client has one
     # yet), the step count and the S_-m it used up.
     downlink_schema: ClassVar[RecordSchema] = {

@@ -21,7 +21,7 @@ from typing import ClassVar, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from wakefl.sdk.selffl.records import MAX_STEPS, RecordSchema, ScalarSpec
+from wakefl.protocol.records import MAX_STEPS, RecordSchema, ScalarSpec
 
 
 @runtime_checkable
@@ -85,7 +85,7 @@ class ServerState:
 class Strategy(ABC):
     """A federated (personalization) algorithm. Implementations are pure: no I/O.
 
-    The strategy owns its records (records.py; docs/PROTOCOL.md, protocol v3): what the
+    The strategy owns its records (protocol/records.py; docs/PROTOCOL.md, protocol v3): what the
     scalars of its `ClientInstructions` (`downlink_schema`) and of its `ClientResult`
     (`uplink_schema`) may hold, name -> `ScalarSpec`. The wire checks them against these
     schemas; the transport, the device state and the server store never name them. A

@@ -24,7 +24,7 @@ from typing import Any
 
 def _wire_round_trip(params: Any) -> tuple[dict[str, int], dict[str, Any]]:
     """Bytes of one update and the parameters a server decodes from it, per wire dtype."""
-    from wakefl.sdk import messages
+    from wakefl.protocol import messages
 
     sizes, decoded = {}, {}
     for wire in ("fp32", "fp16"):
@@ -61,7 +61,7 @@ def _delta_pairs(model: Any, data: str, codec: str, epochs: int) -> Any:
     """Per device type: (the personalized model exactly, the model a server decodes from
     its `codec` update against `model`), and the update's size against fp32."""
     from wakefl.models.kws_cnn import get_flat_params
-    from wakefl.sdk import update_codec
+    from wakefl.protocol import update_codec
 
     base = get_flat_params(model)
     print(f"{codec}: {update_codec.size_ratio(base.numel(), codec):.3f}x the fp32 bytes")

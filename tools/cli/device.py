@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from wakefl.sdk import topics
+from wakefl.protocol import topics
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

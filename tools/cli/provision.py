@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from wakefl.errors import ConfigError
-from wakefl.sdk.topics import DEFAULT_FLEET
+from wakefl.protocol.topics import DEFAULT_FLEET
 from wakefl.server.broker_config import DEFAULT_HOST, DEFAULT_TLS_PORT
 
 

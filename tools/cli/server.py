@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from wakefl.errors import ConfigError, WakeflError
-from wakefl.sdk import topics
-from wakefl.sdk.codec_names import CODECS, WIRE_DTYPE_NAMES
+from wakefl.protocol import topics
+from wakefl.protocol.codec_names import CODECS, WIRE_DTYPE_NAMES
 
 
 def parse_devices(spec: str) -> dict[str, str]:

@@ -35,8 +35,8 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from wakefl.sdk import messages as M
-from wakefl.sdk import topics
+from wakefl.protocol import messages as M
+from wakefl.protocol import topics
 from wakefl.sdk.mqtt_link import MqttLink
 from wakefl.tools.fleet.bench_federation_report import (
     print_cpu_per_update,

@@ -46,8 +46,8 @@ from typing import Any
 import torch
 from safetensors.torch import save as st_save
 
-from wakefl.sdk import messages as M
-from wakefl.sdk import topics
+from wakefl.protocol import messages as M
+from wakefl.protocol import topics
 from wakefl.sdk.mqtt_link import MqttLink
 from wakefl.server.broker import ManagedBroker
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from wakefl.sdk import messages as M
+from wakefl.protocol import messages as M
 
 FLEET = "bench"
 _RECORD = {"sigma_sq": 0.1, "has_variance": 1.0, "local_steps": 1.0}

@@ -50,9 +50,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from wakefl.sdk import messages as M
-from wakefl.sdk import topics
-from wakefl.sdk import update_codec as C
+from wakefl.protocol import messages as M
+from wakefl.protocol import topics
+from wakefl.protocol import update_codec as C
 from wakefl.sdk.mqtt_link import parse_broker_url
 
 HEAD_BYTES = 1 << 20  # a downlink's JSON header (instructions for every sampled device) fits

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from wakefl.errors import ConfigError
-from wakefl.sdk.topics import DEFAULT_FLEET, check_name
+from wakefl.protocol.topics import DEFAULT_FLEET, check_name
 from wakefl.server.broker_config import SERVER_USER, config_text, render_broker_conf
 from wakefl.server.broker_pki import chown_for_broker, ensure_ca, run_tool, write_private
 

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from wakefl.errors import ProtocolError
+from wakefl.protocol.records import MAX_RECORD_ABS, RecordSchema, ScalarSpec
 
 from ..checks import (
     HyperparameterError,
@@ -31,7 +32,6 @@ from ..checks import (
     require_positive,
 )
 from ..local_sgd import oracle_gradient
-from ..records import MAX_RECORD_ABS, RecordSchema, ScalarSpec
 from ..strategy import ClientInstructions, ClientResult, ClientState, LocalProblem, ServerState
 from .averaging import WeightedMean, fedavg_weight
 from .fedavg import FedAvg, _origin, copy_state, stored_personal

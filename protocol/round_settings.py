@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from wakefl.errors import ProtocolError
-from wakefl.sdk.update_codec import CODECS
+from wakefl.protocol.update_codec import CODECS
 
 WIRE_DTYPE_NAMES = ("fp32", "fp16")
 MAX_ACK_TIMEOUT_S = 86400.0  # a day: a longer wait is a typo, not a setting
@@ -42,7 +42,7 @@ class RoundSettings:
     strategy_args: dict[str, Any] = field(default_factory=dict)  # the strategy's constructor's
     ack_timeout_s: float = 30.0  # a device re-sends an unacknowledged update after this
     wire_dtype: str = "fp32"  # the downlink's tensors, and plain uplinks by default
-    uplink_codec: str = "fp32"  # what devices send (sdk/update_codec.py)
+    uplink_codec: str = "fp32"  # what devices send (protocol/update_codec.py)
     rounds: int = 0  # rounds of the run (0: not announced)
 
     def __post_init__(self) -> None:

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from wakefl.sdk.codec_names import CODECS, DELTA_CODECS, PLAIN_CODECS
+from wakefl.protocol.codec_names import CODECS, DELTA_CODECS, PLAIN_CODECS
 
 BLOCK = 256  # entries per int8 scale
 MIN_BLOCK, MAX_BLOCK = 16, 65536  # accepted block sizes (powers of two)

@@ -5,7 +5,7 @@
 `body` is a safetensors file: u64 header length (little endian), the JSON header (tensor
 entries, and in `__metadata__["wakefl"]` the message's JSON fields), the tensor data.
 `read_header` is the one reader of that header: the decoder uses it on untrusted bytes
-(sdk/messages.py, which then checks every entry and lets safetensors read the tensors),
+(protocol/messages.py, which then checks every entry and lets safetensors read the tensors),
 and the server's store on the frames it recorded (server/recorded_updates.py, which reads
 the tensors straight from the file).
 """

@@ -30,9 +30,8 @@ from torch import Tensor
 
 from wakefl.errors import ProtocolError
 from wakefl.finite import all_finite
-from wakefl.sdk import frames, update_codec
-from wakefl.sdk.round_settings import RoundSettings, SettingsError
-from wakefl.sdk.selffl.records import (
+from wakefl.protocol import frames, update_codec
+from wakefl.protocol.records import (
     MAX_RECORD_ABS,
     MAX_STEPS,
     RecordError,
@@ -40,7 +39,8 @@ from wakefl.sdk.selffl.records import (
     check_record,
     finite_part,
 )
-from wakefl.sdk.update_codec import DELTA_CODECS, CodecError, Packed
+from wakefl.protocol.round_settings import RoundSettings, SettingsError
+from wakefl.protocol.update_codec import DELTA_CODECS, CodecError, Packed
 
 # Version 2: acks name the message they answer (`answers`), the `decline` uplink, and
 # bounds on every scalar field. Version 3: the strategy's own scalars travel as records
@@ -48,9 +48,9 @@ from wakefl.sdk.update_codec import DELTA_CODECS, CodecError, Packed
 # downlink's `sigma0_sq` and the uplink's `sigma_m_sq` and `local_steps` fields are gone
 # (docs/PROTOCOL.md). Version 4: an uplink may carry its parameters compressed relative to
 # the round's global model (`codec`: fp16 or int8 deltas with per-block scales, int8
-# tensors on the wire, a checksum of the decoded vector; sdk/update_codec.py), and the
+# tensors on the wire, a checksum of the decoded vector; protocol/update_codec.py), and the
 # downlink announces the fleet's `uplink_codec`. Version 5: the downlink's unchecked
-# `hyperparameters` object is replaced by typed, checked `settings` (sdk/round_settings.py).
+# `hyperparameters` object is replaced by typed, checked `settings` (protocol/round_settings.py).
 PROTOCOL_VERSION = 5
 MAGIC = frames.MAGIC
 _PREFIX_LEN = frames.PREFIX_LEN
