@@ -51,7 +51,10 @@ from wakefl.protocol.update_codec import DELTA_CODECS, CodecError, Packed
 # tensors on the wire, a checksum of the decoded vector; protocol/update_codec.py), and the
 # downlink announces the fleet's `uplink_codec`. Version 5: the downlink's unchecked
 # `hyperparameters` object is replaced by typed, checked `settings` (protocol/round_settings.py).
-PROTOCOL_VERSION = 5
+# Version 6: a packed uplink's checksum covers its packed bytes and the base's digest, not
+# the decoded vector, and a frame's message id is the body hash its prefix carries: the
+# server hashes each update's bytes once (docs/SCALE.md, "Server CPU per update").
+PROTOCOL_VERSION = 6
 MAGIC = frames.MAGIC
 _PREFIX_LEN = frames.PREFIX_LEN
 # 64 MiB: a 3M-parameter fp32 model is ~12 MB, so this leaves room for Algorithm 2's second
@@ -219,8 +222,12 @@ def _check_id(value: Any, name: str) -> str:
 
 
 def message_id(payload: bytes) -> str:
-    """The id an `Ack` carries in `answers`: the first 128 bits of sha256(payload), hex.
-    Defined on the raw bytes, so even a payload that is not a frame has one."""
+    """The id an `Ack` carries in `answers`, 128 bits in hex: for a frame, the first half
+    of the body hash its prefix carries (the decoder checks that hash, so an accepted
+    message is named without hashing it again); for any other bytes, of sha256(payload),
+    so even garbage has one."""
+    if len(payload) >= _PREFIX_LEN and payload[: len(MAGIC)] == MAGIC:
+        return payload[len(MAGIC) : len(MAGIC) + MESSAGE_ID_LEN // 2].hex()
     return hashlib.sha256(payload).hexdigest()[:MESSAGE_ID_LEN]
 
 
@@ -522,7 +529,7 @@ def _unframe(data: bytes, max_bytes: int) -> tuple[dict[str, Any], dict[str, Ten
     version = meta.get("v")
     if version != PROTOCOL_VERSION:
         older = (
-            " (a peer from before the typed round settings of v5: update it)"
+            " (a peer from before v6's checksums over the packed bytes: update it)"
             if version == PROTOCOL_VERSION - 1
             else ""
         )

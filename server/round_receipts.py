@@ -49,7 +49,9 @@ class RoundReceipts:
 
     def __init__(self, round_id: int, global_params: Tensor) -> None:
         self.round_id = round_id
-        self.global_params = global_params.detach().reshape(-1)
+        # float64 once per round: every difference below is then float64 - float64
+        # (a float32 operand takes torch's slower mixed-dtype path).
+        self.global_params = global_params.detach().reshape(-1).to(torch.float64)
         self.centred_sum = torch.zeros(self.global_params.numel(), dtype=torch.float64)
         self.sq_distance: dict[str, float] = {}
         self._lock = threading.Lock()

@@ -365,6 +365,9 @@ def test_ack_names_the_message_it_answers_and_decline_round_trips():
     ack = M.decode(M.encode(M.Ack("f1", "dev-a", 3, False, "stale_round", answers=mid)))
     assert ack.answers == mid and ack.reason == "stale_round"
     assert M.message_id(b"garbage") != mid
+    # a frame is named by the body hash its prefix carries, garbage by its own sha256
+    assert mid == hashlib.sha256(payload[len(M.MAGIC) + 32 :]).hexdigest()[:32]
+    assert M.message_id(b"garbage") == hashlib.sha256(b"garbage").hexdigest()[:32]
     dec = M.decode(M.encode(M.Decline("f1", "run1", "dev-a", 3, "training diverged")))
     assert isinstance(dec, M.Decline) and (dec.round_id, dec.reason) == (3, "training diverged")
     long_reason = M.decode(M.encode(M.Decline("f1", "run1", "dev-a", 3, "x" * 1000)))

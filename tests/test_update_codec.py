@@ -64,12 +64,45 @@ def test_fp16_delta_error_is_half_an_fp16_ulp():
     assert (np.abs(out - params.numpy()) <= bound * (1 + 1e-6)).all()
 
 
-def test_checksum_is_sha256_of_the_decoded_float32_bytes():
+@pytest.mark.parametrize("codec", ["int8-delta", "fp16-delta"])
+def test_checksum_is_sha256_of_the_base_digest_header_and_packed_bytes(codec):
+    base, params = _vectors()
+    packed = C.encode(params, base, codec)
+    h = hashlib.sha256(hashlib.sha256(base.numpy().astype("<f4").tobytes()).digest())
+    h.update(f"{codec}:{packed.numel}:{packed.block}".encode())
+    for name in C.CODEC_TENSORS[codec]:
+        h.update(packed.tensors[name].numpy().tobytes())
+    assert packed.checksum == h.hexdigest()
+    assert torch.equal(C.verified_decode(packed, base), C.decode(packed, base))
+
+
+def test_the_base_digest_follows_in_place_changes_of_the_base():
     base, params = _vectors()
     packed = C.encode(params, base, "int8-delta")
-    decoded = C.decode(packed, base)
-    assert packed.checksum == hashlib.sha256(decoded.numpy().astype("<f4").tobytes()).hexdigest()
-    assert torch.equal(C.verified_decode(packed, base), decoded)
+    C.verified_decode(packed, base)  # the digest of this base is now cached
+    base[3] += 1e-3  # the same tensor object, changed in place
+    with pytest.raises(C.CodecError) as info:
+        C.verified_decode(packed, base)
+    assert info.value.reason == "checksum"
+
+
+def test_a_decoded_overflow_is_refused_as_non_finite():
+    # Valid codes and scales whose sum with a base near the float32 limit overflows: the
+    # bound cannot rule it out, so the decoded vector is checked.
+    base = torch.full((512,), 3.0e38)
+    params = base.clone()
+    packed = C.encode(params, base, "int8-delta")
+    big = torch.full_like(packed.tensors["scale"], C.MAX_SCALE)
+    q = torch.full_like(packed.tensors["q"], 127)
+    tensors = {"q": q, "scale": big}
+    digest = C.base_facts(base).digest
+    forged = C.Packed(
+        "int8-delta", 512, packed.block, tensors,
+        C.packed_checksum("int8-delta", 512, packed.block, tensors, digest),
+    )  # fmt: skip
+    with pytest.raises(C.CodecError) as info:
+        C.verified_decode(forged, base)
+    assert info.value.reason == "non_finite"
 
 
 def _up(params: torch.Tensor, **kw) -> M.Uplink:

@@ -14,9 +14,9 @@ announced `ack_timeout_s` (at most `--max-sends` times), like a device (docs/PRO
 
 What makes one process enough: a small asyncio MQTT client (no thread per connection) that
 skips a downlink's tensor bytes on every connection but one (the follower, which decodes
-the global model); updates that differ only in their last block, so the decoded
-checksum's SHA-256 state over the common prefix is computed once per round and copied per
-device; and at most `--window` updates awaiting their ack at once (the payloads of the
+the global model); updates that differ only in their last block, so the checksum's
+SHA-256 state over the common prefix (the base's digest and the common codes) is computed
+once per round and copied per device; and at most `--window` updates awaiting their ack at once (the payloads of the
 others are built when their turn comes), which bounds the memory of this process and of
 the broker's queue to the server.
 
@@ -263,8 +263,9 @@ class RoundTally:
 
 class UpdateFactory:
     """Distinct, valid updates for one round: every device's int8 codes are the common
-    codes except in the last block, which is its own; the decoded checksum's SHA-256 over
-    the common prefix is computed once per round and copied per device."""
+    codes except in the last block, which is its own; the checksum's SHA-256 state over
+    the common prefix (`update_codec.packed_checksum`: the base's digest, the codec's
+    header and the common codes) is computed once per round and copied per device."""
 
     def __init__(self, numel: int, seed: int = 0, magnitude: float = 1e-3) -> None:
         rng = np.random.default_rng(seed)
@@ -274,21 +275,17 @@ class UpdateFactory:
         self.q0 = rng.integers(-127, 128, numel, dtype=np.int8)
         self.s0 = np.full(self.nb, magnitude / 127, dtype=np.float32)
         self.tail_at = (self.nb - 1) * C.BLOCK  # the devices' own block
-        self._round: tuple[int, Any, np.ndarray] | None = None
+        self._round: tuple[int, Any] | None = None
 
     def start_round(self, round_id: int, base: torch.Tensor) -> None:
-        b = base.to(torch.float32).numpy()
-        head = np.add(
-            b[: self.tail_at],
-            C.dequantize_int8(self.q0[: self.tail_at], self.s0[:-1], self.block),
-            dtype=np.float32,
-        )
-        h = hashlib.sha256(np.ascontiguousarray(head, dtype="<f4").data.cast("B"))
-        self._round = (round_id, h, b[self.tail_at :].copy())
+        h = hashlib.sha256(C.base_facts(base).digest)
+        h.update(f"int8-delta:{self.numel}:{self.block}".encode("ascii"))
+        h.update(self.q0[: self.tail_at].data.cast("B"))
+        self._round = (round_id, h)
 
     def packed(self, index: int, round_id: int) -> C.Packed:
         assert self._round is not None and self._round[0] == round_id
-        _, prefix, base_tail = self._round
+        prefix = self._round[1]
         rng = np.random.default_rng([index, round_id])
         n_tail = self.numel - self.tail_at
         tail_q = rng.integers(-127, 128, n_tail, dtype=np.int8)
@@ -297,9 +294,9 @@ class UpdateFactory:
         q[self.tail_at :] = tail_q
         scale = self.s0.copy()
         scale[-1] = tail_s
-        tail = np.add(base_tail, tail_q.astype(np.float32) * tail_s, dtype=np.float32)
         h = prefix.copy()
-        h.update(np.ascontiguousarray(tail, dtype="<f4").data.cast("B"))
+        h.update(tail_q.data.cast("B"))
+        h.update(np.ascontiguousarray(scale, dtype="<f4").data.cast("B"))
         tensors = {"q": torch.from_numpy(q), "scale": torch.from_numpy(scale)}
         return C.Packed("int8-delta", self.numel, self.block, tensors, h.hexdigest())
 
