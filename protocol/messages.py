@@ -603,6 +603,17 @@ def _uplink_params(
     return torch.empty(0), packed
 
 
+def check_uplink(msg: Uplink, base: Tensor) -> None:
+    """`unpack_uplink`'s checks (`checksum`, `non_finite`) without rebuilding the
+    parameters, for a receiver that records the packed update and decodes it later."""
+    if msg.packed is None:
+        return
+    try:
+        update_codec.verify(msg.packed, base)
+    except CodecError as exc:
+        raise MessageRejected(exc.reason, exc.detail) from None
+
+
 def unpack_uplink(msg: Uplink, base: Tensor) -> Uplink:
     """A packed uplink with its parameters rebuilt from `base` (the round's global model
     as the devices decoded it), refused as `checksum` unless they are exactly what the

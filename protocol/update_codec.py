@@ -201,9 +201,54 @@ def _surely_finite(packed: Packed, base_max_abs: float) -> bool:
     return base_max_abs + biggest < float(np.finfo(np.float32).max) / 2
 
 
-def verified_decode(packed: Packed, base: Tensor) -> Tensor:
-    """`decode` once the sender's checksum matches the packed bytes and this base; the
-    result is checked for NaN and Inf unless no entry can overflow."""
+_FOLD_BLOCKS = 256  # int8 blocks per step of `add_decoded_`
+
+
+def add_decoded_(
+    acc: Tensor, packed: Packed, base: Tensor, alpha: float, centre: Tensor | None = None
+) -> float:
+    """acc += alpha * (base + delta - centre) in place (centre 0 when None), acc a flat
+    float64 vector, decoding the packed delta a few blocks at a time in float64 (no
+    float32 vector is built); returns ||base + delta - centre||^2. Equal to using
+    `decode(packed, base)` up to that decode's two float32 roundings per entry. For a
+    packed update whose checksum is verified."""
+    n = packed.numel
+    if acc.dtype != torch.float64 or acc.dim() != 1 or acc.numel() != n:
+        raise ValueError(f"acc must be a flat float64 vector of {n} entries")
+    b = base.detach().reshape(-1)
+    step = _FOLD_BLOCKS * (packed.block or BLOCK)
+    buf = torch.empty(min(step, n), dtype=torch.float64)
+    total = 0.0
+    for start in range(0, n, step):
+        part = buf[: min(step, n - start)]
+        _delta_chunk(part, packed, start)
+        part.add_(b[start : start + step])
+        if centre is not None:
+            part.sub_(centre[start : start + step])
+        total += float(torch.dot(part, part))
+        acc[start : start + step].add_(part, alpha=alpha)
+    return total
+
+
+def _delta_chunk(out: Tensor, packed: Packed, start: int) -> None:
+    """The packed delta's entries [start, start + len(out)) in float64, into `out`;
+    `start` is a multiple of the block."""
+    if packed.codec != "int8-delta":
+        out.copy_(packed.tensors["delta"][start : start + out.numel()])
+        return
+    blk = packed.block
+    out.copy_(packed.tensors["q"][start : start + out.numel()])
+    whole, rest = divmod(out.numel(), blk)
+    first = start // blk
+    scale = packed.tensors["scale"]
+    out[: whole * blk].view(whole, blk).mul_(scale[first : first + whole, None])
+    if rest:
+        out[whole * blk :].mul_(float(scale[first + whole]))
+
+
+def verify(packed: Packed, base: Tensor) -> None:
+    """Insist on the sender's checksum for the packed bytes and this base, and on a
+    finite decoded vector: decoded and checked only where the codes could overflow."""
     facts = base_facts(base)
     got = packed_checksum(packed.codec, packed.numel, packed.block, packed.tensors, facts.digest)
     if got != packed.checksum:
@@ -212,10 +257,16 @@ def verified_decode(packed: Packed, base: Tensor) -> Tensor:
             f"update has sha256 {got[:16]}..., the device sent "
             f"{packed.checksum[:16]}... (a different base model, or corrupted codes)",
         )
-    out = decode(packed, base)
-    if not _surely_finite(packed, facts.max_abs) and not bool(np.isfinite(out.numpy()).all()):
+    if not _surely_finite(packed, facts.max_abs) and not bool(
+        np.isfinite(decode(packed, base).numpy()).all()
+    ):
         raise CodecError("non_finite", "the decoded update holds NaN or Inf")
-    return out
+
+
+def verified_decode(packed: Packed, base: Tensor) -> Tensor:
+    """`verify`, then `decode`."""
+    verify(packed, base)
+    return decode(packed, base)
 
 
 def encode(params: Tensor, base: Tensor, codec: str, block: int = BLOCK) -> Packed:
@@ -332,6 +383,7 @@ __all__ = [
     "CodecError",
     "Packed",
     "check_packed",
+    "add_decoded_",
     "base_facts",
     "checksum",
     "packed_checksum",
@@ -339,4 +391,5 @@ __all__ = [
     "encode",
     "size_ratio",
     "verified_decode",
+    "verify",
 ]

@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor
 
-from wakefl.sdk.selffl.aggregation import aggregate_stream
+from wakefl.protocol.update_codec import add_decoded_
+from wakefl.sdk.selffl.aggregation import PrecisionSum
 from wakefl.sdk.selffl.selffl_strategy import SelfFL
 from wakefl.sdk.selffl.strategy import ClientResult, ServerState, Strategy
 from wakefl.sdk.selffl.update_screening import Screening, apply_scale, screen_updates
@@ -86,11 +87,18 @@ class LocalAggregation:
     through their own `aggregate`."""
 
     def __init__(
-        self, session: ServerSession, strategy: Strategy, refuse: Callable[[Decision], None]
+        self,
+        session: ServerSession,
+        strategy: Strategy,
+        refuse: Callable[[Decision], None],
+        settle: Callable[[], object] | None = None,
     ) -> None:
         self.s = session
         self.strategy = strategy
         self._refuse = refuse
+        # Waits (bounded) until the updates recorded so far are in the receipts: the last
+        # ones are noted on the recorder's thread just after the round saw them recorded.
+        self._settle = settle
         uses_receipts = isinstance(strategy, SelfFL) and not strategy.cluster_by_group
         self._selffl = strategy if uses_receipts else None
 
@@ -116,8 +124,7 @@ class LocalAggregation:
         reported = reported_uncertainties(keep.rows, kept, self.strategy.screened_variance)
 
         def theta_hat(sigma0_sq: float, sigmas: list[float]) -> Tensor:
-            pairs = ((r.params, s) for r, s in zip(keep, sigmas, strict=True))
-            return aggregate_stream(pairs, sigma0_sq)
+            return self._weighted_mean(view, screening, state.global_params, sigma0_sq, sigmas)
 
         new_state = self._selffl.combine(state, reported, spread, theta_hat, rate)
         return new_state, keep.rows, screened
@@ -125,6 +132,8 @@ class LocalAggregation:
     def _receipts(self, round_id: int, view: UpdateView, global_params: Tensor) -> RoundReceipts:
         """The round's receipts, sealed, with every recorded update in them: those ingest
         did not see in this process (a restart) are read from their files."""
+        if self._settle is not None:
+            self._settle()
         with self.s.lock:
             held = self.s.receipts
             if held is not None and held.round_id == round_id:
@@ -137,6 +146,33 @@ class LocalAggregation:
         for i, res in zip(missing, view.only(missing), strict=True):
             held.include(rows[i]["device_id"], res.params)
         return held
+
+    def _weighted_mean(
+        self,
+        view: UpdateView,
+        screening: Screening,
+        global_params: Tensor,
+        sigma0_sq: float,
+        sigmas: list[float],
+    ) -> Tensor:
+        """Eqn 11 over the kept updates, each read once: a packed update kept as it is
+        is decoded on the fly into the float64 sums (update_codec.add_decoded_), the others
+        are decoded, clipped and added."""
+        total = PrecisionSum(global_params.numel(), global_params.dtype)
+        kept = [i for i, v in enumerate(screening.verdicts) if v.action != "refuse"]
+        for i, sig in zip(kept, sigmas, strict=True):
+            scale = screening.verdicts[i].scale
+            msg = view.read(i, keep_packed=scale == 1.0)
+            packed = msg.packed
+            if packed is not None:
+                b = view.round_base()
+                total.add_folded(
+                    lambda acc, a, p=packed, b=b: add_decoded_(acc, p, b, a), sig, sigma0_sq
+                )
+            else:
+                flat = apply_scale(msg.params, global_params, scale)
+                total.add(flat, sig, sigma0_sq, f"update of {msg.device_id}")
+        return total.mean("aggregated parameters")
 
     @staticmethod
     def _spread(receipts: RoundReceipts, view: UpdateView, screening: Screening) -> float:

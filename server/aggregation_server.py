@@ -43,6 +43,11 @@ __all__ = [
 BROKER_DROPPED_TOPIC = "$SYS/broker/publish/messages/dropped"
 
 
+# How long a round's close waits for the recorder's last acknowledgements (and their
+# receipts); past it, the updates not yet in the receipts are read from their files.
+SETTLE_S = 10.0
+
+
 class AggregationServer:
     """`run()` drives the rounds until `config.rounds` are aggregated and announces the end;
     uplinks are received, admitted, recorded and acknowledged on paho's thread."""
@@ -63,7 +68,12 @@ class AggregationServer:
             self.session,
             strategy,
             self.ingest,
-            LocalAggregation(self.session, strategy, self.ingest.carry_out),
+            LocalAggregation(
+                self.session,
+                strategy,
+                self.ingest.carry_out,
+                settle=lambda: self.recorder.flush(SETTLE_S),
+            ),
             self._subscribe,
             on_close=self.recorder.close,
         )

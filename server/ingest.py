@@ -24,10 +24,10 @@ from wakefl.protocol.messages import (
     Hello,
     MessageRejected,
     Uplink,
+    check_uplink,
     decode,
     decode_as,
     encode,
-    unpack_uplink,
 )
 from wakefl.sdk.selffl.strategy import Strategy
 from wakefl.sdk.served_model_gate import with_gate_schema
@@ -232,12 +232,12 @@ class Ingest:
                 self.carry_out(decision, mid)
 
     def _accept(self, msg: Uplink, payload: bytes, mid: LazyId) -> None:
-        """Record and acknowledge an admitted update; a packed one is first rebuilt from
-        the round's global model and must match its checksum. Called with the lock held."""
+        """Record and acknowledge an admitted update; a packed one must first match its
+        checksum against the round's global model (it is recorded packed, and decoded on
+        the fly by the receipts and the aggregation). Called with the lock held."""
         dev, rid = msg.device_id, msg.round_id
         try:
-            if msg.packed is not None:
-                msg = unpack_uplink(msg, self._base())
+            check_uplink(msg, self._base())
         except MessageRejected as exc:
             self.carry_out(after_admission(exc.reason, exc.detail, dev, rid), mid)
             return
@@ -279,7 +279,10 @@ class Ingest:
         runs the round."""
         receipts = self.s.receipts
         if receipts is not None and receipts.round_id == msg.round_id:
-            receipts.note(msg.device_id, msg.params)
+            if msg.packed is not None:
+                receipts.note_packed(msg.device_id, msg.packed, self._base())
+            else:
+                receipts.note(msg.device_id, msg.params)
 
     # ------------------------------------------------------------------ hellos
     def _handle_hello(self, topic: str, payload: bytes) -> None:

@@ -15,6 +15,7 @@ from safetensors.torch import save as st_save
 from wakefl.errors import ConfigError
 from wakefl.protocol import frames, update_codec
 from wakefl.protocol.messages import Uplink
+from wakefl.protocol.update_codec import Packed
 from wakefl.sdk.selffl.strategy import ClientResult, ServerState
 
 
@@ -44,26 +45,21 @@ _FILE_DTYPES = {"F32": torch.float32, "F16": torch.float16, "I8": torch.int8}
 BaseFn = Callable[[], torch.Tensor]
 
 
-def _recorded_params(
-    tensors: dict[str, torch.Tensor], meta: dict[str, Any], base: BaseFn | None
-) -> torch.Tensor:
-    """The update's float32 parameters: the plain tensor, or a packed update (protocol v4)
-    rebuilt from the round's global model `base()`. Its checksum was verified on receipt,
-    against the same base, so it is not recomputed here."""
+def _recorded_packed(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Packed | None:
+    """The packed update the file holds (protocol v4 and later), None for a plain one. Its
+    checksum was verified on receipt, against the round's base, so it is not again."""
     codec = meta.get("codec")
     if codec is None:
-        return tensors.pop("params").float()
-    if base is None:
-        raise ValueError("a packed update needs its round's global model to be read")
+        return None
     parts = {k[len("params.") :]: tensors.pop(k) for k in list(tensors) if k.startswith("params.")}
-    packed = update_codec.Packed(
-        codec["name"], int(codec["numel"]), int(codec["block"]), parts, codec["sha256"]
-    )
-    return update_codec.decode(packed, base())
+    return Packed(codec["name"], int(codec["numel"]), int(codec["block"]), parts, codec["sha256"])
 
 
 def read_recorded_update(
-    path: Path, expected_numel: int | None = None, base: BaseFn | None = None
+    path: Path,
+    expected_numel: int | None = None,
+    base: BaseFn | None = None,
+    keep_packed: bool = False,
 ) -> Uplink:
     """One update file written by `StateStore.record_update`, read straight into tensors.
 
@@ -71,7 +67,9 @@ def read_recorded_update(
     shapes, finiteness, a packed update's checksum) and fsynced before acknowledging it, so
     it is trusted here: no re-hashing and no second safetensors parse, each tensor is read
     once from the file into its own buffer. A packed update is rebuilt from `base()`, the
-    round's global model. A truncated or foreign file raises ConfigError."""
+    round's global model, unless `keep_packed`: then `params` is empty and `packed` holds
+    it, for a reader that decodes it on the fly. A truncated or foreign file raises
+    ConfigError."""
     try:
         with open(path, "rb") as f:
             head = f.read(frames.PREFIX_LEN + 8)
@@ -89,9 +87,18 @@ def read_recorded_update(
                 if f.readinto(t.numpy().data.cast("B")) != end - start:
                     raise ValueError(f"tensor {name!r} is truncated")
                 tensors[name] = t
-        params = _recorded_params(tensors, meta, base)
-        if expected_numel is not None and params.numel() != expected_numel:
-            raise ValueError(f"{params.numel()} parameters, the model has {expected_numel}")
+        packed = _recorded_packed(tensors, meta)
+        if packed is None:
+            params = tensors.pop("params").float()
+        elif keep_packed:
+            params = torch.empty(0)
+        elif base is None:
+            raise ValueError("a packed update needs its round's global model to be read")
+        else:
+            params = update_codec.decode(packed, base())
+        numel = packed.numel if packed is not None else params.numel()
+        if expected_numel is not None and numel != expected_numel:
+            raise ValueError(f"{numel} parameters, the model has {expected_numel}")
         return Uplink(
             fleet=meta["fleet"],
             run_id=meta["run_id"],
@@ -105,6 +112,7 @@ def read_recorded_update(
             relative_fr=meta.get("relative_fr"),
             tensors={k[2:]: v.float() for k, v in tensors.items()},
             version=int(meta["v"]),
+            packed=packed if keep_packed else None,
         )
     except (OSError, ValueError, KeyError, TypeError) as exc:  # JSONDecodeError is a ValueError
         raise ConfigError(f"recorded update {path} is unreadable: {exc}") from exc
@@ -135,6 +143,18 @@ class UpdateView:
 
     def __iter__(self) -> Iterator[ClientResult]:
         return self.only(range(len(self.rows)))
+
+    def round_base(self) -> torch.Tensor:
+        """The round's global model as the devices decoded it: the base of its packed
+        updates."""
+        if self._base is None:
+            raise ConfigError("a packed update needs its round's global model to be read")
+        return self._base()
+
+    def read(self, index: int, keep_packed: bool = False) -> Uplink:
+        """The update of row `index` as recorded (see `read_recorded_update`)."""
+        path = self._root / self.rows[index]["path"]
+        return read_recorded_update(path, self._expected, self._base, keep_packed)
 
     def only(self, indices: Iterable[int]) -> Iterator[ClientResult]:
         """The updates of the rows at `indices`, read one at a time."""

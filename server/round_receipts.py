@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor
 
+from wakefl.protocol.update_codec import Packed, add_decoded_
 from wakefl.sdk.selffl.float64_chunks import add_difference_
 
 
@@ -66,6 +67,19 @@ class RoundReceipts:
             if params.numel() != self.global_params.numel():
                 return False
             self._add(device, params)
+            return True
+
+    def note_packed(self, device: str, packed: Packed, base: Tensor) -> bool:
+        """`note` for a packed update, decoded on the fly against the round's `base`
+        (its checksum verified): no float32 vector of it is built."""
+        with self._lock:
+            if self._sealed or device in self.sq_distance:
+                return False
+            if packed.numel != self.global_params.numel():
+                return False
+            self.sq_distance[device] = add_decoded_(
+                self.centred_sum, packed, base, 1.0, self.global_params
+            )
             return True
 
     def seal(self) -> None:

@@ -109,3 +109,19 @@ def test_spread_from_sums_edge_cases() -> None:
     assert spread_from_sums(torch.zeros(3, dtype=torch.float64), [3.0, 3.0]) == 3.0
     # rounding never makes a variance negative
     assert spread_from_sums(torch.full((1,), 2.0, dtype=torch.float64), [1.0, 1.0]) == 0.0
+
+
+def test_a_packed_update_is_noted_as_its_decoded_vector() -> None:
+    from wakefl.protocol import update_codec as C
+
+    g, models = _models(4, seed=5)
+    base = g + 1e-4  # the devices' base differs a little from the server's global model
+    plain, packed = RoundReceipts(1, g), RoundReceipts(1, g)
+    for i, m in enumerate(models):
+        p = C.encode(m, base, "int8-delta")
+        plain.note(f"d{i}", C.decode(p, base))
+        assert packed.note_packed(f"d{i}", p, base)
+        assert packed.sq_distance[f"d{i}"] == pytest.approx(plain.sq_distance[f"d{i}"], rel=1e-6)
+    assert not packed.note_packed("d0", C.encode(models[0], base, "int8-delta"), base)
+    kept = [(f"d{i}", 1.0) for i in range(4)]
+    assert packed.spread(kept) == pytest.approx(plain.spread(kept), rel=1e-6)

@@ -397,3 +397,18 @@ def test_weight_shares_sum_to_one_with_the_infinite_precision_limit():
     assert shares == pytest.approx([x / sum(w) for x in w])
     assert weight_shares([0.0, 0.1, 0.0], 0.0) == [0.5, 0.0, 0.5]
     assert weight_shares([], 0.1) == []
+
+
+def test_precision_sum_add_folded_equals_add_including_certain_clients():
+    from wakefl.sdk.selffl.aggregation import PrecisionSum
+    from wakefl.sdk.selffl.float64_chunks import add_scaled_
+
+    g = torch.Generator().manual_seed(9)
+    vecs = [torch.randn(1000, generator=g) for _ in range(3)]
+    for sigmas, s0 in (([0.1, 0.4, 0.2], 0.3), ([0.0, 0.5, 0.0], 0.0)):
+        a, b = PrecisionSum(1000, torch.float32), PrecisionSum(1000, torch.float32)
+        for v, s in zip(vecs, sigmas, strict=True):
+            a.add(v, s, s0, "v")
+            b.add_folded(lambda acc, alpha, v=v: add_scaled_(acc, v, alpha), s, s0)
+        assert torch.equal(a.mean("a"), b.mean("b"))
+        assert a.pooled_variance() == b.pooled_variance()

@@ -266,3 +266,32 @@ def test_encode_refuses_what_the_codec_cannot_carry():
         C.encode(torch.zeros(11), base, "int8-delta")
     with pytest.raises(M.ProtocolError):
         M.encode(_up(torch.zeros(10)), uplink_codec="int8-delta")  # no base
+
+
+@pytest.mark.parametrize("codec", ["int8-delta", "fp16-delta"])
+@pytest.mark.parametrize("d", [C.BLOCK * 300 + 17, 100, C.BLOCK * 256])
+def test_add_decoded_adds_the_decoded_vector_in_float64(codec, d):
+    base, params = _vectors(d, seed=4)
+    packed = C.encode(params, base, codec)
+    decoded = C.decode(packed, base).double()
+    acc = torch.randn(d, dtype=torch.float64)
+    centre = torch.randn(d, dtype=torch.float64)
+    want = acc + 0.3 * (decoded - centre)
+    got = acc.clone()
+    sq = C.add_decoded_(got, packed, base, 0.3, centre)
+    # equal up to the float32 decode's own roundings (entries up to ~30 here)
+    assert torch.allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert sq == pytest.approx(float((decoded - centre) @ (decoded - centre)), rel=1e-6)
+    with pytest.raises(ValueError, match="float64"):
+        C.add_decoded_(torch.zeros(d), packed, base, 1.0)
+
+
+def test_verify_refuses_what_verified_decode_refuses_without_building_the_vector():
+    base, params = _vectors()
+    packed = C.encode(params, base, "int8-delta")
+    C.verify(packed, base)
+    other = base.clone()
+    other[0] += 1.0
+    with pytest.raises(C.CodecError) as info:
+        C.verify(packed, other)
+    assert info.value.reason == "checksum"

@@ -5,7 +5,7 @@ aggregation"): Eqn 11, smoothing with the activity rate, and the cluster-level v
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -13,8 +13,11 @@ from torch import Tensor
 
 from wakefl.errors import ConfigError
 from wakefl.sdk.selffl.checks import require_activity_rate, require_finite
-from wakefl.sdk.selffl.float64_chunks import add_scaled_, widened
+from wakefl.sdk.selffl.float64_chunks import add_scaled_
 from wakefl.sdk.selffl.rules import precision, trace_variance
+
+# Adds alpha times one client's vector into a flat float64 accumulator (`add_folded`).
+Fold = Callable[[Tensor, float], object]
 
 
 @dataclass
@@ -45,14 +48,20 @@ class PrecisionSum:
         """Fold in one client's flat parameters with weight 1/(sigma0^2 + sigma_m^2)."""
         if flat.numel() != self.numel:
             raise ConfigError(f"{what} has {flat.numel()} entries, expected {self.numel}")
+        self.add_folded(lambda acc, alpha: add_scaled_(acc, flat, alpha), sigma_sq, sigma0_sq)
+
+    def add_folded(self, fold: Fold, sigma_sq: float, sigma0_sq: float) -> None:
+        """`add` for a client whose vector is never built whole: `fold(acc, alpha)` adds
+        alpha times it into a flat float64 accumulator of `numel` entries (a packed update
+        decoded on the fly)."""
         w = precision(sigma0_sq, sigma_sq)
         if math.isinf(w):
-            self.certain = (
-                widened(flat) if self.certain is None else add_scaled_(self.certain, flat)
-            )
+            if self.certain is None:
+                self.certain = torch.zeros(self.numel, dtype=torch.float64)
+            fold(self.certain, 1.0)
             self.certain_count += 1
         else:
-            add_scaled_(self.weighted, flat, w)
+            fold(self.weighted, w)
             self.weight += w
         self.inverse_variance += math.inf if float(sigma_sq) == 0.0 else 1.0 / float(sigma_sq)
 
