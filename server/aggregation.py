@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor
 
-from wakefl.protocol.update_codec import add_decoded_
+from wakefl.protocol.update_codec import Packed, add_decoded_
 from wakefl.sdk.selffl.aggregation import PrecisionSum
 from wakefl.sdk.selffl.selffl_strategy import SelfFL
 from wakefl.sdk.selffl.strategy import ClientResult, ServerState, Strategy
@@ -99,8 +99,9 @@ class LocalAggregation:
         # Waits (bounded) until the updates recorded so far are in the receipts: the last
         # ones are noted on the recorder's thread just after the round saw them recorded.
         self._settle = settle
-        uses_receipts = isinstance(strategy, SelfFL) and not strategy.cluster_by_group
-        self._selffl = strategy if uses_receipts else None
+        self._selffl = (
+            strategy if isinstance(strategy, SelfFL) and not strategy.cluster_by_group else None
+        )
 
     def __call__(self, state: ServerState, round_id: int, view: UpdateView) -> Aggregated:
         if not len(view):
@@ -165,10 +166,7 @@ class LocalAggregation:
             msg = view.read(i, keep_packed=scale == 1.0)
             packed = msg.packed
             if packed is not None:
-                b = view.round_base()
-                total.add_folded(
-                    lambda acc, a, p=packed, b=b: add_decoded_(acc, p, b, a), sig, sigma0_sq
-                )
+                total.add_folded(_packed_fold(packed, view.round_base()), sig, sigma0_sq)
             else:
                 flat = apply_scale(msg.params, global_params, scale)
                 total.add(flat, sig, sigma0_sq, f"update of {msg.device_id}")
@@ -197,6 +195,13 @@ class LocalAggregation:
             for i, res in zip(clipped, view.only(clipped), strict=True):
                 receipts.take_out(res.params, 1.0 - verdicts[i].scale)
         return receipts.spread([(dev, s) for _, dev, s in kept])
+
+
+def _packed_fold(packed: Packed, base: Tensor) -> Callable[[Tensor, float], float]:
+    def fold(acc: Tensor, alpha: float) -> float:
+        return add_decoded_(acc, packed, base, alpha)
+
+    return fold
 
 
 class ScreenedUpdates:

@@ -67,9 +67,8 @@ def read_recorded_update(
     shapes, finiteness, a packed update's checksum) and fsynced before acknowledging it, so
     it is trusted here: no re-hashing and no second safetensors parse, each tensor is read
     once from the file into its own buffer. A packed update is rebuilt from `base()`, the
-    round's global model, unless `keep_packed`: then `params` is empty and `packed` holds
-    it, for a reader that decodes it on the fly. A truncated or foreign file raises
-    ConfigError."""
+    round's global model, unless `keep_packed` (then `params` is empty and `packed` holds
+    it, to decode on the fly). A truncated or foreign file raises ConfigError."""
     try:
         with open(path, "rb") as f:
             head = f.read(frames.PREFIX_LEN + 8)
