@@ -237,7 +237,8 @@ class Ingest:
         the fly by the receipts and the aggregation). Called with the lock held."""
         dev, rid = msg.device_id, msg.round_id
         try:
-            check_uplink(msg, self._base())
+            if msg.packed is not None:  # a plain update needs no base (none may be out yet)
+                check_uplink(msg, self._base())
         except MessageRejected as exc:
             self.carry_out(after_admission(exc.reason, exc.detail, dev, rid), mid)
             return
