@@ -1,4 +1,5 @@
-"""The server's admission rule: what becomes of one message on `up/<D>`, as pure functions.
+"""The server's admission rule: what becomes of one message on `up/<D>` or `hello/<D>`, as
+pure functions.
 
 Whether an uplink is accepted, refused (and why), acknowledged and counted is decided here
 from the open round's state and the decoded message (or the reason it could not be
@@ -18,7 +19,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from wakefl.protocol.messages import Decline, MessageRejected, Uplink
+from wakefl.protocol.messages import Decline, Hello, MessageRejected, Uplink
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Outcome(enum.Enum):
     ACCEPT = "accept"  # record the update (durably), then ack it as accepted
     DECLINE = "decline"  # record the decline, then ack it as `declined`
     REFUSE = "refuse"  # count it as `reason`, log it, maybe ack the refusal
+    IGNORE = "ignore"  # not counted (a refused retained Hello of an earlier run), maybe acked
 
 
 class AckKind(enum.Enum):
@@ -46,6 +48,9 @@ class AckKind(enum.Enum):
     DECLINED = "declined"  # Ack(accepted=True, "declined") after the decline is on record
     REFUSED = "refused"  # Ack(accepted=False, reason), rate-limited per device
     DUPLICATE = "duplicate"  # Ack(accepted=True, "duplicate"), rate-limited per device
+    # A refused Hello: Ack(accepted=False, "<reason>: <detail>", round 0, answers "hello"),
+    # rate-limited per device: a device the server never samples would not learn why.
+    HELLO_REFUSED = "hello_refused"
 
 
 @dataclass(frozen=True)
@@ -167,6 +172,30 @@ def _admit_decline(arrival: Arrival, msg: Decline) -> Decision:
         detail = f"{dev} declined round {rid} after its update was recorded"
         return refuse("duplicate", detail, dev, rid, dev)
     return Decision(Outcome.DECLINE, AckKind.DECLINED, device=dev, round_id=rid, ack_device=dev)
+
+
+def admit_hello(
+    topic_device: str, msg: Hello, fleet: str, registry: Mapping[str, str], static: bool
+) -> Decision:
+    """What becomes of a decoded Hello on `hello/<D>` (docs/PROTOCOL.md, Server rule 1).
+    ACCEPT: the device goes online (registered first when the registry is open and it is
+    new). Refused: a mismatched topic or fleet (no answer: the sender is not who the topic
+    says), an unknown device of a static fleet or a registered device of another type
+    (answered, `HELLO_REFUSED`). Counted against no round."""
+    dev = topic_device
+    if msg.device_id != dev or msg.fleet != fleet:
+        return refuse("topic_mismatch", f"hello from {msg.device_id!r} on {dev!r}", dev, None, None)
+    known = registry.get(dev)
+    if known is None and static:
+        return _hello_refused("unknown_device", f"{dev!r} is not in the fleet", dev)
+    if known is not None and known != msg.device_type:
+        detail = f"{dev!r} says type {msg.device_type!r}, registered as {known!r}"
+        return _hello_refused("wrong_device_type", detail, dev)
+    return Decision(Outcome.ACCEPT, AckKind.NONE, device=dev)
+
+
+def _hello_refused(reason: str, detail: str, dev: str) -> Decision:
+    return Decision(Outcome.REFUSE, AckKind.HELLO_REFUSED, reason, detail, dev, None, dev)
 
 
 def after_admission(reason: str, detail: str, device: str, round_id: int) -> Decision:

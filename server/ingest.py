@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 
 from torch import Tensor
 
@@ -37,9 +38,9 @@ from wakefl.server.admission import (
     Decision,
     Outcome,
     admit,
+    admit_hello,
     after_admission,
     internal_failure,
-    refuse,
 )
 from wakefl.server.server_session import ServerSession
 from wakefl.server.throttle import LazyId, Throttle
@@ -124,6 +125,12 @@ class Ingest:
         """Count, log and answer a refusal as `decision` says."""
         if decision.outcome is Outcome.REFUSE:
             self.count(decision.reason, decision.detail, decision.device, decision.round_id)
+        if decision.ack is AckKind.HELLO_REFUSED and decision.ack_device is not None:
+            dev = decision.ack_device
+            if self._ack_throttle.allow(dev)[0]:
+                why = f"{decision.reason}: {decision.detail}"[:200]
+                self.send_ack(dev, 0, False, why, "hello")
+            return
         if decision.ack_device is None or decision.round_id is None:
             return
         dev, rid = decision.ack_device, decision.round_id
@@ -303,16 +310,19 @@ class Ingest:
                 self.count(exc.reason, f"hello: {exc.detail}", dev, None)
             return
         with self.s.lock:
-            refusal = self._hello_refusal(msg, dev, topic)
-            if refusal is not None and retained:
-                self._refused_retained_hello(dev, f"{refusal.reason}: {refusal.detail}", msg.online)
-                if msg.online:
-                    self._tell_refused_hello(dev, refusal)
+            reg = self.s.registry()
+            decision = admit_hello(dev, msg, self.s.cfg.fleet, reg, self.s.static)
+            if decision.outcome is Outcome.REFUSE:
+                if retained:
+                    why = f"{decision.reason}: {decision.detail}"
+                    self._refused_retained_hello(dev, why, msg.online)
+                    if msg.online:
+                        self.carry_out(replace(decision, outcome=Outcome.IGNORE))
+                else:
+                    self.carry_out(decision)
                 return
-            if refusal is not None:
-                self.carry_out(refusal)
-                self._tell_refused_hello(dev, refusal)
-                return
+            if dev not in reg:
+                self.s.store.register_device(dev, msg.device_type, "hello")
             self.s.store.set_online(dev, msg.online)
             self.s.changed.notify_all()
         log.info("device %s (%s) %s", dev, msg.device_type, "online" if msg.online else "offline")
@@ -332,33 +342,6 @@ class Ingest:
             "online" if online else "offline",
             why,
         )
-
-    def _tell_refused_hello(self, dev: str, refusal: Decision) -> None:
-        """Answer a Hello refused for its device (unknown, or of another type) with an ack
-        answering "hello", round 0: a device the server never samples would otherwise not
-        learn why."""
-        known_sender = refusal.reason in ("unknown_device", "wrong_device_type")
-        if known_sender and self._ack_throttle.allow(dev)[0]:
-            self.send_ack(dev, 0, False, f"{refusal.reason}: {refusal.detail}"[:200], "hello")
-
-    def _hello_refusal(self, msg: Hello, dev: str, topic: str) -> Decision | None:
-        """A hello that cannot stand, or None after registering its device when the
-        registry is open. Only an unknown or wrong-type device is told why
-        (`_tell_refused_hello`); a hello on a mismatched topic gets no answer."""
-        if msg.device_id != dev or msg.fleet != self.s.cfg.fleet:
-            return refuse(
-                "topic_mismatch", f"hello from {msg.device_id!r} on {topic!r}", dev, None, None
-            )
-        reg = self.s.registry()
-        if dev not in reg:
-            if self.s.static:
-                return refuse("unknown_device", f"{dev!r} is not in the fleet", dev, None, None)
-            self.s.store.register_device(dev, msg.device_type, "hello")
-            reg[dev] = msg.device_type
-        if reg[dev] != msg.device_type:
-            detail = f"{dev!r} says type {msg.device_type!r}, registered as {reg[dev]!r}"
-            return refuse("wrong_device_type", detail, dev, None, None)
-        return None
 
     # ------------------------------------------------------------------ the broker
     def on_broker_dropped(self, topic: str, payload: bytes) -> None:

@@ -15,6 +15,7 @@ from wakefl.server.admission import (
     OpenRound,
     Outcome,
     admit,
+    admit_hello,
     after_admission,
     internal_failure,
     refused_at_screening,
@@ -300,3 +301,27 @@ def test_the_open_round_is_a_frozen_record():
     assert r.sampled == frozenset({"a", "b"}) and r.round_id == 3 and r.deadline == 10.0
     with pytest.raises(AttributeError):
         r.round_id = 4  # type: ignore[misc]
+
+
+def _hello(dev: str = "a", typ: str = "speaker", fleet: str = FLEET) -> M.Hello:
+    return M.Hello(fleet, dev, typ, 10, True)
+
+
+# (topic device, hello, static registry) -> outcome, reason, ack
+HELLO_ROWS = [
+    ("a", _hello(), True, Outcome.ACCEPT, "", AckKind.NONE),
+    ("new", _hello("new"), False, Outcome.ACCEPT, "", AckKind.NONE),  # open registry: joins
+    ("new", _hello("new"), True, Outcome.REFUSE, "unknown_device", AckKind.HELLO_REFUSED),
+    ("a", _hello(typ="tv"), True, Outcome.REFUSE, "wrong_device_type", AckKind.HELLO_REFUSED),
+    ("a", _hello(typ="tv"), False, Outcome.REFUSE, "wrong_device_type", AckKind.HELLO_REFUSED),
+    ("a", _hello("b"), True, Outcome.REFUSE, "topic_mismatch", AckKind.NONE),  # not who it says
+    ("a", _hello(fleet="other"), True, Outcome.REFUSE, "topic_mismatch", AckKind.NONE),
+]
+
+
+@pytest.mark.parametrize(("dev", "hello", "static", "outcome", "reason", "ack"), HELLO_ROWS)
+def test_hello_row(dev, hello, static, outcome, reason, ack):
+    d = admit_hello(dev, hello, FLEET, REGISTRY, static)
+    assert (d.outcome, d.reason, d.ack) == (outcome, reason, ack)
+    assert d.round_id is None  # a Hello is counted against no round
+    assert d.ack_device == (dev if ack is AckKind.HELLO_REFUSED else None)
