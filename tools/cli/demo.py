@@ -14,12 +14,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--profile",
         choices=["fleet", "demo", "tiny", "small"],
         default="fleet",
-        help="corpus profile (default fleet: per device type its own users, speaking with "
-        "voices the shipped model never heard in training, 120 test clips and 6 minutes of "
-        "streams per device type, and users kept out of training; demo: the training "
-        "engines' voices, 240 test clips; tiny: 24 test clips)",
+        help="corpus profile (default fleet: per device type 12 users of its own, speaking "
+        "with voices no shipped model trained on, in rooms and devices of the held-out "
+        "acoustic simulation, 144 test clips and 6 minutes of streams per device type, and "
+        "3 users kept out of training; demo: the training engines' voices, 240 test clips; "
+        "tiny: 24 test clips)",
     )
-    p.add_argument("--rounds", type=int, default=3, help="Self-FL rounds (default 3)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="Self-FL rounds (default 4 on the fleet profile, 3 on the others)",
+    )
     p.add_argument(
         "--width",
         type=float,
@@ -78,7 +84,7 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
 def _run(args: argparse.Namespace) -> int:
     from wakefl.tools.fleet.demo import DemoSettings, run_demo
 
-    if args.rounds < 1:
+    if args.rounds is not None and args.rounds < 1:
         from wakefl.errors import ConfigError
 
         raise ConfigError("--rounds must be at least 1")

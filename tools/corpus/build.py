@@ -21,6 +21,7 @@ from wakefl.progress_bars import bar_disabled
 from wakefl.sdk.manifest import CLIP_SAMPLES, SAMPLE_RATE, ManifestRow, write_manifest
 from wakefl.tools.acoustics.background_sounds import ambient_noise, background_for_state
 from wakefl.tools.acoustics.device_acoustics import DEVICE_PROFILES, capture, reverberate, scale_to
+from wakefl.tools.acoustics.field_capture import FieldAcoustics
 from wakefl.tools.acoustics.room_impulse import exponential_rir
 from wakefl.tools.corpus.plan import (
     FIELD_ACOUSTICS_PROFILES,
@@ -90,7 +91,8 @@ class DeviceAcoustics:
 
 
 # Acoustic simulators by the name a profile gives (`CorpusProfile.acoustics`).
-ACOUSTICS: dict[str, Acoustics] = {"device": DeviceAcoustics()}
+# "field": the second, held-out simulation's rooms and front ends (tools/acoustics/field_capture.py).
+ACOUSTICS: dict[str, Acoustics] = {"device": DeviceAcoustics(), "field": FieldAcoustics()}
 
 
 @dataclass
