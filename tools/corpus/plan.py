@@ -334,16 +334,19 @@ FIELD_ACOUSTICS_PROFILES = ("pretrain-acoustics", "pretrain-acoustics-micro")
 # of its training data (the new-users test corpus). 60 training clips for the smallest
 # device type (E), so that each round's two local epochs are a few steps more than a
 # nudge; 96 validation clips per device type, so that the served-model gate sees enough
-# negatives to set a false-accept level; 144 test clips (about 5 wake words per user) and
-# 6 minutes of test stream per device type: one false accept is 10 FA/h.
+# negatives to set a false-accept level, and 4 minutes of validation stream whose windows
+# join them (tools/cli/device.py --val-stream-hop); 144 test clips (about 5 wake words per
+# user) and 6 minutes of test stream per device type: one false accept is 10 FA/h.
 PROFILES["fleet"] = CorpusProfile(
     "fleet", 0, 60, 96, 144, 3, 120.0, 4, 3, 8, "fleet",
-    users_per_device=12, new_users_per_device=3, new_user_test_clips=60, acoustics="field",
+    val_streams_per_device=2, users_per_device=12, new_users_per_device=3,
+    new_user_test_clips=60, acoustics="field",
 )  # fmt: skip
 # The same recipe at a size a test builds in seconds.
 PROFILES["fleet-micro"] = CorpusProfile(
     "fleet-micro", 0, 2, 3, 3, 1, 6.0, 1, 1, 2, "fleet",
-    users_per_device=1, new_users_per_device=1, new_user_test_clips=2, acoustics="field",
+    val_streams_per_device=1, users_per_device=1, new_users_per_device=1,
+    new_user_test_clips=2, acoustics="field",
 )  # fmt: skip
 
 
