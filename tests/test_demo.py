@@ -98,10 +98,14 @@ def test_demo_defaults_suit_the_fleet_and_keep_the_other_profiles():
         assert other.local_steps() == (10, 5) and other.global_scored()
         assert not other.shipped_threshold()
         assert other.round_count() == 3 and other.local_epochs() == 2.0
+        assert other.gate_fr() == other.target_fr
     assert DemoSettings(width=0.5, l_max=4).model_width() == 0.5
     assert DemoSettings(l_max=4).local_steps() == (4, 20)
     # The fleet trains longer: more rounds and more passes over each device's clips.
     assert fleet.round_count() > 3 and fleet.local_epochs() > 2.0
+    # Its gate compares where the shipped baseline works on its users.
+    assert fleet.gate_fr() == 0.5
+    assert DemoSettings(gate_target_fr=0.2).gate_fr() == 0.2
     assert DemoSettings(rounds=2, max_local_epochs=1.0).round_count() == 2
     assert DemoSettings(max_local_epochs=1.0).local_epochs() == 1.0
 

@@ -6,10 +6,12 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from wakefl.errors import ConfigError
 from wakefl.sdk.manifest import read_manifest
-from wakefl.tools.corpus.build import ACOUSTICS, NEW_USERS_DIR, build_corpus
+from wakefl.tools.corpus.build import ACOUSTICS, NEW_USERS_DIR, acoustics_named, build_corpus
 from wakefl.tools.corpus.plan import PROFILES, SPLITS
 from wakefl.tools.corpus.speakers import fleet_device_of, is_new_user, make_speakers
 from wakefl.tools.corpus.voices import (
@@ -80,7 +82,7 @@ def test_fleet_plan_gives_each_device_type_its_own_users_and_other_takes():
         assert {s.split for s in mine if s.speaker_id in new} == {"test"}
         # several engines per device type
         assert len({s.voice.engine for s in mine}) >= 3
-    assert PROFILES["fleet"].acoustics in ACOUSTICS
+    assert acoustics_named(PROFILES["fleet"].acoustics) is not None
     # the speaker bootstrap needs units: at least 10 users per device type
     assert prof.users_per_device >= 10
 
@@ -113,3 +115,18 @@ def test_micro_fleet_build_is_deterministic_per_seed(tmp_path: Path):
     new_speech = [r for r in new if not r.speaker.startswith("nospeech")]
     assert new_speech and all(is_new_user(r.speaker) for r in new_speech)
     assert not {r.speaker for r in new_speech} & trained
+
+
+def test_acoustics_by_name_puts_the_field_simulation_on_the_named_device_types():
+    mixed = acoustics_named("field:BD")
+    own, field = ACOUSTICS["device"], ACOUSTICS["field"]
+    np.testing.assert_array_equal(mixed.room(0, "A", 1), own.room(0, "A", 1))
+    np.testing.assert_array_equal(mixed.room(0, "B", 1), field.room(0, "B", 1))
+    wave = np.random.default_rng(0).standard_normal(24000) * 0.01
+    for device, ref in (("C", own), ("D", field)):
+        got = mixed.capture(np.random.default_rng(5), device, wave)
+        np.testing.assert_array_equal(got, ref.capture(np.random.default_rng(5), device, wave))
+    assert acoustics_named("field") is field and acoustics_named("device") is own
+    for bad in ("field:", "field:BX", "room", "device:AB"):
+        with pytest.raises(ConfigError, match="unknown acoustics"):
+            acoustics_named(bad, "p")

@@ -19,9 +19,9 @@ WINDOW = 24000
 
 
 def _corpus(tmp_path: Path, stream_s: float = 70.0) -> Path:
-    """Two training and two validation clips and one validation stream of type A (a ramp, so every window's
-    place in the stream can be read from its samples), one stream of type B and one of A's
-    test split."""
+    """Two training and two validation clips and one validation stream of type A (a ramp,
+    so every window's place in the stream can be read from its samples), one stream of
+    type B, and one of each other split of A."""
     rng = np.random.default_rng(0)
     rows = []
     (tmp_path / "clips").mkdir()
@@ -34,7 +34,9 @@ def _corpus(tmp_path: Path, stream_s: float = 70.0) -> Path:
     n = int(stream_s * SAMPLE_RATE)
     ramp = (np.arange(n) / n * 0.5).astype(np.float32)
     (tmp_path / "streams").mkdir()
-    for name, dev, split in (("a_val", "A", "val"), ("b_val", "B", "val"), ("a_test", "A", "test")):
+    streams = (("a_val", "A", "val"), ("b_val", "B", "val"), ("a_test", "A", "test"),
+               ("a_train", "A", "train"))  # fmt: skip
+    for name, dev, split in streams:
         sf.write(tmp_path / f"streams/{name}.wav", ramp, SAMPLE_RATE, subtype="FLOAT")
         rows.append(
             ManifestRow(f"streams/{name}.wav", 0, dev, "normal", "mixed-val", split, stream_s,
@@ -84,10 +86,10 @@ def test_device_gate_sees_the_validation_stream_windows(tmp_path):
     manifest = _corpus(tmp_path)
     said: list[str] = []
 
-    def args(hop: float) -> argparse.Namespace:
+    def args(hop: float, train_hop: float = 0.0) -> argparse.Namespace:
         return argparse.Namespace(
             data=manifest, device_type="A", device_id="devA", width=0.25, fleet="f",
-            val_stream_hop=hop,
+            val_stream_hop=hop, train_stream_hop=train_hop,
         )  # fmt: skip
 
     _, val = _load_clips(args(0.5), said.append)
@@ -97,3 +99,10 @@ def test_device_gate_sees_the_validation_stream_windows(tmp_path):
     assert isinstance(clips_only, WakeWordDataset) and len(clips_only) == 2
     with pytest.raises(ConfigError):
         _load_clips(args(-1.0), said.append)
+    # Training streams join the training clips only when asked.
+    train, _ = _load_clips(args(0.0), said.append)
+    assert isinstance(train, WakeWordDataset) and len(train) == 2
+    train, _ = _load_clips(args(0.0, train_hop=1.5), said.append)
+    assert isinstance(train, JoinedDataset) and train.labels.sum() == 1
+    assert len(train) == 2 + (int(70.0 * SAMPLE_RATE) - WINDOW) // int(1.5 * SAMPLE_RATE) + 1
+    assert {r.split for r in train.rows} == {"train"}

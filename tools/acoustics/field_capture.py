@@ -12,6 +12,8 @@ add-on's rooms and from the training augmentation's, so no corpus repeats anothe
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from wakefl.tools.acoustics.field_acoustics import (
@@ -44,3 +46,22 @@ class FieldAcoustics:
         return front_end(
             rng, dev, to_level(np.asarray(field_, dtype=np.float64), 0.0, active=True), level
         )
+
+
+class FieldForSome:
+    """The field simulation for the device types in `field_types`, `others` for the rest:
+    a fleet where some device types are hardware that training never simulated."""
+
+    def __init__(self, field_types: frozenset[str], others: Any) -> None:
+        self.field_types = field_types
+        self.field = FieldAcoustics()
+        self.others = others
+
+    def _for(self, device: str) -> Any:
+        return self.field if device in self.field_types else self.others
+
+    def room(self, seed: int, device: str, index: int) -> np.ndarray:
+        return self._for(device).room(seed, device, index)
+
+    def capture(self, rng: np.random.Generator, device: str, field_: np.ndarray) -> np.ndarray:
+        return self._for(device).capture(rng, device, field_)

@@ -340,13 +340,13 @@ FIELD_ACOUSTICS_PROFILES = ("pretrain-acoustics", "pretrain-acoustics-micro")
 PROFILES["fleet"] = CorpusProfile(
     "fleet", 0, 60, 96, 144, 3, 120.0, 4, 3, 8, "fleet",
     val_streams_per_device=2, users_per_device=12, new_users_per_device=3,
-    new_user_test_clips=60, acoustics="field",
+    new_user_test_clips=60, acoustics="field:BD",
 )  # fmt: skip
 # The same recipe at a size a test builds in seconds.
 PROFILES["fleet-micro"] = CorpusProfile(
     "fleet-micro", 0, 2, 3, 3, 1, 6.0, 1, 1, 2, "fleet",
     val_streams_per_device=1, users_per_device=1, new_users_per_device=1,
-    new_user_test_clips=2, acoustics="field",
+    new_user_test_clips=2, acoustics="field:BD",
 )  # fmt: skip
 
 
