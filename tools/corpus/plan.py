@@ -328,8 +328,9 @@ FIELD_ACOUSTICS_PROFILES = ("pretrain-acoustics", "pretrain-acoustics-micro")
 
 # A fleet of users the shipped model serves badly (`wakefl demo`'s default): each device type
 # A-E has its own users, all speaking with voices no shipped model trained on (FLEET_VOICES),
-# recorded in the held-out simulation's rooms and through its device front ends ("field"),
-# with their own background and near-miss speech. 12 users per device type train,
+# B and D recorded in the held-out simulation's rooms and through its device front ends
+# ("field:BD"; A, C and E through their own), with their own background and near-miss
+# speech. 12 users per device type train,
 # validate and are tested (other takes): the speaker bootstrap's units; 3 more are kept out
 # of its training data (the new-users test corpus). 60 training clips for the smallest
 # device type (E), so that each round's two local epochs are a few steps more than a
