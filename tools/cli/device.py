@@ -232,7 +232,7 @@ def _exports(args: argparse.Namespace, client, summary, say) -> None:
         say(
             f"{args.device_id} serves the {summary.served['model']} model of round "
             f"{summary.served['round']}"
-            + (f" (relative to the baseline on its validation clips: {figs})" if figs else "")
+            + (f" (relative to the baseline on its validation data: {figs})" if figs else "")
         )
     if args.export_personal and client.personal_params() is not None:
         say(f"personal model written to {client.export_personal_model(args.export_personal)}")
