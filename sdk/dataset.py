@@ -56,6 +56,16 @@ def _check_wav_complete(path: Path) -> None:
 
 def load_clip(path: Path, window_samples: int) -> np.ndarray:
     """Decode one clip as float32 mono at 16 kHz, padded or cropped to `window_samples`."""
+    wave = load_audio(path)
+    if wave.size >= window_samples:
+        start = (wave.size - window_samples) // 2
+        return np.ascontiguousarray(wave[start : start + window_samples])
+    pad = window_samples - wave.size
+    return np.pad(wave, (pad // 2, pad - pad // 2))
+
+
+def load_audio(path: Path) -> np.ndarray:
+    """Decode a whole recording as float32 mono at 16 kHz (AudioError when it cannot)."""
     _check_wav_complete(Path(path))
     try:
         wave, sr = sf.read(str(path), dtype="float32", always_2d=True)
@@ -68,11 +78,7 @@ def load_clip(path: Path, window_samples: int) -> np.ndarray:
         raise AudioError(f"{path}: empty audio")
     if not np.all(np.isfinite(wave)):
         raise AudioError(f"{path}: non-finite samples")
-    if wave.size >= window_samples:
-        start = (wave.size - window_samples) // 2
-        return np.ascontiguousarray(wave[start : start + window_samples])
-    pad = window_samples - wave.size
-    return np.pad(wave, (pad // 2, pad - pad // 2))
+    return np.ascontiguousarray(wave, dtype=np.float32)
 
 
 def augment_wave(wave: np.ndarray, rng: np.random.Generator) -> np.ndarray:

@@ -3,7 +3,8 @@ served model itself (for export and detection).
 
 After a round trains, `ServingGate.after_round` scores the model served now, the new
 personalized model, the downlinked global model and the baseline on the device's local
-validation clips and asks `served_model_gate.decide_served_model` which to serve
+validation clips (joined, where `wakefl device` cut them, by windows of its validation
+streams: sdk/stream_windows.py) and asks `served_model_gate.decide_served_model` which to serve
 (docs/SELF_FL.md, "The served-model gate"). It switches only when the gate says so, and
 folds the decision into the round's commit: the served model's parameters and name into
 the state (saved with the round, atomically), the decision and its evidence into the

@@ -97,8 +97,39 @@ def test_demo_defaults_suit_the_fleet_and_keep_the_other_profiles():
         assert not other.runs_fleet() and other.model_width() == 1.0
         assert other.local_steps() == (10, 5) and other.global_scored()
         assert not other.shipped_threshold()
+        assert other.round_count() == 3 and other.local_epochs() == 2.0
+        assert other.gate_fr() == other.target_fr
     assert DemoSettings(width=0.5, l_max=4).model_width() == 0.5
-    assert DemoSettings(l_max=4).local_steps() == (4, 10)
+    assert DemoSettings(l_max=4).local_steps() == (4, 20)
+    # The fleet trains longer: more rounds and more passes over each device's clips.
+    assert fleet.round_count() > 3 and fleet.local_epochs() > 2.0
+    # Its gate compares where the shipped baseline works on its users.
+    assert fleet.gate_fr() == 0.5
+    assert DemoSettings(gate_target_fr=0.2).gate_fr() == 0.2
+    assert DemoSettings(rounds=2, max_local_epochs=1.0).round_count() == 2
+    assert DemoSettings(max_local_epochs=1.0).local_epochs() == 1.0
+
+
+def test_demo_corpus_folder_keeps_a_build_of_another_recipe(tmp_path, monkeypatch):
+    import json
+    from dataclasses import asdict
+
+    from wakefl.tools.corpus.plan import PROFILES
+    from wakefl.tools.fleet.demo import corpus_folder
+
+    monkeypatch.setenv("WAKEFL_CACHE", str(tmp_path))
+    plain = corpus_folder("fleet-micro", 0)
+    assert plain.name == "fleet-micro-seed0"
+    # A finished build of an earlier recipe of the profile stays where it is.
+    plain.mkdir(parents=True)
+    (plain / "corpus.json").write_text(json.dumps({"profile": {"name": "fleet-micro"}}))
+    other = corpus_folder("fleet-micro", 0)
+    assert other != plain and other.name.startswith("fleet-micro-seed0-")
+    assert corpus_folder("fleet-micro", 1).name == "fleet-micro-seed1"
+    # A build of the current recipe is reused where it is.
+    recipe = json.loads(json.dumps(asdict(PROFILES["fleet-micro"])))
+    (plain / "corpus.json").write_text(json.dumps({"profile": recipe}))
+    assert corpus_folder("fleet-micro", 0) == plain
 
 
 def test_demo_refuses_bad_arguments_cleanly(tmp_path):

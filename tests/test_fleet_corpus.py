@@ -6,13 +6,20 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from wakefl.errors import ConfigError
 from wakefl.sdk.manifest import read_manifest
-from wakefl.tools.corpus.build import ACOUSTICS, NEW_USERS_DIR, build_corpus
+from wakefl.tools.corpus.build import ACOUSTICS, NEW_USERS_DIR, acoustics_named, build_corpus
 from wakefl.tools.corpus.plan import PROFILES, SPLITS
 from wakefl.tools.corpus.speakers import fleet_device_of, is_new_user, make_speakers
-from wakefl.tools.corpus.voices import FLEET_VOICES
+from wakefl.tools.corpus.voices import (
+    ENGINES_UNSEEN_MBROLA,
+    ENGINES_UNSEEN_RHVOICE,
+    FLEET_VOICES,
+    FLEET_VOICES_PER_DEVICE,
+)
 
 
 def _digest(folder: Path) -> dict[str, str]:
@@ -27,9 +34,9 @@ def _digest(folder: Path) -> dict[str, str]:
 def test_fleet_voices_are_kept_out_of_every_pretraining_profile(seed):
     fleet = set(FLEET_VOICES)
     pretraining = [
-        name for name, p in PROFILES.items() if p.voice_set in ("pretrain", "pico-other")
+        name for name, p in PROFILES.items() if p.voice_set in ("pretrain", "pico-other", "engines")
     ]
-    assert {"pretrain", "pretrain-micro", "pretrain-voices"} <= set(pretraining)
+    assert {"pretrain", "pretrain-micro", "pretrain-voices", "pretrain-engines"} <= set(pretraining)
     for name in pretraining:
         voices = {
             (s.voice.engine, s.voice.voice) for s in make_speakers(seed, PROFILES[name], "hey nova")
@@ -38,6 +45,24 @@ def test_fleet_voices_are_kept_out_of_every_pretraining_profile(seed):
     for name in ("fleet", "fleet-micro"):
         users = make_speakers(seed, PROFILES[name], "hey nova")
         assert {(s.voice.engine, s.voice.voice) for s in users} <= fleet
+    # The held-out engines of the engines add-on are among the fleet's voices, and no
+    # training speaker of that add-on uses them.
+    unseen = {("rhvoice", v) for v in ENGINES_UNSEEN_RHVOICE}
+    unseen |= {("mbrola", v) for v in ENGINES_UNSEEN_MBROLA}
+    assert unseen <= fleet
+
+
+def test_fleet_users_span_the_voices_and_engines():
+    users = make_speakers(0, PROFILES["fleet"], "hey nova")
+    assert {(s.voice.engine, s.voice.voice) for s in users} == set(FLEET_VOICES)
+    for device in "ABCDE":
+        mine = {
+            (s.voice.engine, s.voice.voice)
+            for s in users
+            if fleet_device_of(s.speaker_id) == device and not is_new_user(s.speaker_id)
+        }
+        assert len(mine) == FLEET_VOICES_PER_DEVICE
+        assert {"rhvoice", "mbrola"} & {engine for engine, _ in mine}
 
 
 def test_fleet_plan_gives_each_device_type_its_own_users_and_other_takes():
@@ -57,7 +82,9 @@ def test_fleet_plan_gives_each_device_type_its_own_users_and_other_takes():
         assert {s.split for s in mine if s.speaker_id in new} == {"test"}
         # several engines per device type
         assert len({s.voice.engine for s in mine}) >= 3
-    assert PROFILES["fleet"].acoustics in ACOUSTICS
+    assert acoustics_named(PROFILES["fleet"].acoustics) is not None
+    # the speaker bootstrap needs units: at least 10 users per device type
+    assert prof.users_per_device >= 10
 
 
 @pytest.mark.slow  # three builds, the first with the speech engines
@@ -88,3 +115,18 @@ def test_micro_fleet_build_is_deterministic_per_seed(tmp_path: Path):
     new_speech = [r for r in new if not r.speaker.startswith("nospeech")]
     assert new_speech and all(is_new_user(r.speaker) for r in new_speech)
     assert not {r.speaker for r in new_speech} & trained
+
+
+def test_acoustics_by_name_puts_the_field_simulation_on_the_named_device_types():
+    mixed = acoustics_named("field:BD")
+    own, field = ACOUSTICS["device"], ACOUSTICS["field"]
+    np.testing.assert_array_equal(mixed.room(0, "A", 1), own.room(0, "A", 1))
+    np.testing.assert_array_equal(mixed.room(0, "B", 1), field.room(0, "B", 1))
+    wave = np.random.default_rng(0).standard_normal(24000) * 0.01
+    for device, ref in (("C", own), ("D", field)):
+        got = mixed.capture(np.random.default_rng(5), device, wave)
+        np.testing.assert_array_equal(got, ref.capture(np.random.default_rng(5), device, wave))
+    assert acoustics_named("field") is field and acoustics_named("device") is own
+    for bad in ("field:", "field:BX", "room", "device:AB"):
+        with pytest.raises(ConfigError, match="unknown acoustics"):
+            acoustics_named(bad, "p")

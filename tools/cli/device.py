@@ -74,6 +74,22 @@ def _add_protocol_options(p: argparse.ArgumentParser) -> None:
         help="baseline operating point for the relative FA/FR report (default 0.05)",
     )
     p.add_argument(
+        "--val-stream-hop",
+        type=float,
+        default=0.5,
+        help="seconds between the windows cut from the device type's validation streams, "
+        "which join the validation clips as negatives for the served-model gate and the "
+        "report (default 0.5; 0: clips only). A manifest without validation streams has "
+        "clips only either way",
+    )
+    p.add_argument(
+        "--train-stream-hop",
+        type=float,
+        default=0.0,
+        help="seconds between the windows cut from the device type's training streams, "
+        "which join its training clips as negatives (default 0: clips only)",
+    )
+    p.add_argument(
         "--gate-ties",
         choices=("keep", "switch"),
         default="keep",
@@ -165,23 +181,47 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _load_clips(args: argparse.Namespace, say):
-    """The device type's training clips and its validation clips (None without any)."""
+    """The device type's training clips and its validation clips (None without any), each
+    with the windows of its streams of that split among them where asked
+    (`--train-stream-hop`, `--val-stream-hop`)."""
     from wakefl.errors import ConfigError
     from wakefl.models.kws_cnn import ModelConfig
     from wakefl.sdk.dataset import WakeWordDataset
 
     window = ModelConfig(width=args.width or 1.0).window_samples
     train = WakeWordDataset(args.data, args.device_type, "train", window_samples=window)
+    train_note = ""
+    if getattr(args, "train_stream_hop", 0.0):
+        train, train_note = _with_stream_windows(args, train, "train", args.train_stream_hop)
     try:
         val = WakeWordDataset(args.data, args.device_type, "val", window_samples=window)
     except ConfigError as exc:  # a device without validation clips trains but cannot report
         say(f"{args.device_id}: no validation clips ({exc}); no relative FA/FR report")
         val = None
+    val_note = ""
+    if val is not None and args.val_stream_hop != 0:
+        val, val_note = _with_stream_windows(args, val, "val", args.val_stream_hop)
     say(
-        f"{args.device_id} ({args.device_type}): {len(train)} training clips, "
-        f"{0 if val is None else len(val)} validation clips; joining fleet {args.fleet!r}"
+        f"{args.device_id} ({args.device_type}): {len(train)} training examples{train_note}, "
+        f"{0 if val is None else len(val)} validation examples{val_note}; joining fleet "
+        f"{args.fleet!r}"
     )
     return train, val
+
+
+def _with_stream_windows(args: argparse.Namespace, clips, split: str, hop: float):
+    """`clips` joined by the windows of the device type's `split` streams every `hop`
+    seconds (as they are when it has none), and the words saying so."""
+    from wakefl.errors import ConfigError
+    from wakefl.sdk.stream_windows import JoinedDataset, StreamWindows
+
+    if hop < 0:
+        raise ConfigError(f"--{split}-stream-hop must be >= 0, got {hop}")
+    windows = StreamWindows(args.data, args.device_type, split, clips.window_samples, hop)
+    if not len(windows):
+        return clips, ""
+    note = f" ({len(clips)} clips and {len(windows)} windows of {windows.streams} stream(s))"
+    return JoinedDataset(clips, windows), note
 
 
 def _exports(args: argparse.Namespace, client, summary, say) -> None:
@@ -192,7 +232,7 @@ def _exports(args: argparse.Namespace, client, summary, say) -> None:
         say(
             f"{args.device_id} serves the {summary.served['model']} model of round "
             f"{summary.served['round']}"
-            + (f" (relative to the baseline on its validation clips: {figs})" if figs else "")
+            + (f" (relative to the baseline on its validation data: {figs})" if figs else "")
         )
     if args.export_personal and client.personal_params() is not None:
         say(f"personal model written to {client.export_personal_model(args.export_personal)}")

@@ -21,6 +21,7 @@ from wakefl.progress_bars import bar_disabled
 from wakefl.sdk.manifest import CLIP_SAMPLES, SAMPLE_RATE, ManifestRow, write_manifest
 from wakefl.tools.acoustics.background_sounds import ambient_noise, background_for_state
 from wakefl.tools.acoustics.device_acoustics import DEVICE_PROFILES, capture, reverberate, scale_to
+from wakefl.tools.acoustics.field_capture import FieldAcoustics, FieldForSome
 from wakefl.tools.acoustics.room_impulse import exponential_rir
 from wakefl.tools.corpus.plan import (
     FIELD_ACOUSTICS_PROFILES,
@@ -90,7 +91,23 @@ class DeviceAcoustics:
 
 
 # Acoustic simulators by the name a profile gives (`CorpusProfile.acoustics`).
-ACOUSTICS: dict[str, Acoustics] = {"device": DeviceAcoustics()}
+# "field": the second, held-out simulation's rooms and front ends (tools/acoustics/field_capture.py).
+ACOUSTICS: dict[str, Acoustics] = {"device": DeviceAcoustics(), "field": FieldAcoustics()}
+
+
+def acoustics_named(name: str, profile: str = "") -> Acoustics:
+    """The acoustics a profile names: a key of ACOUSTICS, or "field:<types>" (e.g.
+    "field:BD") for the field simulation on those device types and the device types' own
+    on the rest."""
+    if name in ACOUSTICS:
+        return ACOUSTICS[name]
+    kind, _, types = name.partition(":")
+    if kind == "field" and types and set(types) <= set(DEVICE_PROFILES):
+        return FieldForSome(frozenset(types), ACOUSTICS["device"])
+    raise ConfigError(
+        f"profile {profile}: unknown acoustics {name!r}; one of {', '.join(ACOUSTICS)}, or "
+        f"field:<device types> (of {''.join(DEVICE_PROFILES)})"
+    )
 
 
 @dataclass
@@ -533,10 +550,7 @@ def build_corpus(
         from wakefl.tools.corpus.field_corpus import build_field_corpus  # it builds on this module
 
         return build_field_corpus(out, seed, prof, phrase, progress, cache)
-    if prof.acoustics not in ACOUSTICS:
-        raise ConfigError(
-            f"profile {prof.name}: unknown acoustics {prof.acoustics!r}; one of {', '.join(ACOUSTICS)}"
-        )
+    acoustics = acoustics_named(prof.acoustics, prof.name)
     everyone = make_speakers(seed, prof, phrase)
     speakers = [s for s in everyone if not is_new_user(s.speaker_id)]
     phrases = phrase_variants(phrase)
@@ -545,7 +559,7 @@ def build_corpus(
     by_split = {sp: [s for s in speakers if s.split == sp] for sp in SPLITS}
     ctx = CorpusContext(
         seed, prof, by_split, speech, phrases, kind_offset=prof.draw_offset,
-        acoustics=ACOUSTICS[prof.acoustics],
+        acoustics=acoustics,
     )  # fmt: skip
 
     recipes = clip_recipes(seed + prof.draw_offset, prof)

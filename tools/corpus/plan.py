@@ -113,7 +113,8 @@ class CorpusProfile:
     new_users_per_device: int = 0
     new_user_test_clips: int = 0
     # How a device hears a sound field (room and capture chain): a name in
-    # corpus_build.ACOUSTICS ("device": tools/acoustics/device_acoustics.py).
+    # corpus_build.ACOUSTICS ("device": tools/acoustics/device_acoustics.py; "field": the
+    # held-out simulation, tools/acoustics/field_capture.py).
     acoustics: str = "device"
 
     def __post_init__(self) -> None:
@@ -326,20 +327,27 @@ FIELD_ACOUSTICS_PROFILES = ("pretrain-acoustics", "pretrain-acoustics-micro")
 
 
 # A fleet of users the shipped model serves badly (`wakefl demo`'s default): each device type
-# A-E has its own users, all speaking with voices the pretraining corpus never uses
-# (FLEET_VOICES), with their own rooms, background and near-miss speech. 6 users per device
-# type train, validate and are tested (other takes); 2 more are kept out of its training
-# data (the new-users test corpus). 96 validation clips per device type, so that the
-# served-model gate sees enough negatives to set a false-accept level; 6 minutes of test
-# stream per device type: one false accept is 10 FA/h.
+# A-E has its own users, all speaking with voices no shipped model trained on (FLEET_VOICES),
+# B and D recorded in the held-out simulation's rooms and through its device front ends
+# ("field:BD"; A, C and E through their own), with their own background and near-miss
+# speech. 12 users per device type train,
+# validate and are tested (other takes): the speaker bootstrap's units; 3 more are kept out
+# of its training data (the new-users test corpus). 60 training clips for the smallest
+# device type (E), so that each round's two local epochs are a few steps more than a
+# nudge; 96 validation clips per device type, so that the served-model gate sees enough
+# negatives to set a false-accept level, and 4 minutes of validation stream whose windows
+# join them (tools/cli/device.py --val-stream-hop); 144 test clips (about 5 wake words per
+# user) and 6 minutes of test stream per device type: one false accept is 10 FA/h.
 PROFILES["fleet"] = CorpusProfile(
-    "fleet", 0, 40, 96, 120, 3, 120.0, 4, 3, 16, "fleet",
-    users_per_device=6, new_users_per_device=2, new_user_test_clips=60,
+    "fleet", 0, 60, 96, 144, 3, 120.0, 4, 3, 8, "fleet",
+    val_streams_per_device=2, users_per_device=12, new_users_per_device=3,
+    new_user_test_clips=60, acoustics="field:BD",
 )  # fmt: skip
 # The same recipe at a size a test builds in seconds.
 PROFILES["fleet-micro"] = CorpusProfile(
     "fleet-micro", 0, 2, 3, 3, 1, 6.0, 1, 1, 2, "fleet",
-    users_per_device=1, new_users_per_device=1, new_user_test_clips=2,
+    val_streams_per_device=1, users_per_device=1, new_users_per_device=1,
+    new_user_test_clips=2, acoustics="field:BD",
 )  # fmt: skip
 
 

@@ -32,9 +32,9 @@ from wakefl.tools.corpus.voices import (
     ENGINES_TRAIN_RHVOICE,
     ENGINES_UNSEEN_MBROLA,
     ENGINES_UNSEEN_RHVOICE,
-    FLEET_VOICES,
     engine_voices,
     fleet_voice,
+    fleet_voice_of,
     other_take,
     pico_voices,
     pretrain_voices,
@@ -221,7 +221,7 @@ def make_fleet_speakers(seed: int, profile: CorpusProfile, phrase: str) -> list[
     out: list[Speaker] = []
     for d_idx, device in enumerate(DEVICE_PROFILES):
         for u in range(profile.users_per_device + profile.new_users_per_device):
-            engine, name = FLEET_VOICES[(d_idx + u) % len(FLEET_VOICES)]
+            engine, name = fleet_voice_of(d_idx, u)
             voice = fleet_voice(rng, engine, name)
             n_conf = min(profile.confusables_per_speaker, len(confusables))
             conf = tuple(

@@ -157,14 +157,34 @@ def unseen_voices(seed: int, n: int) -> list[Voice]:
 
 # (engine, voice) of the fleet's users: every voice the pretraining corpus keeps out (Pico's
 # English voices, festival's HTS voice, the held-out espeak-ng families; see
-# `unseen_voices`). Each device type's users go round this list from its own place.
+# `unseen_voices`) and the `pretrain-engines` add-on's unseen-engines split (RHVoice's
+# accented voices, MBROLA's accented English speakers), which no shipped model trained on.
+# Engines alternate along the list; each device type's users go round
+# FLEET_VOICES_PER_DEVICE consecutive voices of it from their own place (`fleet_voice_of`).
 FLEET_VOICES: tuple[tuple[str, str], ...] = (
     ("pico", "en-US"),
+    ("mbrola", ENGINES_UNSEEN_MBROLA[0]),
+    ("rhvoice", ENGINES_UNSEEN_RHVOICE[0]),
     ("festival", UNSEEN_FESTIVAL_VOICES[0]),
+    ("mbrola", ENGINES_UNSEEN_MBROLA[1]),
     ("espeak-ng", UNSEEN_ESPEAK_VOICES[0]),
     ("pico", "en-GB"),
+    ("mbrola", ENGINES_UNSEEN_MBROLA[2]),
+    ("rhvoice", ENGINES_UNSEEN_RHVOICE[1]),
     ("espeak-ng", UNSEEN_ESPEAK_VOICES[1]),
+    ("mbrola", ENGINES_UNSEEN_MBROLA[3]),
 )
+# A device type's users share a few voices (each at its own speed and pitch), as a device
+# sold in one region hears a few accents: 6 of the 11, overlapping the neighbours' sets.
+FLEET_VOICES_PER_DEVICE = 6
+
+
+def fleet_voice_of(device_index: int, user: int) -> tuple[str, str]:
+    """(engine, voice) of user `user` of the `device_index`-th device type: round the
+    device type's FLEET_VOICES_PER_DEVICE voices, which start 2 places after the last
+    type's."""
+    k = (2 * device_index + user % FLEET_VOICES_PER_DEVICE) % len(FLEET_VOICES)
+    return FLEET_VOICES[k]
 
 
 def fleet_voice(rng: np.random.Generator, engine: str, name: str) -> Voice:
@@ -173,6 +193,10 @@ def fleet_voice(rng: np.random.Generator, engine: str, name: str) -> Voice:
         return Voice(engine, name, "", int(rng.integers(80, 131)), int(rng.integers(75, 141)))
     if engine == "festival":
         return Voice(engine, name, "", int(rng.integers(80, 126)), 0)
+    if engine == "rhvoice":
+        return Voice(engine, name, "", int(rng.integers(75, 131)), int(rng.integers(75, 131)))
+    if engine == "mbrola":
+        return Voice(engine, name, "", int(rng.integers(110, 201)), int(rng.integers(20, 81)))
     variant = ESPEAK_VARIANTS[int(rng.integers(len(ESPEAK_VARIANTS)))]
     return Voice(engine, name, variant, int(rng.integers(120, 211)), int(rng.integers(15, 86)))
 

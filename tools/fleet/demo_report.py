@@ -195,7 +195,8 @@ def summary_markdown(
         "",
         *resolution_lines(summary),
         "",
-        "What each device's served-model gate decided on its validation clips, and why:",
+        "What each device's served-model gate decided on its validation data (clips, and "
+        "windows of its validation streams where it has them), and why:",
         "",
         *gate_lines(summary),
         "",
