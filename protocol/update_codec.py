@@ -153,10 +153,15 @@ def quantize_int8(delta: np.ndarray, block: int = BLOCK) -> tuple[np.ndarray, np
     return q.reshape(-1)[:n], scale
 
 
-def dequantize_int8(q: np.ndarray, scale: np.ndarray, block: int) -> np.ndarray:
-    """float32(q) * scale of its block, one rounding per entry. Whole blocks broadcast
-    their scale (no per-entry copy of the scales); the last, partial block uses its own."""
-    out = np.empty(q.size, dtype=np.float32)
+def dequantize_int8(
+    q: np.ndarray, scale: np.ndarray, block: int, out: np.ndarray | None = None
+) -> np.ndarray:
+    """float32(q) * scale of its block, one rounding per entry, into `out` when given (a
+    float32 buffer of q's size, reused by a caller that decodes many updates). Whole blocks
+    broadcast their scale (no per-entry copy of the scales); the last, partial block uses
+    its own."""
+    if out is None:
+        out = np.empty(q.size, dtype=np.float32)
     full = (q.size // block) * block
     np.multiply(
         q[:full].reshape(-1, block),
@@ -169,23 +174,30 @@ def dequantize_int8(q: np.ndarray, scale: np.ndarray, block: int) -> np.ndarray:
     return out
 
 
-def _decode_delta(packed: Packed) -> np.ndarray:
+def _decode_delta(packed: Packed, out: np.ndarray | None = None) -> np.ndarray:
     if packed.codec == "int8-delta":
         return dequantize_int8(
-            packed.tensors["q"].numpy(), packed.tensors["scale"].numpy(), packed.block
+            packed.tensors["q"].numpy(), packed.tensors["scale"].numpy(), packed.block, out
         )
-    return packed.tensors["delta"].numpy().astype(np.float32)
+    delta = packed.tensors["delta"].numpy()
+    if out is None:
+        return delta.astype(np.float32)
+    out[...] = delta
+    return out
 
 
-def decode(packed: Packed, base: Tensor) -> Tensor:
+def decode(packed: Packed, base: Tensor, out: np.ndarray | None = None) -> Tensor:
     """The float32 vector a packed update stands for, given the round's global model (no
-    checksum check: `verified_decode` does that)."""
+    checksum check: `verified_decode` does that); into `out` (a float32 buffer of the
+    update's size) when given, else a new array."""
     b = _f32(base)
     if b.size != packed.numel:
         raise CodecError("shape", f"the base has {b.size} entries, the update {packed.numel}")
+    if out is not None and (out.dtype != np.float32 or out.size != packed.numel):
+        raise ValueError(f"out must be a float32 buffer of {packed.numel} entries")
     # Overflow to Inf is not an error here: `verified_decode` refuses it.
     with np.errstate(over="ignore", invalid="ignore"):
-        delta = _decode_delta(packed)  # a fresh float32 array: the sum goes into it
+        delta = _decode_delta(packed, out)  # the sum goes into it
         return torch.from_numpy(np.add(b, delta, out=delta, dtype=np.float32))
 
 
@@ -199,51 +211,6 @@ def _surely_finite(packed: Packed, base_max_abs: float) -> bool:
     else:
         biggest = 65504.0
     return base_max_abs + biggest < float(np.finfo(np.float32).max) / 2
-
-
-_FOLD_BLOCKS = 256  # int8 blocks per step of `add_decoded_`
-
-
-def add_decoded_(
-    acc: Tensor, packed: Packed, base: Tensor, alpha: float, centre: Tensor | None = None
-) -> float:
-    """acc += alpha * (base + delta - centre) in place (centre 0 when None), acc a flat
-    float64 vector, decoding the packed delta a few blocks at a time in float64 (no
-    float32 vector is built); returns ||base + delta - centre||^2. Equal to using
-    `decode(packed, base)` up to that decode's two float32 roundings per entry. For a
-    packed update whose checksum is verified."""
-    n = packed.numel
-    if acc.dtype != torch.float64 or acc.dim() != 1 or acc.numel() != n:
-        raise ValueError(f"acc must be a flat float64 vector of {n} entries")
-    b = base.detach().reshape(-1)
-    step = _FOLD_BLOCKS * (packed.block or BLOCK)
-    buf = torch.empty(min(step, n), dtype=torch.float64)
-    total = 0.0
-    for start in range(0, n, step):
-        part = buf[: min(step, n - start)]
-        _delta_chunk(part, packed, start)
-        part.add_(b[start : start + step])
-        if centre is not None:
-            part.sub_(centre[start : start + step])
-        total += float(torch.dot(part, part))
-        acc[start : start + step].add_(part, alpha=alpha)
-    return total
-
-
-def _delta_chunk(out: Tensor, packed: Packed, start: int) -> None:
-    """The packed delta's entries [start, start + len(out)) in float64, into `out`;
-    `start` is a multiple of the block."""
-    if packed.codec != "int8-delta":
-        out.copy_(packed.tensors["delta"][start : start + out.numel()])
-        return
-    blk = packed.block
-    out.copy_(packed.tensors["q"][start : start + out.numel()])
-    whole, rest = divmod(out.numel(), blk)
-    first = start // blk
-    scale = packed.tensors["scale"]
-    out[: whole * blk].view(whole, blk).mul_(scale[first : first + whole, None])
-    if rest:
-        out[whole * blk :].mul_(float(scale[first + whole]))
 
 
 def verify(packed: Packed, base: Tensor) -> None:
@@ -383,7 +350,6 @@ __all__ = [
     "CodecError",
     "Packed",
     "check_packed",
-    "add_decoded_",
     "base_facts",
     "checksum",
     "packed_checksum",

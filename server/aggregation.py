@@ -10,11 +10,13 @@ import logging
 import math
 from collections.abc import Callable, Iterator
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from wakefl.protocol.update_codec import Packed, add_decoded_
+from wakefl.protocol.update_codec import Packed, decode
 from wakefl.sdk.selffl.aggregation import PrecisionSum
+from wakefl.sdk.selffl.float64_chunks import add_scaled_
 from wakefl.sdk.selffl.selffl_strategy import SelfFL
 from wakefl.sdk.selffl.strategy import ClientResult, ServerState, Strategy
 from wakefl.sdk.selffl.update_screening import Screening, apply_scale, screen_updates
@@ -157,16 +159,18 @@ class LocalAggregation:
         sigmas: list[float],
     ) -> Tensor:
         """Eqn 11 over the kept updates, each read once: a packed update kept as it is
-        is decoded on the fly into the float64 sums (update_codec.add_decoded_), the others
-        are decoded, clipped and added."""
+        is decoded into one reused float32 buffer and widened into the float64 sums a chunk
+        at a time; the others are decoded, clipped and added."""
         total = PrecisionSum(global_params.numel(), global_params.dtype)
         kept = [i for i, v in enumerate(screening.verdicts) if v.action != "refuse"]
+        buffer = np.empty(global_params.numel(), dtype=np.float32)  # one decode at a time
         for i, sig in zip(kept, sigmas, strict=True):
             scale = screening.verdicts[i].scale
             msg = view.read(i, keep_packed=scale == 1.0)
             packed = msg.packed
             if packed is not None:
-                total.add_folded(_packed_fold(packed, view.round_base()), sig, sigma0_sq)
+                fold = _packed_fold(packed, view.round_base(), buffer)
+                total.add_folded(fold, sig, sigma0_sq)
             else:
                 flat = apply_scale(msg.params, global_params, scale)
                 total.add(flat, sig, sigma0_sq, f"update of {msg.device_id}")
@@ -197,9 +201,13 @@ class LocalAggregation:
         return receipts.spread([(dev, s) for _, dev, s in kept])
 
 
-def _packed_fold(packed: Packed, base: Tensor) -> Callable[[Tensor, float], float]:
-    def fold(acc: Tensor, alpha: float) -> float:
-        return add_decoded_(acc, packed, base, alpha)
+def _packed_fold(
+    packed: Packed, base: Tensor, buffer: np.ndarray
+) -> Callable[[Tensor, float], object]:
+    """Adds alpha times a packed update, decoded into the pass's reused float32 buffer."""
+
+    def fold(acc: Tensor, alpha: float) -> object:
+        return add_scaled_(acc, decode(packed, base, out=buffer), alpha)
 
     return fold
 

@@ -25,11 +25,12 @@ import math
 import threading
 from collections.abc import Iterable, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from wakefl.protocol.update_codec import Packed, add_decoded_
-from wakefl.sdk.selffl.float64_chunks import add_difference_
+from wakefl.protocol.update_codec import Packed, decode
+from wakefl.sdk.selffl.float64_chunks import add_difference_, add_scaled_norm_
 
 
 def spread_from_sums(centred_sum: Tensor, sq_norms: Sequence[float]) -> float:
@@ -57,6 +58,8 @@ class RoundReceipts:
         self.sq_distance: dict[str, float] = {}
         self._lock = threading.Lock()
         self._sealed = False
+        self._offset: tuple[Tensor, Tensor] | None = None  # (base, base - g in float32)
+        self._buffer = np.empty(0, dtype=np.float32)
 
     def note(self, device: str, params: Tensor) -> bool:
         """Fold in an accepted update on receipt; False (nothing done) once sealed, for a
@@ -70,16 +73,21 @@ class RoundReceipts:
             return True
 
     def note_packed(self, device: str, packed: Packed, base: Tensor) -> bool:
-        """`note` for a packed update, decoded on the fly against the round's `base`
-        (its checksum verified): no float32 vector of it is built."""
+        """`note` for a packed update (its checksum verified) against the round's `base`:
+        its difference to the global model is decoded in float32 as (base - g) + delta
+        into one buffer reused for the round, then widened a chunk at a time."""
         with self._lock:
             if self._sealed or device in self.sq_distance:
                 return False
             if packed.numel != self.global_params.numel():
                 return False
-            self.sq_distance[device] = add_decoded_(
-                self.centred_sum, packed, base, 1.0, self.global_params
-            )
+            if self._offset is None or self._offset[0] is not base:
+                # base - g is small (the downlink's rounding of g): exact enough in float32
+                gap = base.detach().reshape(-1).to(torch.float64) - self.global_params
+                self._offset = (base, gap.to(torch.float32))
+                self._buffer = np.empty(packed.numel, dtype=np.float32)
+            diff = decode(packed, self._offset[1], out=self._buffer)
+            self.sq_distance[device] = add_scaled_norm_(self.centred_sum, diff, 1.0)
             return True
 
     def seal(self) -> None:

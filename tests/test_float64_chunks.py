@@ -58,3 +58,11 @@ def test_add_difference_accumulates_and_returns_the_squared_distance(n: int) -> 
     want = acc - 0.25 * d
     assert fc.add_difference_(acc, x, y, -0.25) == pytest.approx(float(d @ d), rel=1e-12)
     assert torch.allclose(acc, want, rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("n", SIZES)
+def test_add_scaled_norm_adds_and_returns_the_squared_norm(n: int) -> None:
+    acc, x = _vec(n, 9, torch.float64), _vec(n, 10)
+    want = acc + 2.0 * x.double()
+    assert fc.add_scaled_norm_(acc, x, 2.0) == pytest.approx(fc.sq_norm(x), rel=1e-12)
+    assert torch.allclose(acc, want, rtol=0, atol=1e-15)

@@ -100,3 +100,18 @@ def add_difference_(acc: Tensor, x: Tensor, y: Tensor, alpha: float = 1.0) -> fl
         total += float(torch.dot(part, part))
         acc[start : start + CHUNK].add_(part, alpha=alpha)
     return total
+
+
+def add_scaled_norm_(acc: Tensor, x: Tensor, alpha: float = 1.0) -> float:
+    """`add_scaled_` that also returns ||x||^2 (float64), from the same widened chunks."""
+    a = _flat(x)
+    if acc.dtype != torch.float64 or acc.dim() != 1 or acc.numel() != a.numel():
+        raise ValueError(f"acc must be a flat float64 vector of {a.numel()} entries")
+    buf = torch.empty(min(CHUNK, a.numel()), dtype=torch.float64)
+    total = 0.0
+    for start in range(0, a.numel(), CHUNK):
+        part = buf[: min(CHUNK, a.numel() - start)]
+        part.copy_(a[start : start + CHUNK])
+        total += float(torch.dot(part, part))
+        acc[start : start + CHUNK].add_(part, alpha=alpha)
+    return total
