@@ -11,6 +11,8 @@ whole-vector forms (docs/SCALE.md, "Server CPU per update").
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor
 
@@ -21,45 +23,46 @@ def _flat(x: Tensor) -> Tensor:
     return x.detach().reshape(-1)
 
 
-def sq_norm(x: Tensor) -> float:
-    """sum_i x_i^2, each term and the sum in float64."""
+def _chunks(x: Tensor, minus: Tensor | None = None) -> Iterator[tuple[slice, Tensor]]:
+    """(where, x[where] - minus[where]) in float64, a chunk at a time through one buffer
+    (minus 0 when None); each chunk is valid until the next is drawn."""
     a = _flat(x)
+    b = None if minus is None else _flat(minus)
+    if b is not None and b.numel() != a.numel():
+        raise ValueError(f"vectors of {a.numel()} and {b.numel()} entries")
     buf = torch.empty(min(CHUNK, a.numel()), dtype=torch.float64)
-    total = 0.0
     for start in range(0, a.numel(), CHUNK):
         part = buf[: min(CHUNK, a.numel() - start)]
-        part.copy_(a[start : start + CHUNK])
-        total += float(torch.dot(part, part))
-    return total
+        where = slice(start, start + part.numel())
+        part.copy_(a[where])
+        if b is not None:
+            part.sub_(b[where])
+        yield where, part
+
+
+def _check_acc(acc: Tensor, x: Tensor) -> None:
+    n = _flat(x).numel()
+    if acc.dtype != torch.float64 or acc.dim() != 1 or acc.numel() != n:
+        raise ValueError(f"acc must be a flat float64 vector of {n} entries")
+
+
+def sq_norm(x: Tensor) -> float:
+    """sum_i x_i^2, each term and the sum in float64."""
+    return sum(float(torch.dot(p, p)) for _, p in _chunks(x))
 
 
 def sq_distance(x: Tensor, y: Tensor) -> float:
     """||x - y||^2 with the differences and the sum in float64 (float32 differences of
     entries near 3e38 would overflow)."""
-    a, b = _flat(x), _flat(y)
-    if a.numel() != b.numel():
-        raise ValueError(f"vectors of {a.numel()} and {b.numel()} entries")
-    buf = torch.empty(min(CHUNK, a.numel()), dtype=torch.float64)
-    total = 0.0
-    for start in range(0, a.numel(), CHUNK):
-        part = buf[: min(CHUNK, a.numel() - start)]
-        part.copy_(a[start : start + CHUNK])
-        part.sub_(b[start : start + CHUNK])
-        total += float(torch.dot(part, part))
-    return total
+    return sum(float(torch.dot(p, p)) for _, p in _chunks(x, y))
 
 
 def add_scaled_(acc: Tensor, x: Tensor, alpha: float = 1.0) -> Tensor:
     """acc += alpha * x in place, acc a flat float64 vector; x of any float dtype is
     widened a chunk at a time. Returns acc."""
-    a = _flat(x)
-    if acc.dtype != torch.float64 or acc.dim() != 1 or acc.numel() != a.numel():
-        raise ValueError(f"acc must be a flat float64 vector of {a.numel()} entries")
-    buf = torch.empty(min(CHUNK, a.numel()), dtype=torch.float64)
-    for start in range(0, a.numel(), CHUNK):
-        part = buf[: min(CHUNK, a.numel() - start)]
-        part.copy_(a[start : start + CHUNK])
-        acc[start : start + CHUNK].add_(part, alpha=alpha)
+    _check_acc(acc, x)
+    for where, part in _chunks(x):
+        acc[where].add_(part, alpha=alpha)
     return acc
 
 
@@ -71,47 +74,30 @@ def widened(x: Tensor) -> Tensor:
 def move_mean_(mean: Tensor, x: Tensor, step: float) -> float:
     """One Welford step in place: with delta = x - mean (float64), mean += step * delta;
     returns ||delta||^2."""
-    a = _flat(x)
-    if mean.dtype != torch.float64 or mean.dim() != 1 or mean.numel() != a.numel():
-        raise ValueError(f"mean must be a flat float64 vector of {a.numel()} entries")
-    buf = torch.empty(min(CHUNK, a.numel()), dtype=torch.float64)
+    _check_acc(mean, x)
     total = 0.0
-    for start in range(0, a.numel(), CHUNK):
-        part = buf[: min(CHUNK, a.numel() - start)]
-        part.copy_(a[start : start + CHUNK])
-        part.sub_(mean[start : start + CHUNK])
-        total += float(torch.dot(part, part))
-        mean[start : start + CHUNK].add_(part, alpha=step)
+    for where, delta in _chunks(x, mean):
+        total += float(torch.dot(delta, delta))
+        mean[where].add_(delta, alpha=step)
     return total
 
 
 def add_difference_(acc: Tensor, x: Tensor, y: Tensor, alpha: float = 1.0) -> float:
     """acc += alpha * (x - y) in place, the differences taken in float64; returns
     ||x - y||^2."""
-    a, b = _flat(x), _flat(y)
-    if acc.dtype != torch.float64 or acc.dim() != 1 or not acc.numel() == a.numel() == b.numel():
-        raise ValueError(f"acc must be a flat float64 vector of {a.numel()} entries, like y")
-    buf = torch.empty(min(CHUNK, a.numel()), dtype=torch.float64)
+    _check_acc(acc, x)
     total = 0.0
-    for start in range(0, a.numel(), CHUNK):
-        part = buf[: min(CHUNK, a.numel() - start)]
-        part.copy_(a[start : start + CHUNK])
-        part.sub_(b[start : start + CHUNK])
+    for where, part in _chunks(x, y):
         total += float(torch.dot(part, part))
-        acc[start : start + CHUNK].add_(part, alpha=alpha)
+        acc[where].add_(part, alpha=alpha)
     return total
 
 
 def add_scaled_norm_(acc: Tensor, x: Tensor, alpha: float = 1.0) -> float:
     """`add_scaled_` that also returns ||x||^2 (float64), from the same widened chunks."""
-    a = _flat(x)
-    if acc.dtype != torch.float64 or acc.dim() != 1 or acc.numel() != a.numel():
-        raise ValueError(f"acc must be a flat float64 vector of {a.numel()} entries")
-    buf = torch.empty(min(CHUNK, a.numel()), dtype=torch.float64)
+    _check_acc(acc, x)
     total = 0.0
-    for start in range(0, a.numel(), CHUNK):
-        part = buf[: min(CHUNK, a.numel() - start)]
-        part.copy_(a[start : start + CHUNK])
+    for where, part in _chunks(x):
         total += float(torch.dot(part, part))
-        acc[start : start + CHUNK].add_(part, alpha=alpha)
+        acc[where].add_(part, alpha=alpha)
     return total
