@@ -85,19 +85,18 @@ def move_mean_(mean: Tensor, x: Tensor, step: float) -> float:
 def add_difference_(acc: Tensor, x: Tensor, y: Tensor, alpha: float = 1.0) -> float:
     """acc += alpha * (x - y) in place, the differences taken in float64; returns
     ||x - y||^2."""
-    _check_acc(acc, x)
-    total = 0.0
-    for where, part in _chunks(x, y):
-        total += float(torch.dot(part, part))
-        acc[where].add_(part, alpha=alpha)
-    return total
+    return _add_with_norm(acc, x, y, alpha)
 
 
 def add_scaled_norm_(acc: Tensor, x: Tensor, alpha: float = 1.0) -> float:
     """`add_scaled_` that also returns ||x||^2 (float64), from the same widened chunks."""
+    return _add_with_norm(acc, x, None, alpha)
+
+
+def _add_with_norm(acc: Tensor, x: Tensor, minus: Tensor | None, alpha: float) -> float:
     _check_acc(acc, x)
     total = 0.0
-    for where, part in _chunks(x):
+    for where, part in _chunks(x, minus):
         total += float(torch.dot(part, part))
         acc[where].add_(part, alpha=alpha)
     return total
