@@ -17,7 +17,7 @@ Codecs (chosen per fleet by the server, announced in the downlink's
   at most 255 neighbours.
 
 The sender's checksum (`packed_checksum`, protocol v6) is SHA-256 over the digest of the
-base it encoded against (`base_digest`: SHA-256 of the base's float32 little-endian bytes),
+base it encoded against (`base_facts`: SHA-256 of the base's float32 little-endian bytes),
 the codec's name, size and block, and the packed tensors' little-endian bytes. The
 receiver checks it against its own copy of the base's digest before decoding, and refuses
 the update when they differ (a different base, a bug or tampering). Decoding is a fixed
@@ -238,8 +238,8 @@ def verified_decode(packed: Packed, base: Tensor) -> Tensor:
 
 def encode(params: Tensor, base: Tensor, codec: str, block: int = BLOCK) -> Packed:
     """Pack `params` relative to `base` with a delta codec, with `packed_checksum` over the
-    packed tensors and the base's digest. ValueError when the delta does not fit the codec (fp16 overflow)
-    or the inputs are not finite vectors of one size."""
+    packed tensors and the base's digest. ValueError when the delta does not fit the codec
+    (fp16 overflow) or the inputs are not finite vectors of one size."""
     if codec not in DELTA_CODECS:
         raise ValueError(f"codec must be one of {DELTA_CODECS}, got {codec!r}")
     p, b = _f32(params).reshape(-1), _f32(base).reshape(-1)

@@ -3,9 +3,10 @@ hellos) and with the broker's count of dropped messages.
 
 It runs on paho's network thread. Each uplink is decoded outside the lock, admitted by
 the pure rule of server/admission.py against the open round, and the decision carried
-out here: an accepted update is rebuilt from the round's base when packed (checksum),
-recorded durably by the role's `Recorder`, then acknowledged; a refusal is counted, logged
-and acked at a bounded rate per device id (docs/PROTOCOL.md, Server rule 3).
+out here: an accepted update is checked against its checksum when packed, recorded
+durably (packed) by the role's `Recorder`, acknowledged, and folded into the open round's
+receipts; a refusal is counted, logged and acked at a bounded rate per device id
+(docs/PROTOCOL.md, Server rule 3). Hellos likewise, by `admission.admit_hello`.
 """
 
 from __future__ import annotations
