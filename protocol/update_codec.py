@@ -213,9 +213,8 @@ def _surely_finite(packed: Packed, base_max_abs: float) -> bool:
     return base_max_abs + biggest < float(np.finfo(np.float32).max) / 2
 
 
-def verify(packed: Packed, base: Tensor) -> None:
-    """Insist on the sender's checksum for the packed bytes and this base, and on a
-    finite decoded vector: decoded and checked only where the codes could overflow."""
+def _checked_facts(packed: Packed, base: Tensor) -> BaseFacts:
+    """The base's facts, once the sender's checksum matches the packed bytes and them."""
     facts = base_facts(base)
     got = packed_checksum(packed.codec, packed.numel, packed.block, packed.tensors, facts.digest)
     if got != packed.checksum:
@@ -224,16 +223,28 @@ def verify(packed: Packed, base: Tensor) -> None:
             f"update has sha256 {got[:16]}..., the device sent "
             f"{packed.checksum[:16]}... (a different base model, or corrupted codes)",
         )
-    if not _surely_finite(packed, facts.max_abs) and not bool(
-        np.isfinite(decode(packed, base).numpy()).all()
-    ):
+    return facts
+
+
+def _require_finite(decoded: Tensor) -> Tensor:
+    if not bool(np.isfinite(decoded.numpy()).all()):
         raise CodecError("non_finite", "the decoded update holds NaN or Inf")
+    return decoded
+
+
+def verify(packed: Packed, base: Tensor) -> None:
+    """Insist on the sender's checksum for the packed bytes and this base, and on a
+    finite decoded vector: decoded and checked only where the codes could overflow."""
+    facts = _checked_facts(packed, base)
+    if not _surely_finite(packed, facts.max_abs):
+        _require_finite(decode(packed, base))
 
 
 def verified_decode(packed: Packed, base: Tensor) -> Tensor:
-    """`verify`, then `decode`."""
-    verify(packed, base)
-    return decode(packed, base)
+    """`verify` and `decode` with one decode."""
+    facts = _checked_facts(packed, base)
+    out = decode(packed, base)
+    return out if _surely_finite(packed, facts.max_abs) else _require_finite(out)
 
 
 def encode(params: Tensor, base: Tensor, codec: str, block: int = BLOCK) -> Packed:

@@ -73,13 +73,9 @@ def widened(x: Tensor) -> Tensor:
 
 def move_mean_(mean: Tensor, x: Tensor, step: float) -> float:
     """One Welford step in place: with delta = x - mean (float64), mean += step * delta;
-    returns ||delta||^2."""
-    _check_acc(mean, x)
-    total = 0.0
-    for where, delta in _chunks(x, mean):
-        total += float(torch.dot(delta, delta))
-        mean[where].add_(delta, alpha=step)
-    return total
+    returns ||delta||^2. Each chunk of x - mean is taken before that chunk of the mean
+    moves, so the mean may be both the accumulator and the point subtracted."""
+    return _add_with_norm(mean, x, mean, step)
 
 
 def add_difference_(acc: Tensor, x: Tensor, y: Tensor, alpha: float = 1.0) -> float:
