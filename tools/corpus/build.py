@@ -415,13 +415,25 @@ def _render_streams(
     for sp, d, i in tqdm(jobs, desc="streams", unit="stream", disable=bar_disabled(progress)):
         wave, state, transcript = render_stream(ctx, d, i, sp)
         name = f"{d}_stream_{i:03d}.wav" if sp == "test" else f"{d}_{sp}_stream_{i:03d}.wav"
-        rel = f"streams/{d}/{name}"
-        write_wav(out / rel, wave)
-        write_transcript(transcript_path(out / rel), transcript)
-        rows.append(
-            ManifestRow(rel, 0, d, state, f"mixed-{sp}", sp, wave.size / SAMPLE_RATE, "stream")
-        )
+        rows.append(write_stream(out, f"streams/{d}/{name}", wave, transcript, d, state, sp))
     return rows
+
+
+def write_stream(
+    out: Path,
+    rel: str,
+    wave: np.ndarray,
+    transcript: list[StreamUtterance],
+    device: str,
+    state: str,
+    split: str,
+) -> ManifestRow:
+    """Write a rendered negative stream and its transcript under `out`; its manifest row."""
+    write_wav(out / rel, wave)
+    write_transcript(transcript_path(out / rel), transcript)
+    return ManifestRow(
+        rel, 0, device, state, f"mixed-{split}", split, wave.size / SAMPLE_RATE, "stream"
+    )
 
 
 def write_speakers(path: Path, speakers: list[Speaker]) -> None:

@@ -36,6 +36,7 @@ from wakefl.tools.corpus.build import (
     said,
     texts_said,
     write_speakers,
+    write_stream,
     write_wav,
 )
 from wakefl.tools.corpus.plan import (
@@ -50,7 +51,7 @@ from wakefl.tools.corpus.plan import (
 )
 from wakefl.tools.corpus.speakers import make_speakers, make_unseen_speakers
 from wakefl.tools.corpus.speech_synthesis import synthesize_many
-from wakefl.tools.corpus.transcripts import StreamUtterance, transcript_path, write_transcript
+from wakefl.tools.corpus.transcripts import StreamUtterance
 
 # Generator kinds of this add-on: apart from corpus_build's (0-2, +10 for unseen voices).
 _KIND_CLIP, _KIND_STREAM = 31, 32
@@ -187,11 +188,7 @@ def _render(field: _Field, recipes: list[ClipRecipe], streams: dict[str, int], o
     ):
         wave, state, transcript = render_field_stream(field, d, i, sp)
         rel = f"streams/{d}/{d}_{sp}_stream_{i:03d}.wav"
-        write_wav(out / rel, wave)
-        write_transcript(transcript_path(out / rel), transcript)
-        rows.append(
-            ManifestRow(rel, 0, d, state, f"mixed-{sp}", sp, wave.size / SAMPLE_RATE, "stream")
-        )
+        rows.append(write_stream(out, rel, wave, transcript, d, state, sp))
     return rows
 
 

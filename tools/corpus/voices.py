@@ -41,6 +41,11 @@ ENGINES_TRAIN_FESTIVAL = (
 )  # fmt: skip
 
 
+def _espeak_voice(rng: np.random.Generator, name: str, variant: str) -> Voice:
+    """An espeak-ng voice at a drawn speed, then pitch (the draw order the corpora keep)."""
+    return Voice("espeak-ng", name, variant, int(rng.integers(100, 231)), int(rng.integers(5, 96)))
+
+
 def pretrain_voices(rng: np.random.Generator, n: int) -> list[Voice]:
     """Voices of the training engines: espeak-ng (all but the held-out families), flite and
     festival's diphone voices, each with a wide, random rate and pitch."""
@@ -50,16 +55,7 @@ def pretrain_voices(rng: np.random.Generator, n: int) -> list[Voice]:
     families = [v for v in ESPEAK_VOICES if v not in UNSEEN_ESPEAK_VOICES]
     pairs = [(v, var) for v in families for var in ESPEAK_VARIANTS]
     picks = rng.choice(len(pairs), size=n_espeak, replace=n_espeak > len(pairs))
-    voices = [
-        Voice(
-            "espeak-ng",
-            pairs[i][0],
-            pairs[i][1],
-            int(rng.integers(100, 231)),
-            int(rng.integers(5, 96)),
-        )
-        for i in picks
-    ]
+    voices = [_espeak_voice(rng, *pairs[i]) for i in picks]
     for k in range(n_flite):
         name = FLITE_VOICES[k % len(FLITE_VOICES)]
         f0 = int(rng.integers(150, 261)) if name == "slt" else int(rng.integers(75, 171))
@@ -142,16 +138,7 @@ def unseen_voices(seed: int, n: int) -> list[Voice]:
     ]
     pairs = [(v, var) for v in UNSEEN_ESPEAK_VOICES for var in ESPEAK_VARIANTS]
     picks = rng.choice(len(pairs), size=min(n_espeak, len(pairs)), replace=False)
-    voices += [
-        Voice(
-            "espeak-ng",
-            pairs[i][0],
-            pairs[i][1],
-            int(rng.integers(100, 231)),
-            int(rng.integers(5, 96)),
-        )
-        for i in picks
-    ]
+    voices += [_espeak_voice(rng, *pairs[i]) for i in picks]
     return voices
 
 
