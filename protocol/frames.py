@@ -1,9 +1,18 @@
 """The wire frame, read in one place.
 
-    b"WKFL" | sha256(body) (32 bytes) | body
+    b"WKFL" | sha256(body[:hashed_length]) (32 bytes) | body
 
 `body` is a safetensors file: u64 header length (little endian), the JSON header (tensor
 entries, and in `__metadata__["wakefl"]` the message's JSON fields), the tensor data.
+
+The prefix's hash covers the whole body, except in a packed update: a frame whose fields
+name a delta codec (`codec.name`) and whose tensors are exactly that codec's. There it
+covers the 8-byte length and the JSON header alone (`hashed_length`, protocol v7): the
+header holds the codec's checksum over those tensors' bytes and the round's base
+(protocol/update_codec.py), which the receiver checks before it uses the update, so the
+prefix still commits to every byte while the receiver hashes the 3 MB of a full-size int8
+update once, not twice (docs/SCALE.md, "Server CPU per update"). A frame with any other
+tensor beside the codec's is hashed whole.
 `read_header` is the one reader of that header: the decoder uses it on untrusted bytes
 (protocol/messages.py, which then checks every entry and lets safetensors read the tensors),
 and the server's store on the frames it recorded (server/recorded_updates.py, which reads
@@ -14,8 +23,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from wakefl.protocol.codec_names import CODEC_TENSORS
 
 MAGIC = b"WKFL"
 HASH_LEN = hashlib.sha256().digest_size
@@ -75,3 +87,40 @@ def read_header(raw: bytes | memoryview, hlen: int) -> FrameHeader:
     if not isinstance(meta, dict):
         raise FrameError("malformed", "wakefl metadata is not an object")
     return FrameHeader(meta, header, 8 + hlen)
+
+
+def packed_tensor_names(meta: dict[str, Any]) -> frozenset[str] | None:
+    """The frame's tensor names when `meta` describes a packed update (a `codec` object
+    naming a delta codec), else None."""
+    codec = meta.get("codec")
+    name = codec.get("name") if isinstance(codec, dict) else None
+    if not isinstance(name, str) or name not in CODEC_TENSORS:
+        return None
+    return frozenset(f"params.{t}" for t in CODEC_TENSORS[name])
+
+
+def hashed_length(
+    meta: dict[str, Any], tensor_names: Iterable[str], data_start: int, body_len: int
+) -> int:
+    """How many leading bytes of the body the prefix's hash covers: the header alone
+    (`data_start` bytes) for a packed update carrying only its codec's tensors, whose
+    checksum in the header covers them; the whole body otherwise."""
+    names = packed_tensor_names(meta)
+    if names is not None and frozenset(tensor_names) == names:
+        return data_start
+    return body_len
+
+
+def wrap(body: bytes, hashed: int) -> bytes:
+    """The frame of `body`, its prefix hashing the first `hashed` bytes (`hashed_length`)."""
+    return MAGIC + hashlib.sha256(memoryview(body)[:hashed]).digest() + body
+
+
+def seal(body: bytes) -> bytes:
+    """The frame of any body, by the rule of `hashed_length` (a body whose header cannot be
+    read is hashed whole): for a tool or test that builds its own bodies."""
+    try:
+        h = read_header(memoryview(body)[8:], header_length(body[:8], len(body)))
+    except FrameError:
+        return wrap(body, len(body))
+    return wrap(body, hashed_length(h.meta, h.entries, h.data_start, len(body)))

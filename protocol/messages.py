@@ -4,7 +4,8 @@ Every message on the wire is one frame:
 
     b"WKFL" | sha256(body) (32 bytes) | body
 
-and `body` is a safetensors file: the tensors (float32 or float16) plus, in the safetensors
+(a packed update's prefix hashes the body's header alone: protocol/frames.py) and `body` is
+a safetensors file: the tensors (float32 or float16) plus, in the safetensors
 header's `__metadata__`, one entry `wakefl` holding the message's JSON fields. Nothing is
 ever unpickled; the header is checked by hand (size, dtypes, shapes, offsets) before the
 safetensors library reads the tensors, and every refusal is a `MessageRejected` whose
@@ -52,9 +53,11 @@ from wakefl.protocol.update_codec import DELTA_CODECS, CodecError, Packed
 # downlink announces the fleet's `uplink_codec`. Version 5: the downlink's unchecked
 # `hyperparameters` object is replaced by typed, checked `settings` (protocol/round_settings.py).
 # Version 6: a packed uplink's checksum covers its packed bytes and the base's digest, not
-# the decoded vector, and a frame's message id is the body hash its prefix carries: the
-# server hashes each update's bytes once (docs/SCALE.md, "Server CPU per update").
-PROTOCOL_VERSION = 6
+# the decoded vector, and a frame's message id is the body hash its prefix carries.
+# Version 7: a packed update's prefix hashes its header alone, which holds the checksum of
+# its tensors (protocol/frames.py): the server hashes each update's bytes once, not twice
+# (docs/SCALE.md, "Server CPU per update").
+PROTOCOL_VERSION = 7
 MAGIC = frames.MAGIC
 _PREFIX_LEN = frames.PREFIX_LEN
 # 64 MiB: a 3M-parameter fp32 model is ~12 MB, so this leaves room for Algorithm 2's second
@@ -303,7 +306,8 @@ def _frame(
     body = st_save(
         prepared, metadata={"wakefl": json.dumps(meta, allow_nan=False, separators=(",", ":"))}
     )
-    payload = MAGIC + hashlib.sha256(body).digest() + body
+    data_start = 8 + int.from_bytes(body[:8], "little")
+    payload = frames.wrap(body, frames.hashed_length(meta, prepared, data_start, len(body)))
     if len(payload) > max_bytes:
         raise MessageRejected("oversized", f"message is {len(payload)} bytes, limit {max_bytes}")
     return payload
@@ -476,15 +480,23 @@ def _check_tensor_entry(name: str, entry: Any, data_len: int) -> str:
     return dt
 
 
-def _parse_body(body: bytes) -> tuple[dict[str, Any], dict[str, Tensor], str]:
-    """Validate the safetensors header by hand, then let safetensors read the tensors."""
-    try:
-        hlen = frames.header_length(body[:8], len(body))
-        parsed = frames.read_header(memoryview(body)[8:], hlen)
-    except frames.FrameError as exc:
-        raise MessageRejected(exc.reason, exc.detail) from None
+def _read_header(body: bytes) -> frames.FrameHeader:
+    hlen = frames.header_length(body[:8], len(body))
+    return frames.read_header(memoryview(body)[8:], hlen)
+
+
+def _parse_body(
+    body: bytes, parsed: frames.FrameHeader | None = None
+) -> tuple[dict[str, Any], dict[str, Tensor], str]:
+    """Validate the safetensors header by hand (`parsed`, when the caller has read it),
+    then let safetensors read the tensors."""
+    if parsed is None:
+        try:
+            parsed = _read_header(body)
+        except frames.FrameError as exc:
+            raise MessageRejected(exc.reason, exc.detail) from None
     header, meta = parsed.entries, parsed.meta
-    data_len = len(body) - 8 - hlen
+    data_len = len(body) - parsed.data_start
     all_dtypes = {_check_tensor_entry(name, entry, data_len) for name, entry in header.items()}
     dtypes = all_dtypes - {"I8"}  # the float tensors are all of one dtype
     if len(dtypes) > 1:
@@ -501,6 +513,22 @@ def _parse_body(body: bytes) -> tuple[dict[str, Any], dict[str, Tensor], str]:
     return meta, tensors, (next(iter(dtypes)) if dtypes else "")
 
 
+def _check_hash(body: bytes, hashed: int, sent: bytes) -> None:
+    """The prefix's hash over the body's first `hashed` bytes (frames.hashed_length)."""
+    if hashlib.sha256(memoryview(body)[:hashed]).digest() != sent:
+        raise MessageRejected("bad_hash", "sha256 of the body does not match: corrupted payload")
+
+
+def _refuse_pickle(body: bytes) -> None:
+    # A safetensors body starts with its header length (u64 LE), whose first byte may well
+    # be 0x80: only a body whose length prefix is impossible is taken for a pickle/zip.
+    impossible = len(body) < 8 or struct.unpack("<Q", body[:8])[0] > len(body)
+    if impossible and (body[:1] == b"\x80" or body[:4] == b"PK\x03\x04"):
+        raise MessageRejected(
+            "pickle", "body looks like a pickle or torch.save archive; never loaded"
+        )
+
+
 def _unframe(data: bytes, max_bytes: int) -> tuple[dict[str, Any], dict[str, Tensor]]:
     if not isinstance(data, bytes | bytearray | memoryview):
         raise MessageRejected("malformed", f"payload is a {type(data).__name__}, not bytes")
@@ -515,21 +543,23 @@ def _unframe(data: bytes, max_bytes: int) -> tuple[dict[str, Any], dict[str, Ten
         if b"pickle" in data[:256] or data[:2] in (b"\x80\x02", b"\x80\x04"):
             raise MessageRejected("pickle", "payload looks like a pickle; never loaded")
         raise MessageRejected("malformed", "not a wakefl frame (bad magic or too short)")
-    body = data[_PREFIX_LEN:]
-    if hashlib.sha256(body).digest() != data[len(MAGIC) : _PREFIX_LEN]:
-        raise MessageRejected("bad_hash", "sha256 of the body does not match: corrupted payload")
-    # A safetensors body starts with its header length (u64 LE), whose first byte may well
-    # be 0x80: only a body whose length prefix is impossible is taken for a pickle/zip.
-    impossible = len(body) < 8 or struct.unpack("<Q", body[:8])[0] > len(body)
-    if impossible and (body[:1] == b"\x80" or body[:4] == b"PK\x03\x04"):
-        raise MessageRejected(
-            "pickle", "body looks like a pickle or torch.save archive; never loaded"
-        )
-    meta, tensors, _ = _parse_body(body)
+    body, sent = data[_PREFIX_LEN:], data[len(MAGIC) : _PREFIX_LEN]
+    try:
+        parsed = _read_header(body)
+    except frames.FrameError as exc:
+        _check_hash(body, len(body), sent)  # corrupted in transit, or sent so
+        _refuse_pickle(body)
+        raise MessageRejected(exc.reason, exc.detail) from None
+    _check_hash(
+        body,
+        frames.hashed_length(parsed.meta, parsed.entries, parsed.data_start, len(body)),
+        sent,
+    )
+    meta, tensors, _ = _parse_body(body, parsed)
     version = meta.get("v")
     if version != PROTOCOL_VERSION:
         older = (
-            " (a peer from before v6's checksums over the packed bytes: update it)"
+            " (a peer from before v7's frame hash of packed updates: update it)"
             if version == PROTOCOL_VERSION - 1
             else ""
         )

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from wakefl.protocol.codec_names import CODECS, DELTA_CODECS, PLAIN_CODECS
+from wakefl.protocol.codec_names import CODEC_TENSORS, CODECS, DELTA_CODECS, PLAIN_CODECS
 
 BLOCK = 256  # entries per int8 scale
 MIN_BLOCK, MAX_BLOCK = 16, 65536  # accepted block sizes (powers of two)
@@ -52,8 +52,6 @@ MAX_SCALE = float(np.finfo(np.float32).max) / 127.0
 MAX_NUMEL = 1 << 28  # 256 M entries: far above any model this SDK ships
 CHECKSUM_LEN = 64  # hex characters of SHA-256
 
-# Tensor names inside a frame, per codec (the frame prefixes them with "params.").
-CODEC_TENSORS = {"fp16-delta": ("delta",), "int8-delta": ("q", "scale")}
 _DTYPES = {"delta": torch.float16, "q": torch.int8, "scale": torch.float32}
 
 
@@ -355,6 +353,7 @@ def size_ratio(numel: int, codec: str, block: int = BLOCK) -> float:
 
 __all__ = [
     "BLOCK",
+    "CODEC_TENSORS",
     "CODECS",
     "DELTA_CODECS",
     "PLAIN_CODECS",

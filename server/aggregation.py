@@ -9,6 +9,7 @@ import json
 import logging
 import math
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -21,12 +22,17 @@ from wakefl.sdk.selffl.selffl_strategy import SelfFL
 from wakefl.sdk.selffl.strategy import ClientResult, ServerState, Strategy
 from wakefl.sdk.selffl.update_screening import Screening, apply_scale, screen_updates
 from wakefl.server.admission import Decision, refused_at_screening
-from wakefl.server.partial_aggregate import reported_uncertainties
+from wakefl.server.partial_aggregate import merge_sums, reported_uncertainties
 from wakefl.server.recorded_updates import UpdateView
 from wakefl.server.round_receipts import RoundReceipts
 from wakefl.server.server_session import ServerSession
 
 log = logging.getLogger("wakefl.server")
+
+# Eqn 11's pass at a round's close runs in this many threads (the machines this server
+# runs on have 2 cores), each over at least this many updates.
+CLOSE_THREADS = 2
+MIN_UPDATES_PER_THREAD = 4
 
 # The new state, the rows of the updates kept, and device -> "clip/refuse: why".
 Aggregated = tuple[ServerState, list[dict], dict[str, str]]
@@ -127,7 +133,7 @@ class LocalAggregation:
         reported = reported_uncertainties(keep.rows, kept, self.strategy.screened_variance)
 
         def theta_hat(sigma0_sq: float, sigmas: list[float]) -> Tensor:
-            return self._weighted_mean(view, screening, state.global_params, sigma0_sq, sigmas)
+            return weighted_mean(view, screening, state.global_params, sigma0_sq, sigmas)
 
         new_state = self._selffl.combine(state, reported, spread, theta_hat, rate)
         return new_state, keep.rows, screened
@@ -149,32 +155,6 @@ class LocalAggregation:
         for i, res in zip(missing, view.only(missing), strict=True):
             held.include(rows[i]["device_id"], res.params)
         return held
-
-    def _weighted_mean(
-        self,
-        view: UpdateView,
-        screening: Screening,
-        global_params: Tensor,
-        sigma0_sq: float,
-        sigmas: list[float],
-    ) -> Tensor:
-        """Eqn 11 over the kept updates, each read once: a packed update kept as it is
-        is decoded into one reused float32 buffer and widened into the float64 sums a chunk
-        at a time; the others are decoded, clipped and added."""
-        total = PrecisionSum(global_params.numel(), global_params.dtype)
-        kept = [i for i, v in enumerate(screening.verdicts) if v.action != "refuse"]
-        buffer = np.empty(global_params.numel(), dtype=np.float32)  # one decode at a time
-        for i, sig in zip(kept, sigmas, strict=True):
-            scale = screening.verdicts[i].scale
-            msg = view.read(i, keep_packed=scale == 1.0)
-            packed = msg.packed
-            if packed is not None:
-                fold = _packed_fold(packed, view.round_base(), buffer)
-                total.add_folded(fold, sig, sigma0_sq)
-            else:
-                flat = apply_scale(msg.params, global_params, scale)
-                total.add(flat, sig, sigma0_sq, f"update of {msg.device_id}")
-        return total.mean("aggregated parameters")
 
     @staticmethod
     def _spread(receipts: RoundReceipts, view: UpdateView, screening: Screening) -> float:
@@ -199,6 +179,57 @@ class LocalAggregation:
             for i, res in zip(clipped, view.only(clipped), strict=True):
                 receipts.take_out(res.params, 1.0 - verdicts[i].scale)
         return receipts.spread([(dev, s) for _, dev, s in kept])
+
+
+def weighted_mean(
+    view: UpdateView,
+    screening: Screening,
+    global_params: Tensor,
+    sigma0_sq: float,
+    sigmas: list[float],
+    threads: int = CLOSE_THREADS,
+) -> Tensor:
+    """Eqn 11 over the kept updates (`sigmas`: their sigma_m^2, in order), each read once,
+    in up to `threads` contiguous parts summed apart and then merged: the reads, decodes
+    and float64 sums release the GIL, so on two cores the parts overlap."""
+    kept = [i for i, v in enumerate(screening.verdicts) if v.action != "refuse"]
+    pairs = list(zip(kept, sigmas, strict=True))
+    n = max(1, min(threads, len(pairs) // MIN_UPDATES_PER_THREAD))
+    parts = [pairs[len(pairs) * k // n : len(pairs) * (k + 1) // n] for k in range(n)]
+
+    def part_sum(part: list[tuple[int, float]]) -> PrecisionSum:
+        return _weighted_part(view, screening, global_params, sigma0_sq, part)
+
+    if n == 1:
+        sums = [part_sum(pairs)]
+    else:
+        with ThreadPoolExecutor(n, thread_name_prefix="wakefl-close") as pool:
+            sums = list(pool.map(part_sum, parts))
+    return merge_sums(sums).mean("aggregated parameters")
+
+
+def _weighted_part(
+    view: UpdateView,
+    screening: Screening,
+    global_params: Tensor,
+    sigma0_sq: float,
+    part: list[tuple[int, float]],
+) -> PrecisionSum:
+    """Eqn 11's sums over some kept updates, (row, sigma_m^2) pairs, each read once: a
+    packed update kept as it is is decoded into one reused float32 buffer and widened into
+    the float64 sums a chunk at a time; the others are decoded, clipped and added."""
+    total = PrecisionSum(global_params.numel(), global_params.dtype)
+    buffer = np.empty(global_params.numel(), dtype=np.float32)  # one decode at a time
+    for i, sig in part:
+        scale = screening.verdicts[i].scale
+        msg = view.read(i, keep_packed=scale == 1.0)
+        packed = msg.packed
+        if packed is not None:
+            total.add_folded(_packed_fold(packed, view.round_base(), buffer), sig, sigma0_sq)
+        else:
+            flat = apply_scale(msg.params, global_params, scale)
+            total.add(flat, sig, sigma0_sq, f"update of {msg.device_id}")
+    return total
 
 
 def _packed_fold(

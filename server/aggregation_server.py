@@ -23,6 +23,7 @@ from wakefl.sdk.mqtt_link import MqttLink
 from wakefl.sdk.selffl.strategy import ServerState, Strategy
 from wakefl.server.aggregation import LocalAggregation, ScreenedUpdates
 from wakefl.server.ingest import REFUSAL_ACK_BURST, REFUSAL_ACKS_PER_S, Ingest
+from wakefl.server.receipt_worker import ReceiptWorker
 from wakefl.server.round_runner import RoundRunner
 from wakefl.server.server_config import RoundReport, ServerConfig
 from wakefl.server.server_session import ServerSession
@@ -43,8 +44,8 @@ __all__ = [
 BROKER_DROPPED_TOPIC = "$SYS/broker/publish/messages/dropped"
 
 
-# How long a round's close waits for the recorder's last acknowledgements (and their
-# receipts); past it, the updates not yet in the receipts are read from their files.
+# How long a round's close waits for the recorder's last acknowledgements, then for their
+# receipts; past it, the updates not yet in the receipts are read from their files.
 SETTLE_S = 10.0
 
 
@@ -63,20 +64,26 @@ class AggregationServer:
         self.session = ServerSession(config, progress)
         self.store = self.session.store
         self.recorder = BatchRecorder(self.session)
-        self.ingest = Ingest(self.session, strategy, self.recorder)
+        self.folding = ReceiptWorker()
+        self.ingest = Ingest(self.session, strategy, self.recorder, fold=self.folding.submit)
         self.runner = RoundRunner(
             self.session,
             strategy,
             self.ingest,
-            LocalAggregation(
-                self.session,
-                strategy,
-                self.ingest.carry_out,
-                settle=lambda: self.recorder.flush(SETTLE_S),
-            ),
+            LocalAggregation(self.session, strategy, self.ingest.carry_out, settle=self._settle),
             self._subscribe,
-            on_close=self.recorder.close,
+            on_close=self._close_threads,
         )
+
+    def _settle(self) -> None:
+        """Until the updates recorded so far are acknowledged and in the receipts (bounded:
+        past it, the round's close reads the others from their files)."""
+        self.recorder.flush(SETTLE_S)
+        self.folding.flush(SETTLE_S)
+
+    def _close_threads(self) -> None:
+        self.recorder.close()
+        self.folding.close()
 
     def _subscribe(self, link: MqttLink) -> None:
         """Devices' hellos and uplinks, and the broker's count of dropped messages."""

@@ -85,6 +85,7 @@ class Ingest:
         recorder: Recorder,
         base: Callable[[], Tensor] | None = None,
         refresh: Callable[[], None] | None = None,
+        fold: Callable[[Callable[[], object]], None] | None = None,
     ) -> None:
         self.s = session
         self.strategy = strategy
@@ -94,6 +95,9 @@ class Ingest:
         self._record = recorder
         self._base = base or session.round_base
         self._refresh = refresh
+        # Runs the folding of an accepted update into the receipts (by default here, on the
+        # recorder's thread; server/receipt_worker.py runs it on a thread of its own).
+        self._fold = fold or (lambda job: job())
         self.rejections: Counter[str] = Counter(session.store.rejection_counts())
         self.acks_withheld = 0  # refusal acks not sent to a flooding device id
         self.broker_dropped = 0  # mosquitto's $SYS count of dropped messages
@@ -220,15 +224,12 @@ class Ingest:
             self.carry_out(admit(self._arrival(topic, None), MessageRejected("malformed", "")))
             return
         msg = self._decode(payload)
+        on_record = not isinstance(msg, MessageRejected) and self.s.store.has_update(
+            msg.round_id, dev
+        )
         with self.s.lock:
-            on_record = not isinstance(msg, MessageRejected) and self.s.store.has_update(
-                msg.round_id, dev
-            )
             decision = admit(self._arrival(topic, dev, on_record), msg)
-            if decision.outcome is Outcome.ACCEPT:
-                assert isinstance(msg, Uplink)
-                self._accept(msg, payload, mid)
-            elif decision.outcome is Outcome.DECLINE:
+            if decision.outcome is Outcome.DECLINE:
                 assert isinstance(msg, Decline)
                 self.s.store.record_decline(msg.round_id, dev, msg.reason)
                 self.carry_out(decision, mid)
@@ -236,13 +237,20 @@ class Ingest:
                     "round %d: %s declined: %s", msg.round_id, dev, msg.reason or "no reason"
                 )
                 self.s.changed.notify_all()
-            else:
+            elif decision.outcome is not Outcome.ACCEPT:
                 self.carry_out(decision, mid)
+        if decision.outcome is Outcome.ACCEPT:
+            # Outside the lock: the checksum takes milliseconds, and a round that closes
+            # meanwhile is caught by the recorder's commit (stale_round), as for any update
+            # still queued for the disk.
+            assert isinstance(msg, Uplink)
+            self._accept(msg, payload, mid)
 
     def _accept(self, msg: Uplink, payload: bytes, mid: LazyId) -> None:
         """Record and acknowledge an admitted update; a packed one must first match its
         checksum against the round's global model (it is recorded packed, and decoded on
-        the fly by the receipts and the aggregation). Called with the lock held."""
+        the fly by the receipts and the aggregation). Called on paho's thread, during the
+        message's delivery (its PUBACK is deferred here), without the session's lock."""
         dev, rid = msg.device_id, msg.round_id
         try:
             if msg.packed is not None:  # a plain update needs no base (none may be out yet)
@@ -270,17 +278,19 @@ class Ingest:
                 self.carry_out(after_admission(refused, detail, dev, rid), mid)
                 return
             self.send_ack(dev, rid, True, "", mid)
-            self._note_distance(msg)
-            log.info(
-                "round %d: update from %s accepted (%s)",
-                rid,
-                dev,
-                self.strategy.describe_result(msg.record),
-            )
-            with self.s.lock:
-                self.s.changed.notify_all()
         finally:
+            # The update is durable (or refused): the broker may drop its copy and hand this
+            # session the next uplink while the receipts below are computed.
             puback()
+        self._fold(lambda: self._note_distance(msg))
+        log.info(
+            "round %d: update from %s accepted (%s)",
+            rid,
+            dev,
+            self.strategy.describe_result(msg.record),
+        )
+        with self.s.lock:
+            self.s.changed.notify_all()
 
     def _note_distance(self, msg: Uplink) -> None:
         """Fold the update into the open round's receipts (its screening distance and the

@@ -161,8 +161,13 @@ class RoundRunner:
                         self._publish_downlink(payload)
                     finally:
                         self.s.changed.acquire()
-                n = self.s.store.count_updates(round_id)
-                declined = len(self.s.store.declines(round_id))
+                # Counted without the session's lock: the store's waits for a commit's fsync.
+                self.s.changed.release()
+                try:
+                    n = self.s.store.count_updates(round_id)
+                    declined = len(self.s.store.declines(round_id))
+                finally:
+                    self.s.changed.acquire()
                 if n + declined >= len(sampled):
                     return "all"
                 # a device that declined will not send: the quorum shrinks with it
@@ -187,7 +192,8 @@ class RoundRunner:
         if closed_by == "stopped":
             return state
         t_closed = time.monotonic()
-        with self.s.lock:  # no update can be recorded for this round from here on
+        # No update can be admitted (lock) or committed (commit_lock) for this round from here on.
+        with self.s.lock, self.s.commit_lock:
             self.s.open_round = None
             if self._seal is not None:
                 self._seal(round_id)

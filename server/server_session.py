@@ -35,6 +35,10 @@ class ServerSession:
         self.numel = int(config.initial_params.numel())
         self.lock = threading.RLock()
         self.changed = threading.Condition(self.lock)
+        # Held while the recorder commits a batch (with its fsync) and while the round
+        # closes: the round cannot close between the recorder's check and its commit, and
+        # ingest's admission (under `lock`) does not wait for the disk.
+        self.commit_lock = threading.Lock()
         self.open_round: OpenRound | None = None
         self.downlink: bytes | None = None  # the downlink now published
         self.republish = False  # the broker may have lost the retained downlink
@@ -64,10 +68,14 @@ class ServerSession:
         decode it, the base of packed updates; decoded once per downlink."""
         payload = payload if payload is not None else self.downlink
         assert payload is not None, "no downlink published yet"
-        if self._base is None or self._base[0] is not payload:
-            down = decode_as(payload, Downlink, max_bytes=self.cfg.max_bytes)
-            self._base = (payload, down.global_params)
-        return self._base[1]
+        held = self._base  # read once: ingest's and the receipts' threads both call this
+        if held is None or held[0] is not payload:
+            held = (
+                payload,
+                decode_as(payload, Downlink, max_bytes=self.cfg.max_bytes).global_params,
+            )
+            self._base = held
+        return held[1]
 
     def publish(self, topic: str, payload: bytes, what: str) -> None:
         """Publish without waiting for the broker; a failure is logged by the caller's

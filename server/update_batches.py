@@ -70,7 +70,7 @@ class BatchRecorder:
         try:
             written = [(msg, store.write_update_file(msg, p), len(p)) for msg, p, _ in batch]
             store.sync_update_dirs(msg.round_id for msg, _, _ in batch)
-            with self.s.lock:  # the round cannot close between this check and the commit
+            with self.s.commit_lock:  # the round cannot close between this check and the commit
                 held = self.s.open_round
                 results = store.record_written(written, held.round_id if held else None)
             self.batches += 1

@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import save as st_save
 
 from wakefl.errors import ProtocolError
+from wakefl.protocol import frames, topics
 from wakefl.protocol import messages as M
-from wakefl.protocol import topics
 from wakefl.protocol.round_settings import RoundSettings
 from wakefl.sdk.selffl import SelfFL
 
@@ -38,7 +38,7 @@ def _uplink(d: int = 1000, **kw) -> M.Uplink:
 
 
 def _frame_from_body(body: bytes) -> bytes:
-    return M.MAGIC + hashlib.sha256(body).digest() + body
+    return frames.seal(body)
 
 
 def _body(meta: dict, tensors: dict) -> bytes:

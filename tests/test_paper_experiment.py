@@ -59,6 +59,11 @@ def test_profile_overrides_and_selection_score():
         resolve_profile("huge")
     with pytest.raises(ConfigError, match="--rounds"):
         resolve_profile("tiny", rounds=0)
+    assert resolve_profile("small").target_fr == 0.05
+    assert resolve_profile("small", target_fr=0.5).target_fr == 0.5
+    for bad in (0.0, 1.0, -0.1):
+        with pytest.raises(ConfigError, match="--target-fr"):
+            resolve_profile("small", target_fr=bad)
     assert selection_score([0.5, 1.5]) == 1.0
     assert selection_score([0.5, None]) > 100  # an unbounded ratio is never selected
 

@@ -3,7 +3,6 @@ written here on top of paho directly (small vectors, no training)."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import pickle
 import signal
@@ -22,8 +21,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from safetensors.torch import save_file
 
+from wakefl.protocol import frames, topics
 from wakefl.protocol import messages as M
-from wakefl.protocol import topics
 from wakefl.sdk.selffl.registry import make_strategy
 from wakefl.sdk.selffl.strategy import ClientResult
 from wakefl.server.aggregation_server import AggregationServer, ServerConfig
@@ -261,7 +260,7 @@ def test_every_rejection_kind_counted_while_round_completes(mqtt_broker, tmp_pat
         corrupted[-3] ^= 1
         body = bytearray(M.encode(up())[36:])  # a valid frame, its last entry set to NaN
         body[-4:] = torch.tensor([float("nan")]).numpy().tobytes()
-        nan = M.MAGIC + hashlib.sha256(bytes(body)).digest() + bytes(body)
+        nan = frames.seal(bytes(body))
         hostile = {
             "malformed": (topics.uplink(FLEET, "evil"), b"garbage" * 10),
             "bad_hash": (topics.uplink(FLEET, "evil"), bytes(corrupted)),
@@ -533,7 +532,7 @@ def _raw_uplink(down: M.Downlink, dev: str, typ: str, text_fields: str) -> bytes
         + "}"
     )
     body = st_save({"params": torch.zeros(D)}, metadata={"wakefl": meta})
-    return M.MAGIC + hashlib.sha256(body).digest() + body
+    return frames.seal(body)
 
 
 def test_store_write_rolls_back_so_later_updates_are_recorded(tmp_path):

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import struct
 
 import numpy as np
 import pytest
 import torch
 from safetensors.torch import save as st_save
 
+from wakefl.protocol import frames
 from wakefl.protocol import messages as M
 from wakefl.protocol import update_codec as C
 from wakefl.server.state_store import StateStore
@@ -147,7 +149,7 @@ def _packed_frame(meta_codec: dict, tensors: dict, **meta_kw) -> bytes:
         **meta_kw,
     }
     body = st_save(tensors, metadata={"wakefl": json.dumps(meta)})
-    return M.MAGIC + hashlib.sha256(body).digest() + body
+    return frames.seal(body)
 
 
 def _good(d: int = 1000) -> tuple[dict, dict, torch.Tensor]:
@@ -238,10 +240,10 @@ def test_int8_tensors_anywhere_else_are_refused():
         "record": {},
     }
     body = st_save({"params": torch.zeros(1000, dtype=torch.int8)}, metadata={"wakefl": "{}"})
-    assert _reason(M.MAGIC + hashlib.sha256(body).digest() + body) == "dtype"
+    assert _reason(frames.seal(body)) == "dtype"
     # codes without a codec field: not a known tensor
     body = st_save(t, metadata={"wakefl": json.dumps(meta)})
-    assert _reason(M.MAGIC + hashlib.sha256(body).digest() + body) == "malformed"
+    assert _reason(frames.seal(body)) == "malformed"
 
 
 def test_packed_update_recorded_and_read_back_from_the_round_base(tmp_path):
@@ -290,3 +292,42 @@ def test_verify_refuses_what_verified_decode_refuses_without_building_the_vector
     with pytest.raises(C.CodecError) as info:
         C.verify(packed, other)
     assert info.value.reason == "checksum"
+
+
+def _body_and_prefix(frame: bytes) -> tuple[bytes, bytes, int]:
+    body = frame[frames.PREFIX_LEN :]
+    return body, frame[len(frames.MAGIC) : frames.PREFIX_LEN], 8 + struct.unpack("<Q", body[:8])[0]
+
+
+def test_a_packed_update_prefix_hashes_its_header_and_a_plain_one_its_whole_body():
+    base, params = _vectors()
+    packed = M.encode(_up(params), uplink_codec="int8-delta", base=base)
+    body, prefix, data_start = _body_and_prefix(packed)
+    assert prefix == hashlib.sha256(body[:data_start]).digest()
+    assert prefix != hashlib.sha256(body).digest()
+    plain = M.encode(_up(params))
+    body, prefix, _ = _body_and_prefix(plain)
+    assert prefix == hashlib.sha256(body).digest()
+
+
+def test_a_packed_update_with_a_byte_changed_in_transit_is_refused_before_use():
+    base, params = _vectors()
+    frame = bytearray(M.encode(_up(params), uplink_codec="int8-delta", base=base))
+    frame[-1] ^= 1  # a byte of the packed tensors: the header, so the prefix, still match
+    msg = M.decode(bytes(frame))
+    with pytest.raises(M.MessageRejected) as info:
+        M.check_uplink(msg, base)
+    assert info.value.reason == "checksum"
+    frame[-1] ^= 1
+    body, _, data_start = _body_and_prefix(bytes(frame))
+    frame[frames.PREFIX_LEN + data_start - 3] ^= 1  # inside the JSON header
+    assert _reason(bytes(frame)) == "bad_hash"
+
+
+def test_a_packed_update_with_another_tensor_is_hashed_whole():
+    codec, t, base = _good()
+    frame = bytearray(_packed_frame(codec, {**t, "x.extra": torch.ones(1000)}))
+    body, prefix, _ = _body_and_prefix(bytes(frame))
+    assert prefix == hashlib.sha256(body).digest()
+    frame[-1] ^= 1  # a byte of a tensor outside the codec's checksum
+    assert _reason(bytes(frame)) == "bad_hash"

@@ -140,8 +140,10 @@ def _run_role(args: argparse.Namespace, cfg: Any, strategy: Any) -> None:
     """One process (the default), or one of the processes of a sharded server sharing
     `--state` (docs/SCALE.md, "Sharded aggregation")."""
     from wakefl.log_format import progress_printer
+    from wakefl.server.process_settings import apply_server_settings
 
     say = progress_printer("wakefl.server")
+    apply_server_settings()  # every role handles model-sized updates on two threads
     if args.role == "single":
         from wakefl.server.aggregation_server import AggregationServer
 

@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import json
 import multiprocessing as mp
+import os
 import resource
 import subprocess
 import sys
@@ -376,6 +377,67 @@ def _start_load_generator(
     return gen
 
 
+def _start_workers(
+    broker_url: str, cfg: Any, reg: dict[str, str], workers: int
+) -> list[subprocess.Popen]:
+    """`workers` aggregation workers (`wakefl server --role worker`) on the coordinator's
+    state folder, each online (it printed its first line) before the rounds start."""
+    fleet_file = cfg.state_dir / "bench-fleet.json"
+    fleet_file.write_text(json.dumps({"devices": reg}))
+    procs = []
+    for i in range(workers):
+        cmd = [sys.executable, "-m", "wakefl.tools.cli", "server", "--role", "worker"]
+        cmd += ["--worker-id", f"w{i}", "--broker", broker_url, "--state", str(cfg.state_dir)]
+        cmd += ["--fleet", cfg.fleet, "--devices", str(fleet_file), "--rounds", str(cfg.rounds)]
+        log_file = cfg.state_dir / f"worker-w{i}.log"
+        with log_file.open("w") as out:  # the child keeps its own descriptor
+            proc = subprocess.Popen(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            )
+        procs.append(proc)
+        deadline = time.monotonic() + 120
+        while "aggregation worker" not in log_file.read_text():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"worker w{i} did not come online: {log_file.read_text()}")
+            time.sleep(0.1)
+    return procs
+
+
+def _reap_workers(procs: list[subprocess.Popen], timeout: float = 120.0) -> float:
+    """Wait for the workers to end (they do once the run is over); their CPU seconds."""
+    total, deadline = 0.0, time.monotonic() + timeout
+    for proc in procs:
+        while time.monotonic() < deadline:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                total += usage.ru_utime + usage.ru_stime
+                break
+            time.sleep(0.05)
+        else:
+            raise RuntimeError(f"worker {proc.pid} did not end after the run")
+    return total
+
+
+def _loadgen_server(cfg: Any, reg: dict[str, str], workers: int) -> tuple[Any, list]:
+    """The server of a load-generator run: one process, or (`workers` > 0) a sharded
+    coordinator in this process with its worker processes, online."""
+    from wakefl.sdk.selffl.registry import make_strategy
+    from wakefl.server.aggregation_server import AggregationServer
+    from wakefl.server.sharded_coordinator import ShardedCoordinator
+
+    strategy = make_strategy("selffl")
+    if not workers:
+        return AggregationServer(cfg, strategy, progress=lambda s: None), []
+    server = ShardedCoordinator(cfg, strategy, progress=lambda s: None)
+    # The workers wait for the run's first state; the coordinator resumes it.
+    server.store.save_initial_state(strategy.init_server(cfg.initial_params.float()))
+    return server, _start_workers(cfg.broker_url, cfg, reg, workers)
+
+
 def bench_rounds_loadgen(
     n_devices: int,
     rounds: int,
@@ -385,49 +447,44 @@ def bench_rounds_loadgen(
     codec: str,
     warmup: int,
     follower_only: bool = False,
+    workers: int = 0,
 ) -> None:
     """Rounds with `n_devices` played by one load generator (tools/fleet/load_fleet.py): each
     round's wall time against the transport floor (every uplink and downlink copy at the
     broker's single-stream rate; `follower_only`: one downlink copy), each party's CPU
     seconds, and what became of every update."""
-    from wakefl.sdk.selffl.registry import make_strategy
-    from wakefl.server.aggregation_server import AggregationServer
     from wakefl.server.broker import ManagedBroker
 
     rounds += warmup
     up_bytes, down_bytes = _packed_up_bytes(params, codec), _packed_up_bytes(params, wire_dtype)
     with tempfile.TemporaryDirectory(prefix="wakefl-bench-", dir="/tmp") as tmp:
         broker = ManagedBroker(Path(tmp) / "broker").start()
-        gen = None
+        procs: list[subprocess.Popen] = []  # killed if still running at the end
         try:
             rate_up = broker_throughput(broker.url, up_bytes)
             rate_down = broker_throughput(broker.url, down_bytes)
             gen = _start_load_generator(broker.url, n_devices, follower_only)
+            procs.append(gen)
             reg = {f"dev{i:04d}": f"type{i % 5}" for i in range(n_devices)}
             cfg = _bench_config(
-                broker.url,
-                tmp,
-                params,
-                model_cfg,
-                rounds,
-                reg,
-                wire_dtype,
-                round_timeout=900,
-                uplink_codec=codec,
-            )
-            server = AggregationServer(cfg, make_strategy("selffl"), progress=lambda s: None)
+                broker.url, tmp, params, model_cfg, rounds, reg, wire_dtype,
+                round_timeout=900, uplink_codec=codec,
+            )  # fmt: skip
+            server, shards = _loadgen_server(cfg, reg, workers)
+            procs += shards
             pid = broker_pid(broker)
             broker_cpu0, server_cpu0, wall0 = cpu_seconds(pid), cpu_seconds(), time.monotonic()
             server.run()
             out, _ = gen.communicate(timeout=600)
             cpu = {
                 "broker": cpu_seconds(pid) - broker_cpu0,
-                "server": cpu_seconds() - server_cpu0,
+                "server": cpu_seconds() - server_cpu0 + _reap_workers(shards),
             }
             wall = time.monotonic() - wall0
         finally:
-            if gen is not None and gen.poll() is None:
-                gen.kill()
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
             broker.stop()
     report = json.loads(out.strip().splitlines()[-1])
     cpu["load generator"] = report["cpu_s"]
@@ -473,6 +530,19 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --load-gen: one connection subscribes to the downlink instead of every "
         "device's (no fan-out; tools/fleet/bench_fanout.py measures it apart)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="with --load-gen: a sharded server, a coordinator (this process) and this many "
+        "`wakefl server --role worker` processes sharing the uplinks (0: one process)",
+    )
+    p.add_argument(
+        "--process-defaults",
+        action="store_true",
+        help="leave malloc and the GIL switch interval as they are, where `wakefl server` "
+        "sets them (server/process_settings.py): the reference for what they save",
     )
     p.add_argument("--agg-child", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--numel", type=int, default=None, help=argparse.SUPPRESS)
@@ -521,6 +591,11 @@ def _bench_aggregation(counts: list[int], numel: int) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     torch.set_num_threads(1)
+    if not args.process_defaults:
+        from wakefl.server.process_settings import apply_server_settings
+
+        # The server runs in this process: set it up as `wakefl server` does.
+        print(f"server process settings: {apply_server_settings()}")
     if args.agg_child is not None:
         _agg_child(args.agg_child, args.numel)
         return 0
@@ -544,6 +619,7 @@ def main(argv: list[str] | None = None) -> int:
                 codec,
                 args.warmup,
                 args.follower_only,
+                args.workers,
             )
         else:
             bench_rounds(n, args.rounds, params, model_cfg, args.wire_dtype, args.warmup)

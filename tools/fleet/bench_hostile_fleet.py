@@ -25,7 +25,6 @@ peak memory within 10%.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import pickle
@@ -46,8 +45,8 @@ from typing import Any
 import torch
 from safetensors.torch import save as st_save
 
+from wakefl.protocol import frames, topics
 from wakefl.protocol import messages as M
-from wakefl.protocol import topics
 from wakefl.sdk.mqtt_link import MqttLink
 from wakefl.server.broker import ManagedBroker
 
@@ -146,7 +145,7 @@ _RECORD = {"sigma_sq": 0.1, "has_variance": 1.0, "local_steps": 1.0}
 
 
 def _frame(body: bytes) -> bytes:
-    return M.MAGIC + hashlib.sha256(body).digest() + body
+    return frames.seal(body)
 
 
 def _uplink_maker(

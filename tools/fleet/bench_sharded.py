@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from wakefl.protocol import messages as M
+from wakefl.server.process_settings import apply_server_settings
 
 FLEET = "bench"
 _RECORD = {"sigma_sq": 0.1, "has_variance": 1.0, "local_steps": 1.0}
@@ -205,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prepare", nargs=2, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
+    apply_server_settings()  # as `wakefl server` does, in every role this benchmark runs
     if args.serve:
         serve(Path(args.serve[2]), args.serve[0], args.serve[1])
         return 0

@@ -54,6 +54,7 @@ from wakefl.protocol import messages as M
 from wakefl.protocol import topics
 from wakefl.protocol import update_codec as C
 from wakefl.sdk.mqtt_link import parse_broker_url
+from wakefl.server.process_settings import keep_freed_heap
 
 HEAD_BYTES = 1 << 20  # a downlink's JSON header (instructions for every sampled device) fits
 SMALL_PACKET = 1 << 16
@@ -580,6 +581,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.devices <= 10000:
         p.error("--devices must be in [1, 10000]")
     torch.set_num_threads(1)
+    keep_freed_heap()  # it publishes an update-sized payload per device and round
     creds = json.loads(args.credentials.read_text()) if args.credentials else {}
     report = asyncio.run(run(args, creds))
     text = json.dumps(report, sort_keys=True)

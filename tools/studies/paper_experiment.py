@@ -85,18 +85,20 @@ def run_paper_study(
     command: str = "",
     baseline: str | None = None,
     selffl_ablations: Sequence[str] = (),
+    target_fr: float | None = None,
 ) -> dict[str, Any]:
     """Run the whole study; write `results.json`, `results.md` and the figures into
     `out_dir`; return the result dict. Builds the corpus of the profile into
     `out_dir/corpus` unless `manifest` names an existing one. Every method starts from
     `baseline` (warm_start.resolve_baseline: by default the shipped model of the width).
     `selffl_ablations` (names of SELFFL_ABLATIONS) add Self-FL rows with those rules, at
-    the selected learning rate, in settings of their own ("ablation-...")."""
+    the selected learning rate, in settings of their own ("ablation-..."). `target_fr`:
+    the operating point (the baseline's FR on the test clips), if not the profile's."""
     import torch
 
     from wakefl.tools.studies.paper_report import write_report
 
-    prof = resolve_profile(profile, width=width, rounds=rounds)
+    prof = resolve_profile(profile, width=width, rounds=rounds, target_fr=target_fr)
     _check_study_methods(methods, sampling_rates)
     _check_ablations(methods, selffl_ablations)
     out = Path(out_dir)

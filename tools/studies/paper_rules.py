@@ -105,10 +105,14 @@ PROFILES: dict[str, StudyProfile] = {
 
 
 def resolve_profile(
-    name: str, width: float | None = None, rounds: int | None = None
+    name: str,
+    width: float | None = None,
+    rounds: int | None = None,
+    target_fr: float | None = None,
 ) -> StudyProfile:
-    """The named profile, with the width and round count optionally overridden (the sampling
-    settings keep their ratio of rounds to the full-participation rounds)."""
+    """The named profile, with the width, round count and operating point optionally
+    overridden (the sampling settings keep their ratio of rounds to the full-participation
+    rounds)."""
     if name not in PROFILES:
         raise ConfigError(f"unknown study profile {name!r}; choose one of {', '.join(PROFILES)}")
     prof = PROFILES[name]
@@ -121,6 +125,10 @@ def resolve_profile(
             raise ConfigError(f"--rounds must be >= 1, got {rounds}")
         ratio = prof.sampling_rounds / prof.rounds
         prof = replace(prof, rounds=int(rounds), sampling_rounds=max(1, round(rounds * ratio)))
+    if target_fr is not None:
+        if not 0.0 < target_fr < 1.0:
+            raise ConfigError(f"--target-fr must be in (0, 1), got {target_fr}")
+        prof = replace(prof, target_fr=float(target_fr))
     return prof
 
 
