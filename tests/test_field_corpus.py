@@ -170,3 +170,18 @@ def test_an_add_on_of_other_speakers_or_acoustics_is_refused(tmp_path) -> None:
         acoustics_manifests(main, corpus("plain", 0, None), "test")
     with pytest.raises(ConfigError, match="not a finished corpus build"):
         acoustics_manifests(main, tmp_path / "none", "test")
+
+
+def test_the_compact_add_on_holds_the_compact_corpus_speakers_with_no_validation_set() -> None:
+    from wakefl.tools.corpus.plan import FIELD_ACOUSTICS_PROFILES, PROFILES
+
+    compact, addon = PROFILES["pretrain-compact"], PROFILES["pretrain-compact-acoustics"]
+    assert "pretrain-compact-acoustics" in FIELD_ACOUSTICS_PROFILES
+    assert (addon.n_speakers, addon.unseen_speakers) == (
+        compact.n_speakers,
+        compact.unseen_speakers,
+    )
+    assert addon.voice_set == compact.voice_set and addon.train_unit == 0
+    assert (addon.val_clips, addon.val_streams_per_device) == (0, 0)
+    # 2.5 h of test stream over the five device types: one false accept is 0.4 FA/h.
+    assert 5 * addon.streams_per_device * addon.stream_seconds / 3600 == pytest.approx(2.5)
