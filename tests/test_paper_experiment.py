@@ -15,7 +15,7 @@ from wakefl.errors import ConfigError
 from wakefl.sdk.wake_metrics import relative_fa_fr
 from wakefl.tools.evaluation.cells import bootstrap_units
 from wakefl.tools.studies.paper_experiment import run_paper_study
-from wakefl.tools.studies.paper_figures import EvalSet, paired_fa_ratio
+from wakefl.tools.studies.paper_figures import EvalSet, paired_fa_ratio, paired_fr_ratio
 from wakefl.tools.studies.paper_report import render_markdown
 from wakefl.tools.studies.paper_rules import (
     METHODS,
@@ -129,6 +129,24 @@ def test_paired_fa_ratio_against_the_same_and_a_better_model():
     assert res["ratio"] == pytest.approx(rel, abs=1e-6)
     assert res["ci"][1] < 1.0 and ci_side(res["ci"]) == "below"
     back = paired_fa_ratio(ev, base, better, 0.05, n_boot=200, seed=0)
+    assert back["ratio"] == pytest.approx(1.0 / res["ratio"], rel=1e-5)
+    assert ci_side(back["ci"]) == "above"
+
+
+def test_paired_fr_ratio_against_the_same_and_a_better_model():
+    from wakefl.sdk.wake_metrics import relative_fr_at_matched_clip_fa
+
+    ev, base = _synthetic_evalset(1)
+    same = paired_fr_ratio(ev, base, base.copy(), 0.5, n_boot=200, seed=0)
+    assert same == {"ratio": 1.0, "ci": [1.0, 1.0]}
+    # Same negatives, wake words scored higher: fewer misses at the same false accepts.
+    better = np.where(ev.labels == 1, base + 1.0, base)
+    res = paired_fr_ratio(ev, better, base, 0.5, n_boot=200, seed=0)
+    pos, neg = ev.labels == 1, ev.labels == 0
+    rel = relative_fr_at_matched_clip_fa(base[pos], base[neg], better[pos], better[neg], 0.5)
+    assert res["ratio"] == pytest.approx(rel.relative_fr, abs=1e-6)
+    assert ci_side(res["ci"]) == "below"
+    back = paired_fr_ratio(ev, base, better, 0.5, n_boot=200, seed=0)
     assert back["ratio"] == pytest.approx(1.0 / res["ratio"], rel=1e-5)
     assert ci_side(back["ci"]) == "above"
 

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from wakefl.tools.studies.paper_rules import ALL_STATES
+
+# The row field of the relative FR at matched FA per clip (`matched_fa_record`).
+MATCHED_FA = "relative_fr_at_matched_clip_fa"
 
 
 @dataclass
@@ -87,7 +90,7 @@ def relative_records(
     )
     out = {st: study_record(cell) for st, cell in cells.items()}
     if ALL_STATES in out and (labels == 1).any() and (labels == 0).any():
-        out[ALL_STATES]["relative_fr_at_matched_clip_fa"] = matched_fa_record(
+        out[ALL_STATES][MATCHED_FA] = matched_fa_record(
             np.tile(ev.baseline_scores, repeats),
             cand_scores,
             labels,
@@ -169,11 +172,9 @@ def paired_fa_ratio(
         fa_at,
         fr_at,
         matched_threshold,
-        percentile_interval,
         safe_ratio,
     )
 
-    labels = ev.labels
     base, a, b = ev.baseline_scores, np.asarray(scores_a), np.asarray(scores_b)
 
     def ratio(ip: np.ndarray, ineg: np.ndarray) -> float:
@@ -183,6 +184,60 @@ def paired_fa_ratio(
         r, _ = safe_ratio(fa_a, fa_b, "FA")
         return math.inf if r is None else r
 
+    return _paired(ev, ratio, n_boot, seed, level)
+
+
+def paired_fr_ratio(
+    ev: EvalSet,
+    scores_a: np.ndarray,
+    scores_b: np.ndarray,
+    target_fr: float,
+    n_boot: int,
+    seed: int,
+    level: float = 0.95,
+) -> dict[str, Any]:
+    """FR of candidate A over FR of candidate B, both held to the clip FA the warm-start
+    baseline has at its operating point on `ev` (each at its lowest threshold within it, as
+    in wake_metrics.relative_fr_at_matched_clip_fa, so it equals relative FR at matched FA
+    of A over that of B), with the paired bootstrap of `paired_fa_ratio`. Below 1 beyond the
+    CI: A misses fewer wake words than B at the same false accepts."""
+    from wakefl.sdk.wake_metrics import (
+        baseline_threshold,
+        clip_fa_curve,
+        fa_at,
+        fr_at,
+        matched_fa_thresholds,
+        safe_ratio,
+    )
+
+    base, a, b = ev.baseline_scores, np.asarray(scores_a), np.asarray(scores_b)
+
+    def held_fr(c: np.ndarray, ip: np.ndarray, ineg: np.ndarray, fa_level: float) -> float:
+        _, tc, _, _ = matched_fa_thresholds(
+            base[ip], c[ip], clip_fa_curve(base[ineg]), clip_fa_curve(c[ineg]), fa_level
+        )
+        return fr_at(c[ip], tc)
+
+    def ratio(ip: np.ndarray, ineg: np.ndarray) -> float:
+        fa_level = fa_at(base[ineg], baseline_threshold(base[ip], target_fr))
+        r, _ = safe_ratio(held_fr(a, ip, ineg, fa_level), held_fr(b, ip, ineg, fa_level), "FR")
+        return math.inf if r is None else r
+
+    return _paired(ev, ratio, n_boot, seed, level)
+
+
+def _paired(
+    ev: EvalSet,
+    ratio: Callable[[np.ndarray, np.ndarray], float],
+    n_boot: int,
+    seed: int,
+    level: float,
+) -> dict[str, Any]:
+    """`ratio` on all of `ev`'s clips, with its percentile interval over replicates that
+    redraw whole speakers (the cells' resampling units)."""
+    from wakefl.sdk.wake_metrics import percentile_interval
+
+    labels = ev.labels
     pos_idx, neg_idx = np.flatnonzero(labels == 1), np.flatnonzero(labels == 0)
     if pos_idx.size == 0 or neg_idx.size == 0:
         return {"ratio": None, "ci": [None, None]}

@@ -166,6 +166,14 @@ def _why_resolution(result: dict[str, Any]) -> list[str]:
             f"comparisons, higher in {cs.count('above')}, not resolved in "
             f"{cs.count('includes 1')}."
         )
+    fr = [ci_side(c["fr_ratio_to_best_other_ci"]) for c in comps if "fr_best_other" in c]
+    if fr:
+        out.append(
+            f"By the relative FR at matched FA per clip: Self-FL misses fewer wake words than "
+            f"the best other method beyond the CI in {fr.count('below')} of {len(fr)} "
+            f"comparisons, more in {fr.count('above')}, tied within the CI in "
+            f"{fr.count('includes 1')}."
+        )
     return out
 
 

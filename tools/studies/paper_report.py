@@ -17,6 +17,7 @@ from wakefl.tools.studies.paper_tables import (
     MATCHED_FA,
     ablation_table,
     comparison_table,
+    fr_comparison_table,
     gate_table,
     method_table,
     power_table,
@@ -261,6 +262,22 @@ def _md_comparisons(result: dict[str, Any]) -> list[str]:
         "method is picked on the test set, which favours it.",
         "",
         comparison_table(result),
+        "",
+        *_fr_comparison(result),
+    ]
+
+
+def _fr_comparison(result: dict[str, Any]) -> list[str]:
+    table = fr_comparison_table(result)
+    if not table:
+        return []
+    return [
+        "The same by the relative FR at matched FA per clip (how many fewer wake words are "
+        "missed at the baseline's false-accept rate): `FR ratio to it` is Self-FL's FR over "
+        "the best other method's FR, each held to that false-accept rate, with the same "
+        "paired bootstrap; `tied`: its CI includes 1.",
+        "",
+        table,
         "",
     ]
 

@@ -10,6 +10,8 @@ from typing import Any
 
 import numpy as np
 
+from wakefl.tools.studies.paper_figures import MATCHED_FA
+
 ALL = "all"
 
 
@@ -80,10 +82,6 @@ def best_per_column(
             low = min(finite.values())
             best[dt] = {m for m, v in finite.items() if v == low}
     return best
-
-
-# The row field of the relative FR at matched FA per clip (paper_figures.matched_fa_record).
-MATCHED_FA = "relative_fr_at_matched_clip_fa"
 
 
 def _matched_fa_cell(row: dict[str, Any] | None) -> str:
@@ -245,6 +243,33 @@ def comparison_table(result: dict[str, Any]) -> str:
             f"({_fmt(c['best_other_relative_fa'])}) | {ratio} | {side} |"
         )
     return "\n".join(lines)
+
+
+def fr_comparison_table(result: dict[str, Any]) -> str:
+    """Self-FL's relative FR at matched FA per clip against the best other method's, per
+    cell, with the paired ratio of their FRs at that FA (empty when no row has it)."""
+    idx = index_rows(result["rows"])
+    labels = result["config"]["method_labels"]
+    lines = [
+        "| Model | Method | Device type | relative FR at matched FA [95% CI] | best other "
+        "method (relative FR) | FR ratio to it [95% CI] | vs best other |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for c in result.get("comparisons", []):
+        row = idx.get((c["setting"], c["method"], c["model"], c["device_type"], c["state"]))
+        if row is None or "fr_best_other" not in c:
+            continue
+        r, (lo, hi) = c["fr_ratio_to_best_other"], c["fr_ratio_to_best_other_ci"]
+        side = {"below": "better", "above": "worse", "includes 1": "tied"}[
+            ci_side(c["fr_ratio_to_best_other_ci"])
+        ]
+        lines.append(
+            f"| {c['model']} | {labels.get(c['method'], c['method'])} | {c['device_type']} | "
+            f"{_matched_fa_cell(row)} | {labels.get(c['fr_best_other'], c['fr_best_other'])} "
+            f"({_fmt(c['fr_best_other_relative_fr'])}) | "
+            f"{_fmt(r)} [{'-' if lo is None else f'{lo:.2f}'}, {_fmt(hi)}] | {side} |"
+        )
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def gate_table(result: dict[str, Any]) -> str:
