@@ -17,9 +17,9 @@ falls behind, `submit` waits, and so does the recorder's next acknowledgement.
 from __future__ import annotations
 
 import logging
-import threading
-from collections import deque
 from collections.abc import Callable
+
+from wakefl.server.work_queue import WorkQueue
 
 log = logging.getLogger("wakefl.server")
 
@@ -30,60 +30,32 @@ class ReceiptWorker:
     def __init__(self, max_queued: int = 16) -> None:
         if max_queued < 1:
             raise ValueError(f"max_queued must be at least 1, got {max_queued}")
-        self.max_queued = max_queued
-        self._jobs: deque[Callable[[], object]] = deque()
-        self._cond = threading.Condition()
-        self._busy = False
-        self._stop = False
-        self._thread: threading.Thread | None = None
+        self._queue: WorkQueue[Callable[[], object]] = WorkQueue(
+            _run_all, "wakefl-receipts", max_queued=max_queued
+        )
 
     def submit(self, job: Callable[[], object]) -> None:
         """Queue `job`, waiting while `max_queued` jobs are queued; run it here once the
         worker is closed (nothing is dropped)."""
-        with self._cond:
-            self._cond.wait_for(lambda: len(self._jobs) < self.max_queued or self._stop)
-            if not self._stop:
-                self._jobs.append(job)
-                if self._thread is None:
-                    self._thread = threading.Thread(
-                        target=self._loop, daemon=True, name="wakefl-receipts"
-                    )
-                    self._thread.start()
-                self._cond.notify_all()
-                return
-        _run(job)
+        if not self._queue.put(job):
+            _run_all([job])
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every job submitted so far has run; False on timeout."""
-        with self._cond:
-            return self._cond.wait_for(lambda: not self._jobs and not self._busy, timeout)
+        return self._queue.flush(timeout)
 
     def close(self) -> None:
         """Run what is queued, then stop the thread."""
-        with self._cond:
-            self._stop = True
-            self._cond.notify_all()
-            thread = self._thread
-        if thread is not None:
-            thread.join()
+        self._queue.close()
 
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: bool(self._jobs) or self._stop)
-                if not self._jobs:
-                    return
-                job = self._jobs.popleft()
-                self._busy = True
-                self._cond.notify_all()  # a submitter waits for room
-            _run(job)
-            with self._cond:
-                self._busy = False
-                self._cond.notify_all()
+    def busy(self) -> bool:
+        """Whether a job is running now."""
+        return self._queue.busy()
 
 
-def _run(job: Callable[[], object]) -> None:
-    try:
-        job()
-    except Exception:  # noqa: BLE001 - the round's close reads an unfolded update from its file
-        log.exception("folding an update into the round's receipts failed")
+def _run_all(jobs: list[Callable[[], object]]) -> None:
+    for job in jobs:
+        try:
+            job()
+        except Exception:  # noqa: BLE001 - the round's close reads an unfolded update from its file
+            log.exception("folding an update into the round's receipts failed")

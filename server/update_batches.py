@@ -12,12 +12,11 @@ unnamed by any row, so never read. Checking the next updates overlaps with the d
 from __future__ import annotations
 
 import logging
-import threading
-from collections import deque
 from collections.abc import Callable
 
 from wakefl.protocol.messages import Uplink
 from wakefl.server.server_session import ServerSession
+from wakefl.server.work_queue import WorkQueue
 
 log = logging.getLogger("wakefl.server")
 
@@ -32,38 +31,14 @@ class BatchRecorder:
     def __init__(self, session: ServerSession, max_batch: int = 16) -> None:
         self.s = session
         self.max_batch = max_batch
-        self._items: deque[tuple[Uplink, bytes, Done]] = deque()
-        self._cond = threading.Condition()
-        self._busy = 0  # items taken from the queue and not done yet
-        self._stop = False
-        self._thread: threading.Thread | None = None
+        self._queue: WorkQueue[tuple[Uplink, bytes, Done]] = WorkQueue(
+            self._record, "wakefl-update-recorder", max_take=max_batch
+        )
         self.batches = 0  # transactions committed (one fsync each)
 
     def __call__(self, msg: Uplink, payload: bytes, done: Done) -> None:
-        with self._cond:
-            if self._stop:
-                raise RuntimeError("the update recorder is closed")
-            self._items.append((msg, payload, done))
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._loop, daemon=True, name="wakefl-update-recorder"
-                )
-                self._thread.start()
-            self._cond.notify_all()
-
-    def _loop(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait_for(lambda: bool(self._items) or self._stop)
-                if not self._items:
-                    return
-                n = min(len(self._items), self.max_batch)
-                batch = [self._items.popleft() for _ in range(n)]
-                self._busy = n
-            self._record(batch)
-            with self._cond:
-                self._busy = 0
-                self._cond.notify_all()
+        if not self._queue.put((msg, payload, done)):
+            raise RuntimeError("the update recorder is closed")
 
     def _record(self, batch: list[tuple[Uplink, bytes, Done]]) -> None:
         store = self.s.store
@@ -85,14 +60,8 @@ class BatchRecorder:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every update handed over so far is done."""
-        with self._cond:
-            return self._cond.wait_for(lambda: not self._items and not self._busy, timeout)
+        return self._queue.flush(timeout)
 
     def close(self) -> None:
         """Record what is queued, then stop the thread."""
-        with self._cond:
-            self._stop = True
-            self._cond.notify_all()
-            thread = self._thread
-        if thread is not None:
-            thread.join()
+        self._queue.close()

@@ -28,7 +28,7 @@ def test_a_full_queue_holds_the_submitter_until_a_job_is_done():
     gate = threading.Event()
     w.submit(gate.wait)  # taken by the thread, which then blocks
     deadline = time.monotonic() + 5
-    while not w._busy and time.monotonic() < deadline:
+    while not w.busy() and time.monotonic() < deadline:
         time.sleep(0.01)
     w.submit(lambda: None)  # fills the queue
     third = threading.Thread(target=w.submit, args=(lambda: None,))

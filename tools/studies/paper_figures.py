@@ -12,6 +12,18 @@ from typing import Any
 
 import numpy as np
 
+from wakefl.sdk.wake_metrics import (
+    baseline_threshold,
+    clip_fa_curve,
+    fa_at,
+    fr_at,
+    matched_fa_thresholds,
+    matched_threshold,
+    percentile_interval,
+    relative_by_subset,
+    relative_fr_at_matched_clip_fa,
+    safe_ratio,
+)
 from wakefl.tools.studies.paper_rules import ALL_STATES
 
 # The row field of the relative FR at matched FA per clip (`matched_fa_record`).
@@ -71,8 +83,6 @@ def relative_records(
     `repeats` > 1: `cand_scores` holds that many models' scores of the same clips one after
     the other (a device type's fleet of personalized models), compared with the baseline's
     scores repeated alike at one shared threshold."""
-    from wakefl.sdk.wake_metrics import relative_by_subset
-
     labels = np.tile(ev.labels, repeats)
     clip_states = np.tile(ev.states, repeats)
     masks = {
@@ -114,8 +124,6 @@ def matched_fa_record(
     """Relative FR at matched FA per clip (wake_metrics.relative_fr_at_matched_clip_fa):
     how many fewer wake words the candidate misses at the baseline's false-accept rate, with
     a speaker-bootstrap interval; rounded for byte-stable output."""
-    from wakefl.sdk.wake_metrics import relative_fr_at_matched_clip_fa
-
     pos, neg = labels == 1, labels == 0
     res = relative_fr_at_matched_clip_fa(
         base[pos], base[neg], cand[pos], cand[neg], target_fr,
@@ -167,14 +175,6 @@ def paired_fa_ratio(
     every replicate redraws the units, refixes the baseline's threshold and rematches both
     candidates. A ratio whose CI lies wholly below (above) 1 says A beats (loses to) B
     beyond the resampling noise of the test speakers."""
-    from wakefl.sdk.wake_metrics import (
-        baseline_threshold,
-        fa_at,
-        fr_at,
-        matched_threshold,
-        safe_ratio,
-    )
-
     base, a, b = ev.baseline_scores, np.asarray(scores_a), np.asarray(scores_b)
 
     def ratio(ip: np.ndarray, ineg: np.ndarray) -> float:
@@ -201,15 +201,6 @@ def paired_fr_ratio(
     in wake_metrics.relative_fr_at_matched_clip_fa, so it equals relative FR at matched FA
     of A over that of B), with the paired bootstrap of `paired_fa_ratio`. Below 1 beyond the
     CI: A misses fewer wake words than B at the same false accepts."""
-    from wakefl.sdk.wake_metrics import (
-        baseline_threshold,
-        clip_fa_curve,
-        fa_at,
-        fr_at,
-        matched_fa_thresholds,
-        safe_ratio,
-    )
-
     base, a, b = ev.baseline_scores, np.asarray(scores_a), np.asarray(scores_b)
 
     def held_fr(c: np.ndarray, ip: np.ndarray, ineg: np.ndarray, fa_level: float) -> float:
@@ -235,8 +226,6 @@ def _paired(
 ) -> dict[str, Any]:
     """`ratio` on all of `ev`'s clips, with its percentile interval over replicates that
     redraw whole speakers (the cells' resampling units)."""
-    from wakefl.sdk.wake_metrics import percentile_interval
-
     labels = ev.labels
     pos_idx, neg_idx = np.flatnonzero(labels == 1), np.flatnonzero(labels == 0)
     if pos_idx.size == 0 or neg_idx.size == 0:
