@@ -1029,3 +1029,42 @@ def test_the_cli_turns_every_bad_strategy_argument_into_one_line(tmp_path, capsy
     err = capsys.readouterr().err.strip()
     assert err.startswith("wakefl: error: ") and "\n" not in err and "Traceback" not in err
     assert says in err, err
+
+
+def test_admission_goes_on_while_a_commit_holds_the_disk(mqtt_broker, tmp_path):
+    """A batch's commit (its fsync) holds `commit_lock`, not the session lock: while one is
+    in progress, other uplinks are still admitted and refused, and the committing update is
+    acknowledged only once the commit is through."""
+    reg = {"a": "speaker", "b": "tv", "evil": "speaker"}
+    a, b = SimDevice(mqtt_broker.url, "a", "speaker"), SimDevice(mqtt_broker.url, "b", "tv")
+    a.hold.clear()
+    b.hold.clear()
+    srv = _server(mqtt_broker, tmp_path, reg, rounds=1, round_timeout=30, min_clients=2)
+    thread = _start(srv)
+    evil = paho.Client(CallbackAPIVersion.VERSION2, client_id="evil", protocol=paho.MQTTv5)
+    host, port = mqtt_broker.url.removeprefix("mqtt://").split(":")
+    evil.connect(host, int(port))
+    evil.loop_start()
+    lock = srv.session.commit_lock
+    try:
+        _wait(lambda: a._todo is not None and b._todo is not None, 15, "round 1 downlink")
+        down = a._todo
+        with lock:  # a commit in progress
+            a.hold.set()
+            _wait(lambda: srv.recorder.flush(0) is False, 10, "a's update at the recorder")
+            stranger = M.Uplink(
+                FLEET, down.run_id, "evil", "speaker", 1, torch.ones(D), 1,
+                {"sigma_sq": 0.1, "has_variance": 1.0, "local_steps": 1},
+            )  # fmt: skip
+            evil.publish(topics.uplink(FLEET, "evil"), M.encode(stranger), qos=1)
+            _wait(lambda: srv.rejections["not_sampled"] == 1, 10, "the refusal, mid-commit")
+            time.sleep(0.3)
+            assert 1 not in a.acked  # its commit waits for the lock
+        _wait(lambda: 1 in a.acked, 10, "a's ack once the commit went through")
+        b.hold.set()
+        thread.join(30)
+        assert not thread.is_alive()
+    finally:
+        evil.loop_stop()
+        _close_all([a, b])
+    assert sorted(srv.reports[0].reported) == ["a", "b"]
