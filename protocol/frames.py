@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from wakefl.protocol.codec_names import CODEC_TENSORS
+from wakefl.protocol.reasoned_error import ReasonedError
 
 MAGIC = b"WKFL"
 HASH_LEN = hashlib.sha256().digest_size
@@ -36,13 +37,8 @@ PREFIX_LEN = len(MAGIC) + HASH_LEN  # the body starts here
 MAX_HEADER_BYTES = 8 * 1024 * 1024
 
 
-class FrameError(ValueError):
+class FrameError(ReasonedError, ValueError):
     """A frame header that cannot be read; `reason` is a reject code (`malformed`)."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
 
 
 @dataclass(frozen=True)

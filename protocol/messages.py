@@ -32,6 +32,7 @@ from torch import Tensor
 from wakefl.errors import ProtocolError
 from wakefl.finite import all_finite
 from wakefl.protocol import frames, update_codec
+from wakefl.protocol.reasoned_error import ReasonedError
 from wakefl.protocol.records import (
     MAX_RECORD_ABS,
     MAX_STEPS,
@@ -106,15 +107,13 @@ REJECT_REASONS = (
 )
 
 
-class MessageRejected(ProtocolError):
+class MessageRejected(ReasonedError, ProtocolError):
     """A message refused at the boundary; `reason` is one of REJECT_REASONS."""
 
     def __init__(self, reason: str, detail: str) -> None:
         if reason not in REJECT_REASONS:
             raise ValueError(f"unknown reject reason {reason!r}")
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
+        super().__init__(reason, detail)
 
 
 # ----------------------------------------------------------------------------- messages

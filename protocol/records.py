@@ -15,20 +15,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from wakefl.protocol.reasoned_error import ReasonedError
+
 # Bounds every schema stays within: far above any real value, small enough that sums and
 # squares of them stay far from overflow and every integer fits a SQLite INTEGER.
 MAX_RECORD_ABS = 1e30
 MAX_STEPS = 10**7  # local step counts
 
 
-class RecordError(ValueError):
+class RecordError(ReasonedError, ValueError):
     """A record that does not fit its schema. `reason` is a wire rejection code:
     "malformed" (unknown or missing name, not a number), "non_finite" or "out_of_range"."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from wakefl.errors import ProtocolError
-from wakefl.protocol.update_codec import CODECS
+from wakefl.protocol.codec_names import CODECS, WIRE_DTYPE_NAMES
+from wakefl.protocol.reasoned_error import ReasonedError
 
-WIRE_DTYPE_NAMES = ("fp32", "fp16")
 MAX_ACK_TIMEOUT_S = 86400.0  # a day: a longer wait is a typo, not a setting
 MAX_ROUNDS = 2**31 - 1
 MAX_NAME_LEN = 128
@@ -25,13 +25,8 @@ MAX_ARGS = 256
 MAX_ARGS_BYTES = 64 * 1024  # the strategy's arguments as JSON
 
 
-class SettingsError(ProtocolError):
+class SettingsError(ReasonedError, ProtocolError):
     """Round settings refused; `reason` is a reject code (`malformed`, `out_of_range`)."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
 
 
 @dataclass(frozen=True)

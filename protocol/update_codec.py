@@ -44,6 +44,7 @@ import torch
 from torch import Tensor
 
 from wakefl.protocol.codec_names import CODEC_TENSORS, CODECS, DELTA_CODECS, PLAIN_CODECS
+from wakefl.protocol.reasoned_error import ReasonedError
 
 BLOCK = 256  # entries per int8 scale
 MIN_BLOCK, MAX_BLOCK = 16, 65536  # accepted block sizes (powers of two)
@@ -55,13 +56,8 @@ CHECKSUM_LEN = 64  # hex characters of SHA-256
 _DTYPES = {"delta": torch.float16, "q": torch.int8, "scale": torch.float32}
 
 
-class CodecError(ValueError):
+class CodecError(ReasonedError, ValueError):
     """A packed update that cannot be decoded; `reason` is a wire reject code."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
 
 
 @dataclass(frozen=True)
