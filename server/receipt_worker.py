@@ -28,8 +28,6 @@ class ReceiptWorker:
     """Runs submitted jobs one at a time, in order, on one daemon thread."""
 
     def __init__(self, max_queued: int = 16) -> None:
-        if max_queued < 1:
-            raise ValueError(f"max_queued must be at least 1, got {max_queued}")
         self._queue: WorkQueue[Callable[[], object]] = WorkQueue(
             _run_all, "wakefl-receipts", max_queued=max_queued
         )

@@ -30,7 +30,6 @@ class BatchRecorder:
 
     def __init__(self, session: ServerSession, max_batch: int = 16) -> None:
         self.s = session
-        self.max_batch = max_batch
         self._queue: WorkQueue[tuple[Uplink, bytes, Done]] = WorkQueue(
             self._record, "wakefl-update-recorder", max_take=max_batch
         )

@@ -233,10 +233,7 @@ def test_every_rejection_kind_counted_while_round_completes(mqtt_broker, tmp_pat
         mqtt_broker, tmp_path, reg, rounds=1, round_timeout=30, min_clients=2, max_bytes=64 * 1024
     )
     thread = _start(srv)
-    evil = paho.Client(CallbackAPIVersion.VERSION2, client_id="evil", protocol=paho.MQTTv5)
-    host, port = mqtt_broker.url.removeprefix("mqtt://").split(":")
-    evil.connect(host, int(port))
-    evil.loop_start()
+    evil = _Raw(mqtt_broker.url, "evil")
     try:
         _wait(lambda: a._todo is not None, 15, "round 1 downlink")
         down = a._todo
@@ -277,18 +274,18 @@ def test_every_rejection_kind_counted_while_round_completes(mqtt_broker, tmp_pat
             "wrong_kind": (topics.uplink(FLEET, "evil"), M.encode(M.Ack(FLEET, "evil", 1, True))),
         }
         for topic, payload in hostile.values():
-            evil.publish(topic, payload, qos=1).wait_for_publish(5)
+            evil.send(topic, payload)
         # the QoS 1 duplicate: a's valid update arrives twice
         payload = M.encode(good)
         a.sent[1] = good
         for _ in range(2):
-            evil.publish(topics.uplink(FLEET, "a"), payload, qos=1).wait_for_publish(5)
+            evil.send(topics.uplink(FLEET, "a"), payload)
         _wait(lambda: sum(srv.rejections.values()) >= len(hostile) + 1, 15, "rejections counted")
         b.hold.set()
         thread.join(30)
         assert not thread.is_alive()
     finally:
-        evil.loop_stop()
+        evil.close()
         a.close()
         b.close()
     for reason in hostile:
@@ -1041,10 +1038,7 @@ def test_admission_goes_on_while_a_commit_holds_the_disk(mqtt_broker, tmp_path):
     b.hold.clear()
     srv = _server(mqtt_broker, tmp_path, reg, rounds=1, round_timeout=30, min_clients=2)
     thread = _start(srv)
-    evil = paho.Client(CallbackAPIVersion.VERSION2, client_id="evil", protocol=paho.MQTTv5)
-    host, port = mqtt_broker.url.removeprefix("mqtt://").split(":")
-    evil.connect(host, int(port))
-    evil.loop_start()
+    evil = _Raw(mqtt_broker.url, "evil")
     lock = srv.session.commit_lock
     try:
         _wait(lambda: a._todo is not None and b._todo is not None, 15, "round 1 downlink")
@@ -1056,7 +1050,7 @@ def test_admission_goes_on_while_a_commit_holds_the_disk(mqtt_broker, tmp_path):
                 FLEET, down.run_id, "evil", "speaker", 1, torch.ones(D), 1,
                 {"sigma_sq": 0.1, "has_variance": 1.0, "local_steps": 1},
             )  # fmt: skip
-            evil.publish(topics.uplink(FLEET, "evil"), M.encode(stranger), qos=1)
+            evil.send(topics.uplink(FLEET, "evil"), M.encode(stranger))
             _wait(lambda: srv.rejections["not_sampled"] == 1, 10, "the refusal, mid-commit")
             time.sleep(0.3)
             assert 1 not in a.acked  # its commit waits for the lock
@@ -1065,6 +1059,6 @@ def test_admission_goes_on_while_a_commit_holds_the_disk(mqtt_broker, tmp_path):
         thread.join(30)
         assert not thread.is_alive()
     finally:
-        evil.loop_stop()
+        evil.close()
         _close_all([a, b])
     assert sorted(srv.reports[0].reported) == ["a", "b"]
