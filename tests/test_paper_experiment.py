@@ -164,9 +164,11 @@ def test_tiny_study_end_to_end(tiny_corpus: Path, tmp_path: Path):
         cache_dir=cache,
         progress=False,
         log=lambda _m: None,
+        sampling_methods=("fedavg-w", "local"),
     )
     cfg, rows = result["config"], result["rows"]
     assert cfg["device_types"] == DEVICE_TYPES
+    assert cfg["sampling_methods"] == ["fedavg-w", "local"]
     assert cfg["settings"] == ["full-participation", "sampling-0.25", "sampling-0.1"]
     assert cfg["tuning"]["grid"]["lr"] and set(cfg["tuning"]["per_method"]) == set(METHODS)
     for row in rows:
@@ -194,20 +196,32 @@ def test_tiny_study_end_to_end(tiny_corpus: Path, tmp_path: Path):
             for r in rows
             if r["setting"] == setting
         }
-        assert len(cells) == 2 * 2 * 5 * 4  # levels x models x device types x states
+        # Self-FL's two levels and FedAvg-w with both models, local-only personalized only;
+        # x device types x states
+        assert len(cells) == (2 * 2 + 2 + 1) * 5 * 4
+        assert {m for m, *_ in cells} == {"selffl-client", "selffl-cluster", "fedavg-w", "local"}
     for row in rows:
         if row["relative_fa"] is not None:
             assert 0 <= row["baseline_fa_count"] <= row["n_negative"] * row["personalized_models"]
             assert 0 <= row["candidate_fa_count"] <= row["n_negative"] * row["personalized_models"]
     # Self-FL against the best other method, per variant, model and device type.
+    # Under client sampling Self-FL's levels meet the methods run there, and only those.
     comps = result["comparisons"]
-    assert {(c["method"], c["model"], c["device_type"]) for c in comps} == {
-        (m, model, dt)
-        for m in ("selffl", "selffl-alg2")
+    assert {(c["setting"], c["method"], c["model"], c["device_type"]) for c in comps} == {
+        (s, m, model, dt)
+        for s, variants in (
+            ("full-participation", ("selffl", "selffl-alg2")),
+            ("sampling-0.25", ("selffl-client", "selffl-cluster")),
+            ("sampling-0.1", ("selffl-client", "selffl-cluster")),
+        )
+        for m in variants
         for model in ("global", "personalized")
         for dt in DEVICE_TYPES
     }
     assert all(not c["best_other"].startswith("selffl") for c in comps)
+    sampled_comps = [c for c in comps if c["setting"] != "full-participation"]
+    assert {c["best_other"] for c in sampled_comps} <= {"fedavg-w", "local"}
+    assert all(c["best_other"] == "fedavg-w" for c in sampled_comps if c["model"] == "global")
     # The served-model gate: one decision per client of every Self-FL run, scored on test.
     gate = result["gate"]
     assert {(g["setting"], g["method"]) for g in gate} == {
@@ -293,6 +307,8 @@ def test_tiny_study_end_to_end(tiny_corpus: Path, tmp_path: Path):
         "Why the shape differs",
         "Served models with the gate on",
         "Served-model gate: of 90 Self-FL clients",
+        "### Every method under client sampling, C = 0.25",
+        "Against the best other method of each cell, sampling-0.1",
     ):
         assert heading in md
     assert "reduced width and rounds" in md

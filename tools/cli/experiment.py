@@ -57,7 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--methods", default=None, help="comma-separated subset of the methods (default: all)"
     )
-    p.add_argument("--no-sampling", action="store_true", help="skip the client-sampling settings")
+    _add_sampling(p)
     _add_operating_point(p)
     p.add_argument(
         "--selffl-ablations",
@@ -68,6 +68,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(func=_paper)
     exp.set_defaults(func=lambda _args: (exp.print_help(), 2)[1])
+
+
+def _add_sampling(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-sampling", action="store_true", help="skip the client-sampling settings")
+    p.add_argument(
+        "--sampling-methods",
+        default=None,
+        help="comma-separated other methods that also run under client sampling, beside "
+        "Self-FL's two levels, each at its own selected learning rate ('none': Self-FL "
+        "alone; default: every other method of the study)",
+    )
 
 
 def _add_operating_point(p: argparse.ArgumentParser) -> None:
@@ -108,6 +119,7 @@ def command_line(args: argparse.Namespace) -> str:
         ("--baseline", args.baseline),
         ("--selffl-ablations", args.selffl_ablations),
         ("--target-fr", args.target_fr),
+        ("--sampling-methods", args.sampling_methods),
     ):
         if value is not None:
             parts += [flag, str(value)]
@@ -128,6 +140,7 @@ def _paper(args: argparse.Namespace) -> int:
         else tuple(m.strip() for m in args.methods.split(",") if m.strip())
     )
     names = [a.strip() for a in (args.selffl_ablations or "").split(",") if a.strip()]
+    sampling_methods = _sampling_methods(args.sampling_methods)
     ablations = tuple(SELFFL_ABLATIONS) if names == ["all"] else tuple(names)
     # With --json, stdout carries only the JSON document.
     stream = sys.stderr if args.json else sys.stdout
@@ -152,9 +165,18 @@ def _paper(args: argparse.Namespace) -> int:
             baseline=args.baseline,
             selffl_ablations=ablations,
             target_fr=args.target_fr,
+            sampling_methods=sampling_methods,
         )
     if args.json:
         print(json.dumps(result, indent=1, sort_keys=True))
     else:
         log(f"[study] wrote {args.out}/results.md and {args.out}/results.json")
     return 0
+
+
+def _sampling_methods(arg: str | None) -> tuple[str, ...] | None:
+    """--sampling-methods: None (every other method), () for 'none', else the names."""
+    if arg is None:
+        return None
+    names = tuple(m.strip() for m in arg.split(",") if m.strip())
+    return () if names == ("none",) else names

@@ -7,19 +7,20 @@ Settings:
 * "full-participation": 5 clients, one per device type, every client active every round.
 * "sampling-0.25" / "sampling-0.1": 20 clients, 4 per device type (each device type's
   training speakers split into 4 disjoint groups), activity rate C; Self-FL client-level
-  against cluster-level (clusters = device types), reported per device state.
+  against cluster-level (clusters = device types), reported per device state, beside every
+  other method run under the same sampling (`sampling_methods`).
 
 Tuning: every method gets the same grid of learning rates (the one hyperparameter every
 method has); each grid point is a full federated run in the full-participation setting,
 scored on the validation speakers, and the best point's run is then evaluated on the test
-speakers. The sampling settings reuse Self-FL's selected learning rate.
+speakers. Under client sampling each method runs at its own selected learning rate.
 
 Evaluation: per device type, the warm start's threshold is fixed where its FR meets the
 target on all of that device type's test clips and each candidate's is matched to that FR;
 device-state rows count within the state at those thresholds. Intervals: paired percentile
 bootstrap over test speakers (background-only clips each their own unit). Each Self-FL cell
 is also compared with the best other method of that cell by a paired bootstrap of the FA
-ratio ("comparisons").
+ratio ("comparisons"), in every setting.
 
 The served-model gate ("gate"): for every client of every Self-FL run, the gate a device
 runs (`wakefl.sdk.served_model_gate.decide_served_model`) decides, on its device type's
@@ -62,6 +63,7 @@ from wakefl.tools.studies.paper_rules import (
     selection_score,
 )
 from wakefl.tools.studies.paper_study import (
+    SELFFL_METHODS,
     MethodRun,
     PaperStudy,
     StudyTables,
@@ -86,6 +88,7 @@ def run_paper_study(
     baseline: str | None = None,
     selffl_ablations: Sequence[str] = (),
     target_fr: float | None = None,
+    sampling_methods: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Run the whole study; write `results.json`, `results.md` and the figures into
     `out_dir`; return the result dict. Builds the corpus of the profile into
@@ -93,14 +96,15 @@ def run_paper_study(
     `baseline` (warm_start.resolve_baseline: by default the shipped model of the width).
     `selffl_ablations` (names of SELFFL_ABLATIONS) add Self-FL rows with those rules, at
     the selected learning rate, in settings of their own ("ablation-..."). `target_fr`:
-    the operating point (the baseline's FR on the test clips), if not the profile's."""
+    the operating point (the baseline's FR on the test clips), if not the profile's.
+    `sampling_methods`: the other methods also run under client sampling, each at its own
+    selected learning rate (default: every non-Self-FL method of `methods`)."""
     import torch
 
     from wakefl.tools.studies.paper_report import write_report
 
     prof = resolve_profile(profile, width=width, rounds=rounds, target_fr=target_fr)
-    _check_study_methods(methods, sampling_rates)
-    _check_ablations(methods, selffl_ablations)
+    rivals = _check_study_methods(methods, sampling_rates, sampling_methods, selffl_ablations)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
@@ -111,21 +115,18 @@ def run_paper_study(
     )
     tables = StudyTables()
     _full_participation(study, prof, methods, tables, log)
-    comparisons = compare_with_best_other(study, tables.selected, tables.rows, prof.n_boot)
+    tables.comparisons = compare_with_best_other(study, tables.selected, tables.rows, prof.n_boot)
     tables.selected.clear()
     selffl_lr = (tables.tuning.get("selffl") or {}).get("selected_lr") or prof.lr_grid[0]
-    _client_sampling(study, prof, sampling_rates, selffl_lr, tables, log)
+    tables.comparisons += _client_sampling(
+        study, prof, sampling_rates, selffl_lr, rivals, tables, log
+    )
     _selffl_ablations(study, prof, sampling_rates, selffl_lr, selffl_ablations, tables, log)
     config = _study_config(
         study, prof, seed, methods, sampling_rates, manifest_path, tables, selffl_lr, command, out
     )
-    result = {
-        "config": config,
-        "rows": tables.rows,
-        "step_counts": tables.step_counts,
-        "comparisons": comparisons,
-        "gate": tables.gate,
-    }
+    config["sampling_methods"] = list(rivals) if sampling_rates else []
+    result = tables.result(config)
     _describe_ablations(config, selffl_ablations)
     config["seconds_total"] = round(time.perf_counter() - t0, 1)
     write_report(result, out, tables.det)
@@ -144,7 +145,15 @@ def _describe_ablations(config: dict[str, Any], selffl_ablations: Sequence[str])
     )
 
 
-def _check_study_methods(methods: Sequence[str], sampling_rates: Sequence[float]) -> None:
+def _check_study_methods(
+    methods: Sequence[str],
+    sampling_rates: Sequence[float],
+    sampling_methods: Sequence[str] | None,
+    selffl_ablations: Sequence[str],
+) -> list[str]:
+    """Refuse unknown or inconsistent methods and ablations; the other methods that run
+    under client sampling."""
+    _check_ablations(methods, selffl_ablations)
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ConfigError(
@@ -152,6 +161,7 @@ def _check_study_methods(methods: Sequence[str], sampling_rates: Sequence[float]
         )
     if "selffl" not in methods and sampling_rates:
         raise ConfigError("the sampling settings run Self-FL: include 'selffl' in the methods")
+    return _sampling_rivals(methods, sampling_methods)
 
 
 def _study_manifest(
@@ -247,33 +257,66 @@ def _full_participation(
             tables.gate += study.gate_rows(SETTING_FULL, method, run)
 
 
+def _sampling_rivals(methods: Sequence[str], sampling_methods: Sequence[str] | None) -> list[str]:
+    """The other methods run under client sampling: `sampling_methods`, or by default every
+    method of the study that is not Self-FL (whose sampling runs are its two levels)."""
+    others = [m for m in methods if m not in SELFFL_METHODS]
+    if sampling_methods is None:
+        return others
+    wrong = [m for m in sampling_methods if m not in others]
+    if wrong:
+        raise ConfigError(
+            f"sampling method(s) {', '.join(wrong)} are not among the study's other methods "
+            f"({', '.join(others) or 'none'})"
+        )
+    return list(sampling_methods)
+
+
 def _client_sampling(
     study: PaperStudy,
     prof: StudyProfile,
     sampling_rates: Sequence[float],
     selffl_lr: float,
+    rivals: Sequence[str],
     tables: StudyTables,
     log: Callable[[str], None],
-) -> None:
-    """Tables 5 and 6: client- vs cluster-level Self-FL at each activity rate."""
+) -> list[dict[str, Any]]:
+    """Tables 5 and 6: client- vs cluster-level Self-FL at each activity rate, beside the
+    `rivals` at their own selected learning rates (a method whose every grid point diverged
+    is left out); returns Self-FL's comparisons with the best of them per setting."""
     if not sampling_rates:
-        return
+        return []
     problems, groups = study.problems(prof.clients_per_type)
+    comparisons: list[dict[str, Any]] = []
     for rate in sampling_rates:
         setting = f"sampling-{rate:g}"
+        runs: dict[str, MethodRun] = {}
         for level, cluster in (("selffl-client", False), ("selffl-cluster", True)):
             log(
                 f"[study] {setting}: {METHOD_LABELS[level]} lr={selffl_lr:g}, "
                 f"{len(problems)} clients, {prof.sampling_rounds} rounds"
             )
-            run = study.run_method(
+            runs[level] = study.run_method(
                 "selffl", selffl_lr, problems, groups, prof.sampling_rounds, rate, cluster=cluster
             )
-            tables.timings[f"{setting}/{level}"] = round(run.seconds, 1)
+            tables.step_counts += step_rows(setting, level, runs[level], groups)
+            tables.gate += study.gate_rows(setting, level, runs[level])
+        for method in rivals:
+            lr = (tables.tuning.get(method) or {}).get("selected_lr")
+            if lr is None:
+                continue
+            log(f"[study] {setting}: {METHOD_LABELS[method]} lr={lr:g}")
+            runs[method] = study.run_method(
+                method, lr, problems, groups, prof.sampling_rounds, rate
+            )
+        for name, run in runs.items():
+            tables.timings[f"{setting}/{name}"] = round(run.seconds, 1)
             for rec in study.evaluate(run, "test", (ALL_STATES, *STATES), prof.n_boot):
-                tables.rows.append({"setting": setting, "method": level, **rec})
-            tables.step_counts += step_rows(setting, level, run, groups)
-            tables.gate += study.gate_rows(setting, level, run)
+                tables.rows.append({"setting": setting, "method": name, **rec})
+        comparisons += compare_with_best_other(
+            study, runs, tables.rows, prof.n_boot, setting, ("selffl-client", "selffl-cluster")
+        )
+    return comparisons
 
 
 def _check_ablations(methods: Sequence[str], ablations: Sequence[str]) -> None:

@@ -157,21 +157,29 @@ def _why_resolution(result: dict[str, Any]) -> list[str]:
         "The baseline's false-accept counts per device type are in the table above: the "
         "interval of a ratio of two such counts is what bounds every conclusion here."
     ]
-    comps = result.get("comparisons", [])
-    if comps:
-        cs = [ci_side(c["ratio_to_best_other_ci"]) for c in comps]
-        out.append(
-            f"Against the best other method of each cell (chosen on the test set, which favours "
-            f"it): Self-FL's FA is lower beyond the CI in {cs.count('below')} of {len(comps)} "
-            f"comparisons, higher in {cs.count('above')}, not resolved in "
-            f"{cs.count('includes 1')}."
-        )
+    settings: dict[str, list[dict[str, Any]]] = {}
+    for c in result.get("comparisons", []):
+        settings.setdefault(c.get("setting", "full-participation"), []).append(c)
+    for setting, comps in settings.items():
+        out += _against_best_other(setting, comps)
+    return out
+
+
+def _against_best_other(setting: str, comps: list[dict[str, Any]]) -> list[str]:
+    """How Self-FL fared against the best other method of each cell of one setting."""
+    cs = [ci_side(c["ratio_to_best_other_ci"]) for c in comps]
+    out = [
+        f"Against the best other method of each cell, {setting} (chosen on the test set, which "
+        f"favours it): Self-FL's FA is lower beyond the CI in {cs.count('below')} of "
+        f"{len(comps)} comparisons, higher in {cs.count('above')}, not resolved in "
+        f"{cs.count('includes 1')}."
+    ]
     fr = [ci_side(c["fr_ratio_to_best_other_ci"]) for c in comps if "fr_best_other" in c]
     if fr:
         out.append(
-            f"By the relative FR at matched FA per clip: Self-FL misses fewer wake words than "
-            f"the best other method beyond the CI in {fr.count('below')} of {len(fr)} "
-            f"comparisons, more in {fr.count('above')}, tied within the CI in "
+            f"By the relative FR at matched FA per clip, {setting}: Self-FL misses fewer wake "
+            f"words than the best other method beyond the CI in {fr.count('below')} of "
+            f"{len(fr)} comparisons, more in {fr.count('above')}, tied within the CI in "
             f"{fr.count('includes 1')}."
         )
     return out

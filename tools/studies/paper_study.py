@@ -43,30 +43,36 @@ def compare_with_best_other(
     runs: dict[str, MethodRun],
     rows: Sequence[dict[str, Any]],
     n_boot: int,
+    setting: str = SETTING_FULL,
+    selffl: Sequence[str] = SELFFL_METHODS,
 ) -> list[dict[str, Any]]:
-    """For each Self-FL variant, model and device type (full participation, all states):
-    the other method with the lowest relative FA on the test set and the paired ratio of
-    Self-FL's FA to that method's FA; then the other method with the lowest relative FR at
-    matched FA per clip and the paired ratio of Self-FL's FR to its FR there. Picking the
-    best competitor on the test set itself favours the competitor, so a Self-FL win here is
-    conservative."""
+    """For each Self-FL variant (`selffl`: its names among `runs`, the others being the
+    rival methods), model and device type of `setting` (all states): the other method with
+    the lowest relative FA on the test set and the paired ratio of Self-FL's FA to that
+    method's FA; then the other method with the lowest relative FR at matched FA per clip
+    and the paired ratio of Self-FL's FR to its FR there. Picking the best competitor on the
+    test set itself favours the competitor, so a Self-FL win here is conservative."""
     idx = {
         (r["method"], r["model"], r["device_type"]): r
         for r in rows
-        if r["setting"] == SETTING_FULL and r["state"] == ALL_STATES
+        if r["setting"] == setting and r["state"] == ALL_STATES
     }
     out: list[dict[str, Any]] = []
-    for sf in SELFFL_METHODS:
+    for sf in selffl:
         if sf not in runs:
             continue
         for model in ("global", "personalized"):
             for dt in study.device_types:
                 if (sf, model, dt) not in idx:
                     continue
-                rec = {"setting": SETTING_FULL, "method": sf, "model": model}
+                rec = {"setting": setting, "method": sf, "model": model}
                 rec.update(device_type=dt, state=ALL_STATES)
                 for figure in ("fa", "fr"):
-                    rec.update(_against_best_other(study, runs, idx, sf, model, dt, figure, n_boot))
+                    rec.update(
+                        _against_best_other(
+                            study, runs, idx, (sf, model, dt), figure, n_boot, selffl
+                        )
+                    )
                 if "best_other" in rec:
                     out.append(rec)
     return out
@@ -76,15 +82,16 @@ def _against_best_other(
     study: PaperStudy,
     runs: dict[str, MethodRun],
     idx: dict[tuple[str, str, str], dict[str, Any]],
-    sf: str,
-    model: str,
-    dt: str,
+    cell: tuple[str, str, str],
     figure: str,
     n_boot: int,
+    selffl: Sequence[str],
 ) -> dict[str, Any]:
-    """One comparison of `compare_with_best_other`: by relative FA ("fa", the keys
-    best_other, best_other_relative_fa, ratio_to_best_other[_ci]) or by relative FR at
-    matched FA per clip ("fr", the same keys with an `fr_` in front); {} without rivals."""
+    """One comparison of `compare_with_best_other` for `cell` (Self-FL variant, model,
+    device type): by relative FA ("fa", the keys best_other, best_other_relative_fa,
+    ratio_to_best_other[_ci]) or by relative FR at matched FA per clip ("fr", the same keys
+    with an `fr_` in front); {} without rivals."""
+    sf, model, dt = cell
 
     def value(m: str) -> float | None:
         row = idx.get((m, model, dt))
@@ -94,7 +101,7 @@ def _against_best_other(
             return row["relative_fa"]
         return (row.get(MATCHED_FA) or {}).get("relative_fr")
 
-    others = {m: v for m in runs if m not in SELFFL_METHODS and (v := value(m)) is not None}
+    others = {m: v for m in runs if m not in selffl and (v := value(m)) is not None}
     if not others:
         return {}
     best = min(sorted(others), key=lambda m: others[m])
@@ -476,3 +483,14 @@ class StudyTables:
     det: dict[str, dict[str, Any]] = field(default_factory=dict)
     selected: dict[str, MethodRun] = field(default_factory=dict)
     gate: list[dict[str, Any]] = field(default_factory=list)
+    comparisons: list[dict[str, Any]] = field(default_factory=list)
+
+    def result(self, config: dict[str, Any]) -> dict[str, Any]:
+        """The study's result dict (`wakefl.tools.studies.paper_experiment`)."""
+        return {
+            "config": config,
+            "rows": self.rows,
+            "step_counts": self.step_counts,
+            "comparisons": self.comparisons,
+            "gate": self.gate,
+        }

@@ -93,14 +93,22 @@ def _matched_fa_cell(row: dict[str, Any] | None) -> str:
 
 
 def method_table(
-    result: dict[str, Any], setting: str, model: str, state: str = ALL, field: str = "relative_fa"
+    result: dict[str, Any],
+    setting: str,
+    model: str,
+    state: str = ALL,
+    field: str = "relative_fa",
+    methods: Sequence[str] | None = None,
 ) -> str:
-    """Rows = methods, columns = device types (paper Table 2 layout). Bold = lowest."""
+    """Rows = methods (the study's, or `methods`), columns = device types (paper Table 2
+    layout). Bold = lowest."""
     cfg = result["config"]
     idx = index_rows(result["rows"])
     dts = cfg["device_types"]
     methods = [
-        m for m in cfg["methods"] if any((setting, m, model, dt, state) in idx for dt in dts)
+        m
+        for m in (cfg["methods"] if methods is None else methods)
+        if any((setting, m, model, dt, state) in idx for dt in dts)
     ]
     best = (
         best_per_column(idx, setting, model, methods, dts, state) if field == "relative_fa" else {}
@@ -216,10 +224,10 @@ def comparison_table(result: dict[str, Any]) -> str:
     idx = index_rows(result["rows"])
     labels = cfg["method_labels"]
     lines = [
-        "| Model | Method | Device type | false accepts (candidate / baseline) | relative FA "
-        "[95% CI] | vs baseline | best other method (relative FA) | FA ratio to it [95% CI] "
-        "| vs best other |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| Setting | Model | Method | Device type | false accepts (candidate / baseline) | "
+        "relative FA [95% CI] | vs baseline | best other method (relative FA) | FA ratio to "
+        "it [95% CI] | vs best other |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in result.get("comparisons", []):
         row = idx.get((c["setting"], c["method"], c["model"], c["device_type"], c["state"]))
@@ -238,8 +246,8 @@ def comparison_table(result: dict[str, Any]) -> str:
             else f"{row['candidate_fa_count']} / {row['baseline_fa_count']} of {row['n_negative']}"
         )
         lines.append(
-            f"| {c['model']} | {labels.get(c['method'], c['method'])} | {c['device_type']} | "
-            f"{counts} | {format_cell(row)} | {vs1} | {labels.get(c['best_other'], c['best_other'])} "
+            f"| {c['setting']} | {c['model']} | {labels.get(c['method'], c['method'])} | "
+            f"{c['device_type']} | {counts} | {format_cell(row)} | {vs1} | {labels.get(c['best_other'], c['best_other'])} "
             f"({_fmt(c['best_other_relative_fa'])}) | {ratio} | {side} |"
         )
     return "\n".join(lines)
@@ -251,9 +259,9 @@ def fr_comparison_table(result: dict[str, Any]) -> str:
     idx = index_rows(result["rows"])
     labels = result["config"]["method_labels"]
     lines = [
-        "| Model | Method | Device type | relative FR at matched FA [95% CI] | best other "
-        "method (relative FR) | FR ratio to it [95% CI] | vs best other |",
-        "|---|---|---|---|---|---|---|",
+        "| Setting | Model | Method | Device type | relative FR at matched FA [95% CI] | best "
+        "other method (relative FR) | FR ratio to it [95% CI] | vs best other |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for c in result.get("comparisons", []):
         row = idx.get((c["setting"], c["method"], c["model"], c["device_type"], c["state"]))
@@ -264,8 +272,8 @@ def fr_comparison_table(result: dict[str, Any]) -> str:
             ci_side(c["fr_ratio_to_best_other_ci"])
         ]
         lines.append(
-            f"| {c['model']} | {labels.get(c['method'], c['method'])} | {c['device_type']} | "
-            f"{_matched_fa_cell(row)} | {labels.get(c['fr_best_other'], c['fr_best_other'])} "
+            f"| {c['setting']} | {c['model']} | {labels.get(c['method'], c['method'])} | "
+            f"{c['device_type']} | {_matched_fa_cell(row)} | {labels.get(c['fr_best_other'], c['fr_best_other'])} "
             f"({_fmt(c['fr_best_other_relative_fr'])}) | "
             f"{_fmt(r)} [{'-' if lo is None else f'{lo:.2f}'}, {_fmt(hi)}] | {side} |"
         )
