@@ -5,6 +5,7 @@ Layout of the state directory:
     server.sqlite                 meta, rounds, devices, clients, updates, rejections
     models/state_rNNNNNN.st       ServerState after round N (safetensors + JSON metadata)
     updates/rNNNNNN/<device>.wkfl the accepted uplink frame, byte for byte
+    updates/spare/                pruned rounds' files, written over by new updates
 
 An update counts as accepted once its row is committed (synchronous=FULL, after the file
 was fsynced); only then is it acknowledged. A round's new ServerState file is written and
@@ -40,6 +41,7 @@ from wakefl.server.recorded_updates import (
     server_state_to_bytes,
 )
 from wakefl.server.rejection_log import RejectionLog
+from wakefl.server.spare_files import SpareFiles
 from wakefl.server.store_schema import insert_update, mark_online, open_database
 
 log = logging.getLogger("wakefl.server.store")
@@ -66,6 +68,7 @@ class StateStore:
         self._db = open_database(self.root)
         self.transactions = 0  # write transactions committed (one fsync each)
         self._rejections = RejectionLog(self._lock, self._tx)
+        self.spares = SpareFiles(self.root / "updates" / "spare")
 
     def close(self) -> None:
         self._rejections.close()
@@ -237,9 +240,12 @@ class StateStore:
         rel = f"updates/r{msg.round_id:06d}/{msg.device_id}.{uuid.uuid4().hex[:12]}.wkfl"
         path = self.root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = self.spares.reuse(path)  # a pruned round's file, its pages still cached
+        if fd is None:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         with os.fdopen(fd, "wb") as f:
             f.write(payload)
+            f.truncate()
             f.flush()
             os.fsync(f.fileno())
         return rel
@@ -347,11 +353,13 @@ class StateStore:
         return {r["device_id"]: dict(r) for r in rows}
 
     def prune_update_files(self, before_round: int) -> None:
-        """Delete the tensor files of rounds < before_round (their rows stay as the record)."""
+        """Take back the tensor files of rounds < before_round (their rows stay as the
+        record): into the pool of spare files while it has room, else deleted."""
         for d in (self.root / "updates").glob("r*"):
             if d.is_dir() and d.name < f"r{before_round:06d}":
                 for f in d.iterdir():
-                    f.unlink(missing_ok=True)
+                    if not self.spares.keep(f):
+                        f.unlink(missing_ok=True)
                 d.rmdir()
 
     # ------------------------------------------------------------------ rejections

@@ -40,12 +40,13 @@ from wakefl.protocol import messages as M
 from wakefl.protocol import topics
 from wakefl.sdk.mqtt_link import MqttLink
 from wakefl.tools.fleet.bench_federation_report import (
+    print_cpu_after_warmup,
     print_cpu_per_update,
     print_floor,
     print_loadgen,
     print_rounds,
 )
-from wakefl.tools.fleet.process_stats import broker_pid, cpu_seconds
+from wakefl.tools.fleet.process_stats import CpuAtRoundEnds, broker_pid, cpu_seconds
 
 # A Self-FL uplink record (what SelfFL.uplink_schema asks for).
 _RECORD = {"sigma_sq": 0.1, "has_variance": 1.0, "local_steps": 1.0}
@@ -474,7 +475,9 @@ def bench_rounds_loadgen(
             procs += shards
             pid = broker_pid(broker)
             broker_cpu0, server_cpu0, wall0 = cpu_seconds(pid), cpu_seconds(), time.monotonic()
+            marks = CpuAtRoundEnds(server)
             server.run()
+            at_round_ends = marks.stop()
             out, _ = gen.communicate(timeout=600)
             cpu = {
                 "broker": cpu_seconds(pid) - broker_cpu0,
@@ -491,6 +494,8 @@ def bench_rounds_loadgen(
     down_copies = 1 if follower_only else n_devices
     floor = n_devices * up_bytes / rate_up + down_copies * down_bytes / rate_down
     print_loadgen(n_devices, server, report, cpu, wall, rounds, warmup, floor)
+    if not workers:  # a worker's CPU is known only once it exits
+        print_cpu_after_warmup(n_devices, server, at_round_ends, warmup)
     up, down = (up_bytes, codec, rate_up), (down_bytes, wire_dtype, rate_down)
     print_floor(n_devices, up, down, floor, down_copies)
 

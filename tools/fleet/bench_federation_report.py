@@ -125,6 +125,22 @@ def print_loadgen(
     )
 
 
+def print_cpu_after_warmup(n: int, server: Any, at_round_ends: list[float], warmup: int) -> None:
+    """The server's CPU per accepted update over the rounds after the warm-up ones alone
+    (`at_round_ends`: the process's CPU seconds as each round closed)."""
+    reports = server.reports
+    if not 0 < warmup < len(reports) or len(at_round_ends) != len(reports):
+        return
+    accepted = sum(len(rep.reported) for rep in reports[warmup:])
+    cpu_s = at_round_ends[-1] - at_round_ends[warmup - 1]
+    if accepted:
+        print(
+            f"  {n:4d} devices: server CPU per accepted update after the warm-up, rounds "
+            f"{warmup + 1}-{len(reports)}: {1000 * cpu_s / accepted:.1f} ms ({cpu_s:.2f} CPU s "
+            f"for {accepted} updates)"
+        )
+
+
 def print_cpu_per_update(n: int, server: Any, server_cpu_s: float) -> None:
     """The server's CPU per update it accepted: every thread of the server process
     (receipt, checks, decoding, recording, acks, screening, aggregation, persisting the

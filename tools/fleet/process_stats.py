@@ -1,9 +1,11 @@
 """What the benchmarks measure of a process: CPU seconds (user + system, every thread) of
-this process or another one by its id, and the id of a managed broker's process."""
+this process or another one by its id, this process's CPU seconds at the end of each round
+of a server it runs, and the id of a managed broker's process."""
 
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -22,3 +24,33 @@ def broker_pid(broker: Any) -> int:
     if broker.proc is None:
         raise RuntimeError("the broker is not running")
     return int(broker.proc.pid)
+
+
+class CpuAtRoundEnds:
+    """This process's CPU seconds each time `server.reports` grows (a round closed), polled
+    every `poll_s` from a thread of its own: the CPU of some rounds alone, the warm-up
+    rounds left out (a long-running server's steady state reuses the update files of its
+    pruned rounds, server/spare_files.py, which the first rounds have none of)."""
+
+    def __init__(self, server: Any, poll_s: float = 0.2) -> None:
+        self._server = server
+        self._poll_s = poll_s
+        self.marks: list[float] = []  # CPU seconds at the end of round 1, 2, ...
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-at-round-ends", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._catch_up()
+            self._stop.wait(self._poll_s)
+
+    def _catch_up(self) -> None:
+        while len(self.marks) < len(self._server.reports):
+            self.marks.append(cpu_seconds())
+
+    def stop(self) -> list[float]:
+        self._stop.set()
+        self._thread.join()
+        self._catch_up()  # a round closed since the last poll
+        return self.marks
