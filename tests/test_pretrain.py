@@ -199,6 +199,22 @@ def test_field_augmentation_changes_some_windows_and_keeps_the_rest(corpus: Path
     )
 
 
+def test_speech_backgrounds_change_some_windows_and_keep_the_rest(corpus: Path) -> None:
+    from wakefl.tools.training.speech_backgrounds import SpeechBackgrounds
+
+    data = load_pretrain_data(corpus, 24000, 6.0, progress=False)
+    plain, labels = make_batch(data, 7, SETTINGS)
+    data.speech = SpeechBackgrounds.make(data.neg, 0, n_each=2, seconds=2.0)
+    # Off (the default), the batches are the ones a run without the option always drew.
+    assert np.array_equal(make_batch(data, 7, SETTINGS)[0], plain)
+    talk = dataclasses.replace(SETTINGS, speech_backgrounds=1.0)
+    x1, y1 = make_batch(data, 7, talk)
+    assert np.array_equal(x1, make_batch(data, 7, talk)[0]) and np.array_equal(y1, labels)
+    assert np.all(np.abs(x1) <= 1.0)
+    # Every window has someone talking under it now: none is the plain one.
+    assert not any(np.array_equal(a, b) for a, b in zip(x1, plain, strict=True))
+
+
 def test_validation_can_come_from_another_corpus(corpus: Path, tmp_path: Path) -> None:
     other = build_corpus(tmp_path / "other", 3, "pretrain-micro", progress=False)
     data = load_pretrain_data(corpus, 24000, 6.0, progress=False, val_manifest=other)
@@ -683,6 +699,8 @@ def test_mining_and_warp_resume_equals_uninterrupted_run(corpus: Path, tmp_path:
         ["--distill-temperature", "0", "--distill-from", __file__],
         ["--field-augment", "1.5"],
         ["--field-augment", "nan"],
+        ["--speech-backgrounds", "-0.1"],
+        ["--speech-backgrounds", "nan"],
         ["--val-corpus", "no-such-corpus/manifest.csv"],
     ],
 )

@@ -123,6 +123,14 @@ def _register_pretrain(sub: argparse._SubParsersAction) -> None:
         "simulation's training stages (rooms, AGC, noise suppression, narrowband link, "
         "clipping; tools/acoustics/field_acoustics.py); 0 = off",
     )
+    pre.add_argument(
+        "--speech-backgrounds",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="mix other people talking (babble or one voice, -3 to 15 dB SNR, cut from the "
+        "training negatives) under this share of the training windows; 0 = off",
+    )
     pre.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     pre.add_argument(
         "--workers",

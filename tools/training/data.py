@@ -53,6 +53,9 @@ class PretrainData:
     # Room responses of the field augmentation (tools/acoustics/field_acoustics.py training_rooms),
     # made once when the run asks for it.
     field_rirs: tuple[np.ndarray, ...] = ()
+    # Talkers and babble cut from the training negatives (speech_backgrounds.py), made
+    # once when the run asks for them.
+    speech: Any = None
 
     @property
     def window(self) -> int:
@@ -263,7 +266,9 @@ def make_batch(data: PretrainData, step: int, s: PretrainSettings) -> tuple[np.n
         else:
             src = data.neg[_draw(rng, len(data.neg), neg_groups)]
         out[i] = augment_window(src, int(labels[i]), rng, data.bank)
-        # Drawn only when asked for, so runs without it keep their batches.
+        # Each drawn only when asked for, so runs without them keep their batches.
+        if s.speech_backgrounds > 0 and rng.random() < s.speech_backgrounds:
+            out[i] = np.clip(data.speech.mix(out[i], rng), -1.0, 1.0)
         if s.field_augment > 0 and rng.random() < s.field_augment:
             from wakefl.tools.acoustics.field_acoustics import field_augment
 

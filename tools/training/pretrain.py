@@ -469,13 +469,18 @@ def _progress_bar(s: PretrainSettings, step: int, progress: bool) -> Any:
 def _load_data(
     manifest: Path, window: int, s: PretrainSettings, progress: bool, extra: Sequence[Path]
 ) -> PretrainData:
-    """The run's decoded audio: validation from `s.val_corpus` when set, and the field
-    augmentation's rooms when it is on."""
+    """The run's decoded audio: validation from `s.val_corpus` when set, the field
+    augmentation's rooms and the speech backgrounds when they are on."""
     val = Path(s.val_corpus) if s.val_corpus else None
     rooms = 24 if s.field_augment > 0 else 0
-    return load_pretrain_data(
+    data = load_pretrain_data(
         manifest, window, s.val_stream_seconds, progress, s.seed, extra, val, rooms
     )
+    if s.speech_backgrounds > 0:
+        from wakefl.tools.training.speech_backgrounds import SpeechBackgrounds
+
+        data.speech = SpeechBackgrounds.make(data.neg, s.seed)
+    return data
 
 
 def pretrain(

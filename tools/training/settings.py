@@ -65,6 +65,10 @@ class PretrainSettings:
     # the held-out ones, noise suppression, AGC, clipping, a narrowband link, a coarse
     # converter); 0 = off.
     field_augment: float = 0.0
+    # Share of the training windows with other people talking under them (babble or one
+    # voice, at -3 to 15 dB SNR, cut from the training negatives:
+    # tools/training/speech_backgrounds.py); 0 = off.
+    speech_backgrounds: float = 0.0
     # A manifest whose validation split (clips and streams) picks the best checkpoint
     # instead of the training corpus's, e.g. a `pretrain-acoustics` build: held-out acoustics
     # that training never simulates. "" = the training corpus's validation split.
@@ -129,23 +133,33 @@ def distillation_from_flags(args: argparse.Namespace) -> tuple[str, float, float
     return str(args.distill_from), weight, temperature
 
 
-def settings_from_flags(args: argparse.Namespace) -> PretrainSettings:
-    """The run's PretrainSettings from `wakefl model pretrain`'s flags, checked."""
-    if args.samples < args.batch_size:
-        raise ConfigError("--samples must be at least one batch")
+def _check_augmentation(args: argparse.Namespace) -> None:
+    """The warps, the mined share and the augmentation shares, each within its range (NaN
+    is out of every range)."""
     if not 0.0 <= args.mel_warp < 0.5:
         raise ConfigError(f"--mel-warp must be in [0, 0.5), got {args.mel_warp}")
     if not 0.0 <= args.time_warp < MAX_WARP:
         raise ConfigError(f"--time-warp must be in [0, {MAX_WARP}), got {args.time_warp}")
     if not 0.0 <= args.hard_negatives <= 1.0 or args.mine_every < 1:
         raise ConfigError("--hard-negatives must be in [0, 1] and --mine-every at least 1")
+    for flag, share in (
+        ("--field-augment", args.field_augment),
+        ("--speech-backgrounds", args.speech_backgrounds),
+    ):
+        if not 0.0 <= share <= 1.0:
+            raise ConfigError(f"{flag} must be in [0, 1], got {share}")
+
+
+def settings_from_flags(args: argparse.Namespace) -> PretrainSettings:
+    """The run's PretrainSettings from `wakefl model pretrain`'s flags, checked."""
+    if args.samples < args.batch_size:
+        raise ConfigError("--samples must be at least one batch")
+    _check_augmentation(args)
     for extra in args.extra_corpus:
         if not extra.is_file():
             raise ConfigError(f"--extra-corpus {extra}: no such manifest")
     if args.val_corpus is not None and not args.val_corpus.is_file():
         raise ConfigError(f"--val-corpus {args.val_corpus}: no such manifest")
-    if not 0.0 <= args.field_augment <= 1.0:
-        raise ConfigError(f"--field-augment must be in [0, 1], got {args.field_augment}")
     teacher, distill_weight, distill_temperature = distillation_from_flags(args)
     if not 0 <= args.workers <= 64:
         raise ConfigError(f"--workers must be in [0, 64], got {args.workers}")
@@ -176,5 +190,6 @@ def settings_from_flags(args: argparse.Namespace) -> PretrainSettings:
         distill_temperature=distill_temperature,
         mine_every_steps=args.mine_every,
         field_augment=args.field_augment,
+        speech_backgrounds=args.speech_backgrounds,
         val_corpus=str(args.val_corpus.resolve()) if args.val_corpus is not None else "",
     )
