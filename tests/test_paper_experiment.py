@@ -380,6 +380,26 @@ def test_cli_rejects_unknown_method(tiny_corpus: Path, tmp_path: Path, capsys):
     assert "unknown method(s) fedprox" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "methods,sampling,why",
+    [
+        ("selffl,fedavg-w", "local", "local are not among the study's other methods (fedavg-w)"),
+        ("selffl,fedavg-w", "selffl-alg2", "selffl-alg2 are not among"),
+    ],
+)
+def test_cli_rejects_sampling_methods_outside_the_study(
+    tiny_corpus: Path, tmp_path: Path, capsys, methods: str, sampling: str, why: str
+):
+    from wakefl.tools.cli import main
+
+    args = ["experiment", "paper", "--profile", "tiny", "--out", str(tmp_path / "run")]
+    args += ["--manifest", str(tiny_corpus), "--methods", methods, "--sampling-methods", sampling]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert why in err and "Traceback" not in err
+    assert not (tmp_path / "run").exists()  # refused before any work
+
+
 def test_selffl_ablations_are_valid_self_fl_hyperparameters():
     from wakefl.sdk.selffl import make_strategy
     from wakefl.tools.studies.paper_rules import method_hyperparams
