@@ -19,6 +19,7 @@ from wakefl.sdk.mqtt_link import MqttLink
 from wakefl.server.admission import OpenRound
 from wakefl.server.round_receipts import RoundReceipts
 from wakefl.server.server_config import ServerConfig
+from wakefl.server.spare_files import DEFAULT_LIMIT as SPARES
 from wakefl.server.state_store import StateStore
 
 log = logging.getLogger("wakefl.server")
@@ -27,10 +28,12 @@ Progress = Callable[[str], None]
 
 
 class ServerSession:
-    def __init__(self, config: ServerConfig, progress: Progress | None = None) -> None:
+    def __init__(
+        self, config: ServerConfig, progress: Progress | None = None, spare_files: int = SPARES
+    ) -> None:
         self.cfg = config
         self.progress: Progress = progress or (lambda line: print(line, flush=True))
-        self.store = StateStore(config.state_dir)
+        self.store = StateStore(config.state_dir, spare_files)
         self.run_id = self.store.run_id()
         self.numel = int(config.initial_params.numel())
         self.lock = threading.RLock()

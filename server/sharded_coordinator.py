@@ -71,7 +71,9 @@ class ShardedCoordinator:
         self.selffl = require_shardable(strategy)
         self.cfg = config
         self.strategy = strategy
-        self.session = ServerSession(config, progress)
+        # Its workers write the update files, each a new one (server/aggregation_worker.py):
+        # spares of pruned rounds would never be written over here.
+        self.session = ServerSession(config, progress, spare_files=0)
         self.store = self.session.store
         self.stop_event = self.session.stop_event
         self.ingest = Ingest(self.session, strategy, _records_nothing)

@@ -41,6 +41,7 @@ from wakefl.server.recorded_updates import (
     server_state_to_bytes,
 )
 from wakefl.server.rejection_log import RejectionLog
+from wakefl.server.spare_files import DEFAULT_LIMIT as DEFAULT_SPARES
 from wakefl.server.spare_files import SpareFiles
 from wakefl.server.store_schema import insert_update, mark_online, open_database
 
@@ -59,7 +60,7 @@ class RoundRecord:
 class StateStore:
     """All durable server state of one fleet run. Thread-safe (one lock, one connection)."""
 
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, spare_files: int = DEFAULT_SPARES) -> None:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
         (self.root / "models").mkdir(exist_ok=True)
@@ -68,7 +69,7 @@ class StateStore:
         self._db = open_database(self.root)
         self.transactions = 0  # write transactions committed (one fsync each)
         self._rejections = RejectionLog(self._lock, self._tx)
-        self.spares = SpareFiles(self.root / "updates" / "spare")
+        self.spares = SpareFiles(self.root / "updates" / "spare", spare_files)
 
     def close(self) -> None:
         self._rejections.close()

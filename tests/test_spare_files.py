@@ -99,3 +99,15 @@ def test_a_spare_file_is_never_read_as_an_update(tmp_path: Path) -> None:
         assert len(again.spares) == 0
     finally:
         again.close()
+
+
+def test_a_store_without_spares_deletes_what_it_prunes(tmp_path: Path) -> None:
+    # (the sharded coordinator's: its workers write every update file anew)
+    store = StateStore(tmp_path / "s", spare_files=0)
+    try:
+        _record(store, [_uplink(f"d{i}", 1, float(i)) for i in range(2)])
+        store.prune_update_files(2)
+        assert len(store.spares) == 0 and not os.listdir(tmp_path / "s/updates/spare")
+        assert not (tmp_path / "s/updates/r000001").exists()
+    finally:
+        store.close()
