@@ -306,4 +306,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from wakefl.tools.script_errors import run_script
+
+    raise SystemExit(run_script(main, __file__))
