@@ -118,9 +118,7 @@ def run_paper_study(
     tables.comparisons = compare_with_best_other(study, tables.selected, tables.rows, prof.n_boot)
     tables.selected.clear()
     selffl_lr = (tables.tuning.get("selffl") or {}).get("selected_lr") or prof.lr_grid[0]
-    tables.comparisons += _client_sampling(
-        study, prof, sampling_rates, selffl_lr, rivals, tables, log
-    )
+    _client_sampling(study, prof, sampling_rates, selffl_lr, rivals, tables, log)
     _selffl_ablations(study, prof, sampling_rates, selffl_lr, selffl_ablations, tables, log)
     config = _study_config(
         study, prof, seed, methods, sampling_rates, manifest_path, tables, selffl_lr, command, out
@@ -280,14 +278,13 @@ def _client_sampling(
     rivals: Sequence[str],
     tables: StudyTables,
     log: Callable[[str], None],
-) -> list[dict[str, Any]]:
+) -> None:
     """Tables 5 and 6: client- vs cluster-level Self-FL at each activity rate, beside the
     `rivals` at their own selected learning rates (a method whose every grid point diverged
-    is left out); returns Self-FL's comparisons with the best of them per setting."""
+    is left out), and Self-FL's comparisons with the best of them per setting."""
     if not sampling_rates:
-        return []
+        return
     problems, groups = study.problems(prof.clients_per_type)
-    comparisons: list[dict[str, Any]] = []
     for rate in sampling_rates:
         setting = f"sampling-{rate:g}"
         runs: dict[str, MethodRun] = {}
@@ -313,10 +310,9 @@ def _client_sampling(
             tables.timings[f"{setting}/{name}"] = round(run.seconds, 1)
             for rec in study.evaluate(run, "test", (ALL_STATES, *STATES), prof.n_boot):
                 tables.rows.append({"setting": setting, "method": name, **rec})
-        comparisons += compare_with_best_other(
+        tables.comparisons += compare_with_best_other(
             study, runs, tables.rows, prof.n_boot, setting, ("selffl-client", "selffl-cluster")
         )
-    return comparisons
 
 
 def _check_ablations(methods: Sequence[str], ablations: Sequence[str]) -> None:
