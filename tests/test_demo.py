@@ -108,6 +108,12 @@ def test_demo_defaults_suit_the_fleet_and_keep_the_other_profiles():
     assert DemoSettings(gate_target_fr=0.2).gate_fr() == 0.2
     assert DemoSettings(rounds=2, max_local_epochs=1.0).round_count() == 2
     assert DemoSettings(max_local_epochs=1.0).local_epochs() == 1.0
+    # The fleet with more enrolment runs with the fleet's settings, unless a manifest of
+    # one's own replaces its corpus.
+    enrolled = DemoSettings(profile="fleet-enrolled")
+    assert enrolled.runs_fleet() and enrolled.local_steps() == fleet.local_steps()
+    assert enrolled.round_count() == fleet.round_count() and enrolled.gate_fr() == 0.5
+    assert not DemoSettings(profile="fleet-enrolled", manifest=Path("m.csv")).runs_fleet()
 
 
 def test_demo_corpus_folder_keeps_a_build_of_another_recipe(tmp_path, monkeypatch):

@@ -12,7 +12,13 @@ import pytest
 from wakefl.errors import ConfigError
 from wakefl.sdk.manifest import read_manifest
 from wakefl.tools.corpus.build import ACOUSTICS, NEW_USERS_DIR, acoustics_named, build_corpus
-from wakefl.tools.corpus.plan import PROFILES, SPLITS
+from wakefl.tools.corpus.plan import (
+    PROFILES,
+    SPLITS,
+    clip_counts,
+    clip_recipes,
+    stream_counts,
+)
 from wakefl.tools.corpus.speakers import fleet_device_of, is_new_user, make_speakers
 from wakefl.tools.corpus.voices import (
     ENGINES_UNSEEN_MBROLA,
@@ -85,6 +91,25 @@ def test_fleet_plan_gives_each_device_type_its_own_users_and_other_takes():
     assert acoustics_named(PROFILES["fleet"].acoustics) is not None
     # the speaker bootstrap needs units: at least 10 users per device type
     assert prof.users_per_device >= 10
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_the_enrolled_fleet_has_the_same_users_and_tests_and_four_times_the_training(seed):
+    # Clips and streams are drawn from generators keyed by (seed, device, kind, split,
+    # index) over the planned speakers, so the same recipes make the same validation and
+    # test audio (a build of each with seed 0: all 1,225 validation and test files equal).
+    base, more = PROFILES["fleet"], PROFILES["fleet-enrolled"]
+    assert make_speakers(seed, base, "hey nova") == make_speakers(seed, more, "hey nova")
+    mine, theirs = clip_recipes(seed, base), clip_recipes(seed, more)
+    for split in ("val", "test"):
+        assert [r for r in mine if r.split == split] == [r for r in theirs if r.split == split]
+    for device, counts in clip_counts(base).items():
+        assert clip_counts(more)[device]["train"] == 4 * counts["train"]
+    train = [r for r in theirs if r.split == "train"]
+    assert sum(r.content == "pos" for r in train) > 3 * sum(
+        r.content == "pos" for r in mine if r.split == "train"
+    )
+    assert stream_counts(more) == stream_counts(base)
 
 
 @pytest.mark.slow  # three builds, the first with the speech engines

@@ -28,6 +28,8 @@ from wakefl.errors import WakeflError
 
 # The profile `wakefl demo` runs unless told otherwise: users the shipped model serves badly.
 DEFAULT_PROFILE = "fleet"
+# The fleet's profiles: the same users, heard in more or fewer training takes.
+FLEET_PROFILES = (DEFAULT_PROFILE, "fleet-enrolled")
 
 
 @dataclass(frozen=True)
@@ -81,9 +83,9 @@ class DemoSettings:
     score_global: bool | None = None
 
     def runs_fleet(self) -> bool:
-        """Whether this run is on the fleet of hard users (the default profile, no
+        """Whether this run is on the fleet of hard users (a fleet profile, no
         `--manifest` of one's own): the defaults below then suit it."""
-        return self.profile == DEFAULT_PROFILE and self.manifest is None
+        return self.profile in FLEET_PROFILES and self.manifest is None
 
     def model_width(self) -> float:
         if self.width is not None:
