@@ -8,8 +8,9 @@ cd "$root"
 # --- Debian packages: the real MQTT broker and the speech synthesisers for the corpus.
 # festival, RHVoice and MBROLA and their voices are speech engines of the pretraining corpus
 # and its add-ons; tools/CORPUS.md lists each voice with its licence.
+# nodejs runs GnuSpeech (below).
 apt_pkgs=(mosquitto mosquitto-clients espeak-ng flite festival festvox-kallpc16k festvox-kdlpc16k
-          festvox-us-slt-hts libsndfile1 openssl)
+          festvox-us-slt-hts libsndfile1 openssl nodejs)
 # From Debian's contrib and non-free components (RHVoice, the MBROLA voice databases and the
 # festival voices that need the OALD lexicon or MBROLA).
 extra_pkgs=(rhvoice rhvoice-english mbrola mbrola-us1 mbrola-us2 mbrola-us3 mbrola-en1
@@ -64,5 +65,12 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     # does not apply and is not printed.
     PYTHONWARNINGS="ignore:Editable installation" quiet_pip install -q -e ".[$extras]"
     echo "$want" >"$stamp"
+fi
+# --- GnuSpeech (articulatory synthesis, tools/corpus/gnuspeech.py): its WebAssembly package
+# and one dependency, pinned by the registry's integrity hashes, into .venv/share. Without
+# it the corpus has one engine less and its tests say why they skip, so a failed download
+# is a warning, not the end of the set-up.
+if ! .venv/bin/python scripts/install_gnuspeech.py; then
+    echo "[setup] warning: GnuSpeech was not installed (see above); its voices are unavailable" >&2
 fi
 echo "[setup] ready: $(.venv/bin/python -c 'import torch, torchaudio; print("torch", torch.__version__, "torchaudio", torchaudio.__version__)')"

@@ -28,6 +28,7 @@ from scipy.signal import resample_poly
 from wakefl.cache_location import cache_root
 from wakefl.errors import AudioError, ConfigError
 from wakefl.progress_bars import bar_disabled
+from wakefl.tools.corpus.gnuspeech import gnuspeech_version, run_gnuspeech
 
 SAMPLE_RATE = 16000
 
@@ -83,7 +84,7 @@ PICO_VOICES = ("en-US", "en-GB")
 # they give accented English from the same synthesis method, without using the two English
 # voices that the unseen-voices split holds out.
 PICO_OTHER_VOICES = ("de-DE", "es-ES", "fr-FR", "it-IT")
-ENGINES = ("espeak-ng", "flite", "festival", "pico", "rhvoice", "mbrola")
+ENGINES = ("espeak-ng", "flite", "festival", "pico", "rhvoice", "mbrola", "gnuspeech")
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,8 @@ class Voice:
     `rate` is words per minute for espeak-ng and MBROLA (spoken through espeak-ng), a
     duration stretch x100 for flite and festival, a speed factor x100 for Pico and a rate
     in percent for RHVoice; `pitch` is espeak-ng's 0-99 pitch, flite's mean F0 target in Hz,
-    Pico's pitch factor x100 or RHVoice's pitch in percent (festival ignores it).
+    Pico's pitch factor x100 or RHVoice's pitch in percent (festival ignores it). GnuSpeech's
+    are in tools/corpus/gnuspeech.py.
     """
 
     engine: str
@@ -125,6 +127,8 @@ def engine_version(engine: str) -> str:
         return f"py-nanotts {version('py-nanotts')}"
     if engine in ("rhvoice", "mbrola"):
         return _debian_engine_version(engine)
+    if engine == "gnuspeech":
+        return gnuspeech_version()
     exe = {"espeak-ng": "espeak-ng", "flite": "flite", "festival": "text2wave"}.get(engine)
     if exe is None:
         raise ConfigError(f"unknown speech engine {engine!r}")
@@ -213,6 +217,8 @@ def _run_engine(voice: Voice, text: str) -> np.ndarray:
         wave, sr = _run_rhvoice(voice, text)
     elif voice.engine == "mbrola":
         wave, sr = _run_mbrola(voice, text)
+    elif voice.engine == "gnuspeech":
+        wave, sr = run_gnuspeech(voice, text)
     else:
         raise ConfigError(f"unknown speech engine {voice.engine!r}")
     wave = _to_16k(wave, sr)
