@@ -127,3 +127,24 @@ def test_the_installer_unpacks_a_package_and_refuses_paths_that_leave_it(tmp_pat
         algo, _, digest = integrity.partition("-")
         assert url.startswith("https://registry.npmjs.org/") and algo == "sha512"
         assert len(base64.b64decode(digest)) == hashlib.sha512().digest_size
+
+
+def test_the_intelligibility_benchmark_refuses_a_speaker_count_out_of_range() -> None:
+    from wakefl.tools.bench.engine_intelligibility import main
+
+    with pytest.raises(ConfigError, match="--speakers"):
+        main(["--speakers", "0"])
+
+
+@needs_engine
+def test_the_intelligibility_benchmark_scores_each_kind_of_speech(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from wakefl.tools.bench.engine_intelligibility import main
+
+    assert main(["--speakers", "2", "--model", "small", "--seed", "3"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert rows[0].startswith("| voice |") and rows[-1].startswith("| all | 2 |")
+    shares = [cell.strip() for cell in rows[-1].split("|")[3:6]]
+    assert all(s.endswith("%") and 0 <= int(s[:-1]) <= 100 for s in shares)
+    assert 0.0 <= float(rows[-1].split("|")[6]) <= 1.0
