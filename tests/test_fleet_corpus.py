@@ -13,6 +13,7 @@ from wakefl.errors import ConfigError
 from wakefl.sdk.manifest import read_manifest
 from wakefl.tools.corpus.build import ACOUSTICS, NEW_USERS_DIR, acoustics_named, build_corpus
 from wakefl.tools.corpus.plan import (
+    PRETRAIN_VOICE_SETS,
     PROFILES,
     SPLITS,
     clip_counts,
@@ -39,10 +40,9 @@ def _digest(folder: Path) -> dict[str, str]:
 @pytest.mark.parametrize("seed", [0, 1, 7])
 def test_fleet_voices_are_kept_out_of_every_pretraining_profile(seed):
     fleet = set(FLEET_VOICES)
-    pretraining = [
-        name for name, p in PROFILES.items() if p.voice_set in ("pretrain", "pico-other", "engines")
-    ]
+    pretraining = [name for name, p in PROFILES.items() if p.voice_set in PRETRAIN_VOICE_SETS]
     assert {"pretrain", "pretrain-micro", "pretrain-voices", "pretrain-engines"} <= set(pretraining)
+    assert "pretrain-gnuspeech" in pretraining
     for name in pretraining:
         voices = {
             (s.voice.engine, s.voice.voice) for s in make_speakers(seed, PROFILES[name], "hey nova")

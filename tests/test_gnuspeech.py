@@ -148,3 +148,43 @@ def test_the_intelligibility_benchmark_scores_each_kind_of_speech(
     shares = [cell.strip() for cell in rows[-1].split("|")[3:6]]
     assert all(s.endswith("%") and 0 <= int(s[:-1]) <= 100 for s in shares)
     assert 0.0 <= float(rows[-1].split("|")[6]) <= 1.0
+
+
+def test_the_gnuspeech_add_on_keeps_its_unseen_voice_out_of_training() -> None:
+    from wakefl.tools.corpus.gnuspeech import GNUSPEECH_TRAIN, GNUSPEECH_UNSEEN
+    from wakefl.tools.corpus.plan import PROFILES
+    from wakefl.tools.corpus.speakers import make_speakers, make_unseen_speakers
+
+    prof = PROFILES["pretrain-gnuspeech"]
+    speakers = make_speakers(0, prof, "hey nova")
+    unseen = make_unseen_speakers(0, prof, "hey nova")
+    assert len(speakers) == prof.n_speakers and len(unseen) == prof.unseen_speakers
+    assert {s.voice.engine for s in speakers + unseen} == {"gnuspeech"}
+    for split in ("train", "val", "test"):  # every split hears every training voice
+        assert {s.voice.voice for s in speakers if s.split == split} == set(GNUSPEECH_TRAIN)
+    assert {s.voice.voice for s in unseen} == set(GNUSPEECH_UNSEEN)
+    # The unseen speakers' tracts are shorter than any training speaker's.
+    longest_unseen = max(tract_length_cm(s.voice) or 0.0 for s in unseen)
+    assert longest_unseen < min(tract_length_cm(s.voice) or 99.0 for s in speakers)
+    assert speakers == make_speakers(0, prof, "hey nova") != make_speakers(1, prof, "hey nova")
+    with pytest.raises(ConfigError, match="base voices"):
+        draw_gnuspeech_voice(np.random.default_rng(0), ("baby",))
+
+
+@needs_engine
+@pytest.mark.slow  # about 30 s: the micro add-on's speech through GnuSpeech
+def test_the_micro_gnuspeech_add_on_builds_with_its_unseen_split(tmp_path: Path) -> None:
+    from wakefl.sdk.manifest import read_manifest
+    from wakefl.tools.corpus.build import build_corpus
+
+    manifest = build_corpus(
+        tmp_path / "c", seed=0, profile="pretrain-gnuspeech-micro", progress=False,
+        tts_cache_dir=tmp_path / "tts",
+    )  # fmt: skip
+    rows = read_manifest(manifest)
+    assert any(r.label == 1 for r in rows if r.split == "train")
+    unseen = read_manifest(manifest.parent / "unseen" / "manifest.csv")
+    assert unseen and all(r.split == "test" for r in unseen)
+    assert {r.speaker for r in unseen if r.speaker.startswith("unseen")}
+    speakers = (manifest.parent / "speakers.csv").read_text().splitlines()[1:]
+    assert speakers and all(",gnuspeech," in line for line in speakers)

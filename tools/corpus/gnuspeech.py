@@ -39,6 +39,10 @@ if TYPE_CHECKING:
 # lengths in cm (the package's data/en/voice_*.txt).
 GNUSPEECH_TRACT_CM = {"male": 17.5, "female": 15.0, "large_child": 12.5, "small_child": 10.0}
 GNUSPEECH_VOICES = tuple(GNUSPEECH_TRACT_CM)
+# The `pretrain-gnuspeech` add-on's split: its training speakers are drawn around these
+# voices, its unseen ones around small_child's, a tract shorter than any of theirs.
+GNUSPEECH_TRAIN = ("male", "female", "large_child")
+GNUSPEECH_UNSEEN = ("small_child",)
 PACKAGE = "@echogarden/gnuspeech-wasm"
 _SAY = Path(__file__).with_name("gnuspeech_say.mjs")
 _TIMEOUT_S = 120.0
@@ -112,12 +116,16 @@ def run_gnuspeech(voice: Voice, text: str) -> tuple[np.ndarray, int]:
     return wave, sr
 
 
-def draw_gnuspeech_voice(rng: np.random.Generator) -> Voice:
-    """A speaker between the shipped voices: one of them with its vocal tract 10 % shorter
-    to 10 % longer, a pitch offset of -7 to -1 semitones and a tempo of 0.85-1.20."""
+def draw_gnuspeech_voice(
+    rng: np.random.Generator, bases: tuple[str, ...] = GNUSPEECH_VOICES
+) -> Voice:
+    """A speaker between the shipped voices: one of `bases` with its vocal tract 10 %
+    shorter to 10 % longer, a pitch offset of -7 to -1 semitones and a tempo of 0.85-1.20."""
     from wakefl.tools.corpus.speech_synthesis import Voice
 
-    base = GNUSPEECH_VOICES[int(rng.integers(len(GNUSPEECH_VOICES)))]
+    if not bases or not set(bases) <= set(GNUSPEECH_VOICES):
+        raise ConfigError(f"GnuSpeech base voices must be some of {GNUSPEECH_VOICES}, got {bases}")
+    base = bases[int(rng.integers(len(bases)))]
     tract_mm = round(10 * GNUSPEECH_TRACT_CM[base] * rng.uniform(0.9, 1.1))
     return Voice(
         "gnuspeech", base, f"vtl{tract_mm}", int(rng.integers(85, 121)), int(rng.integers(-7, 0))

@@ -85,7 +85,9 @@ class CorpusProfile:
     # training and validation streams, and an unseen-voices test corpus; "pico-other": the
     # pretraining texts spoken by Pico's non-English voices (an add-on training corpus);
     # "engines": the pretraining texts spoken by RHVoice, MBROLA and festival's other voices
-    # (an add-on training corpus whose unseen split holds that add-on's held-out voices).
+    # (an add-on training corpus whose unseen split holds that add-on's held-out voices);
+    # "gnuspeech": the same texts spoken by GnuSpeech's articulatory speakers (an add-on
+    # whose unseen split holds its small_child speakers).
     voice_set: str = "basic"
     train_streams_per_device: int = 0
     val_streams_per_device: int = 0
@@ -276,6 +278,21 @@ PROFILES["pretrain-engines-micro"] = CorpusProfile(
     "pretrain-engines-micro", 16, 4, 6, 6, 0, 12.0, 3, 3, 4, "engines", 1, 0, 6, 6, 1,
     contents=_ALL_CONTENTS,
 )  # fmt: skip
+# An add-on of articulatory speech (tools/corpus/gnuspeech.py): 120 GnuSpeech speakers drawn
+# between its male, female and large_child voices (vocal-tract length, pitch, tempo), with
+# the engines add-on's mix of contents, and an unseen split of 40 speakers drawn around its
+# small_child voice, whose tract is shorter than any training speaker's. Not yet built at
+# full size: at about 0.5 s per utterance it needs about an hour on 2 cores.
+PROFILES["pretrain-gnuspeech"] = CorpusProfile(
+    "pretrain-gnuspeech", 120, 300, 100, 200, 0, 300.0, 8, 6, 32, "gnuspeech", 1, 0, 40, 200, 1,
+    contents=_ALL_CONTENTS,
+)  # fmt: skip
+PROFILES["pretrain-gnuspeech-micro"] = CorpusProfile(
+    "pretrain-gnuspeech-micro", 6, 2, 3, 3, 0, 6.0, 2, 2, 2, "gnuspeech", 1, 0, 2, 3, 1,
+    contents=("pos", "conf", "other", "bg", "pos_run"),
+)  # fmt: skip
+# The voice sets of the pretraining corpus and its add-ons (texts and splits of their own).
+PRETRAIN_VOICE_SETS = ("pretrain", "pico-other", "engines", "gnuspeech")
 
 
 # 3,300 training clips, as many as three fifths of the main corpus's confusable clips.
@@ -430,7 +447,7 @@ def texts_for(profile: CorpusProfile, phrase: str) -> tuple[tuple[str, ...], tup
     """(confusable phrases, other speech) a profile's speakers draw from."""
     confusables: tuple[str, ...] = confusables_for(phrase)
     others: tuple[str, ...] = OTHER_SPEECH
-    if profile.voice_set in ("pretrain", "pico-other", "engines"):
+    if profile.voice_set in PRETRAIN_VOICE_SETS:
         if phrase.strip().lower() == "hey nova":
             confusables = tuple(dict.fromkeys(confusables + PRETRAIN_CONFUSABLES))
         others = tuple(dict.fromkeys(others + PRETRAIN_OTHER_SPEECH))

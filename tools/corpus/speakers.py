@@ -9,8 +9,10 @@ from dataclasses import replace
 import numpy as np
 
 from wakefl.tools.acoustics.device_acoustics import DEVICE_PROFILES
+from wakefl.tools.corpus.gnuspeech import GNUSPEECH_TRAIN, GNUSPEECH_UNSEEN, draw_gnuspeech_voice
 from wakefl.tools.corpus.plan import (
     OTHER_SPEECH,
+    PRETRAIN_VOICE_SETS,
     SPEAKER_SHARE,
     SPLITS,
     CorpusProfile,
@@ -45,7 +47,7 @@ from wakefl.tools.corpus.voices import (
 def make_speakers(seed: int, profile: CorpusProfile, phrase: str) -> list[Speaker]:
     """Synthetic speakers, each a distinct voice and prosody, assigned to disjoint splits
     (stratified by engine, so every split hears both synthesisers)."""
-    if profile.voice_set in ("pretrain", "pico-other", "engines"):
+    if profile.voice_set in PRETRAIN_VOICE_SETS:
         return make_pretrain_speakers(seed, profile, phrase)
     if profile.voice_set == "fleet":
         return make_fleet_speakers(seed, profile, phrase)
@@ -146,6 +148,8 @@ def make_pretrain_speakers(seed: int, profile: CorpusProfile, phrase: str) -> li
             rng, profile.n_speakers, ENGINES_TRAIN_RHVOICE, ENGINES_TRAIN_MBROLA,
             ENGINES_TRAIN_FESTIVAL,
         )  # fmt: skip
+    elif profile.voice_set == "gnuspeech":
+        voices = [draw_gnuspeech_voice(rng, GNUSPEECH_TRAIN) for _ in range(profile.n_speakers)]
     else:
         voices = pretrain_voices(rng, profile.n_speakers)
     shares = {"train": 0.8, "val": 0.1, "test": 0.1}
@@ -193,6 +197,11 @@ def make_unseen_speakers(seed: int, profile: CorpusProfile, phrase: str) -> list
             np.random.default_rng([seed, 9006]), profile.unseen_speakers,
             ENGINES_UNSEEN_RHVOICE, ENGINES_UNSEEN_MBROLA, (),
         )  # fmt: skip
+    elif profile.voice_set == "gnuspeech":
+        draw = np.random.default_rng([seed, 9007])
+        voices = [
+            draw_gnuspeech_voice(draw, GNUSPEECH_UNSEEN) for _ in range(profile.unseen_speakers)
+        ]
     else:
         voices = unseen_voices(seed, profile.unseen_speakers)
     return speakers_with_texts(rng, profile, phrase, voices, "test", "unseen")
