@@ -32,7 +32,8 @@ def _absent() -> str | None:
     return None
 
 
-needs_engine = pytest.mark.skipif(_absent() is not None, reason=_absent() or "")
+_WHY_ABSENT = _absent()
+needs_engine = pytest.mark.skipif(_WHY_ABSENT is not None, reason=_WHY_ABSENT or "")
 
 
 def _spectral_centroid(wave: np.ndarray) -> float:

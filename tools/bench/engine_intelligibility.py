@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.speakers <= 1000:
         raise ConfigError(f"--speakers must be 1-1000, got {args.speakers}")
     from wakefl.models.kws_cnn.pretrained import pretrained_card, pretrained_path
-    from wakefl.tools.evaluation.model_scoring import TorchScorer
+    from wakefl.tools.evaluation.model_scoring import TorchScorer, score_windows
 
     scorer = TorchScorer(pretrained_path(args.model))
     threshold = float(pretrained_card(args.model)["threshold"])
@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.speakers):
         voice = draw_gnuspeech_voice(rng)
         windows = np.stack([_window(synthesize(voice, t), scorer.window_samples) for _, t in texts])
-        for (kind, _), score in zip(texts, scorer.score(windows), strict=True):
+        scores = score_windows(scorer, windows, progress=False)
+        for (kind, _), score in zip(texts, scores, strict=True):
             by_voice[voice.voice][kind].append(float(score))
             by_voice["all"][kind].append(float(score))
     print(

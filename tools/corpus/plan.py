@@ -279,13 +279,13 @@ PROFILES["pretrain-engines-micro"] = CorpusProfile(
     contents=_ALL_CONTENTS,
 )  # fmt: skip
 # An add-on of articulatory speech (tools/corpus/gnuspeech.py): 120 GnuSpeech speakers drawn
-# between its male, female and large_child voices (vocal-tract length, pitch, tempo), with
-# the engines add-on's mix of contents, and an unseen split of 40 speakers drawn around its
-# small_child voice, whose tract is shorter than any training speaker's. 15 minutes to
+# between its male, female and large_child voices (vocal-tract length, pitch, tempo), the
+# engines add-on's recipe with fewer speakers and clips, and an unseen split of 40 speakers
+# drawn around its small_child voice, whose tract is shorter than any training speaker's. 15 minutes to
 # build on 2 cores (365 MB).
-PROFILES["pretrain-gnuspeech"] = CorpusProfile(
-    "pretrain-gnuspeech", 120, 300, 100, 200, 0, 300.0, 8, 6, 32, "gnuspeech", 1, 0, 40, 200, 1,
-    contents=_ALL_CONTENTS,
+PROFILES["pretrain-gnuspeech"] = replace(
+    PROFILES["pretrain-engines"], name="pretrain-gnuspeech", voice_set="gnuspeech",
+    n_speakers=120, train_unit=300, unseen_speakers=40, unseen_test_clips=200,
 )  # fmt: skip
 PROFILES["pretrain-gnuspeech-micro"] = CorpusProfile(
     "pretrain-gnuspeech-micro", 6, 2, 3, 3, 0, 6.0, 2, 2, 2, "gnuspeech", 1, 0, 2, 3, 1,
