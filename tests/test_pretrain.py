@@ -16,13 +16,13 @@ from wakefl.edge_runtime.detection_rule import count_events, smoothed
 from wakefl.errors import ConfigError
 from wakefl.models.kws_cnn import load_model, weights_digest
 from wakefl.sdk.manifest import read_manifest
+from wakefl.tools.augmentation.wave_augment import AugmentBank, augment_window, fit_window
 from wakefl.tools.corpus.build import build_corpus
 from wakefl.tools.training.data import load_pretrain_data, make_batch
 from wakefl.tools.training.pretrain import distill_loss, pretrain
 from wakefl.tools.training.publish import publish, publish_blend, publish_soup, set_stream_threshold
 from wakefl.tools.training.settings import BEST, BEST_CARD, STATE_INFO, PretrainSettings, lr_at
 from wakefl.tools.training.validation import score_batches, threshold_for_fa
-from wakefl.tools.training.wave_augment import AugmentBank, augment_window, fit_window
 
 SETTINGS = PretrainSettings(
     width=0.25,
@@ -200,7 +200,7 @@ def test_field_augmentation_changes_some_windows_and_keeps_the_rest(corpus: Path
 
 
 def test_speech_backgrounds_change_some_windows_and_keep_the_rest(corpus: Path) -> None:
-    from wakefl.tools.training.speech_backgrounds import SpeechBackgrounds
+    from wakefl.tools.augmentation.speech_backgrounds import SpeechBackgrounds
 
     data = load_pretrain_data(corpus, 24000, 6.0, progress=False)
     plain, labels = make_batch(data, 7, SETTINGS)
@@ -556,7 +556,7 @@ def test_a_student_learns_its_teachers_scores_and_a_resume_keeps_the_teacher(
 def test_mel_warp_moves_a_formant_by_its_factor() -> None:
     import librosa
 
-    from wakefl.tools.training.mel_warp import hz_to_mel, source_positions, warp_log_mel
+    from wakefl.tools.augmentation.mel_warp import hz_to_mel, source_positions, warp_log_mel
 
     hz = np.array([0.0, 300.0, 999.0, 1000.0, 2500.0, 8000.0])
     assert np.allclose(hz_to_mel(hz), librosa.hz_to_mel(hz))  # the frontend's Slaney scale
@@ -575,7 +575,7 @@ def test_mel_warp_moves_a_formant_by_its_factor() -> None:
 
 
 def test_time_warp_stretches_one_side_and_compresses_the_other() -> None:
-    from wakefl.tools.training.time_warp import MAX_WARP, draw_warp, source_frames, warp_time
+    from wakefl.tools.augmentation.time_warp import MAX_WARP, draw_warp, source_frames, warp_time
 
     frames, last = 151, 150.0
     assert np.allclose(source_frames(frames, np.array([60.0]), np.array([60.0]))[0], np.arange(151))

@@ -1,4 +1,4 @@
-"""Speech backgrounds for training (tools/training/speech_backgrounds.py): made from the
+"""Speech backgrounds for training (tools/augmentation/speech_backgrounds.py): made from the
 negatives they are given and nothing else, deterministic per seed, and mixed at the SNR
 drawn."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from wakefl.tools.training.speech_backgrounds import SNR_DB, SpeechBackgrounds
+from wakefl.tools.augmentation.speech_backgrounds import SNR_DB, SpeechBackgrounds
 
 
 def _tones(freqs: list[float], n: int = 24000) -> np.ndarray:

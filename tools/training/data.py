@@ -197,7 +197,7 @@ def load_pretrain_data(
         val_clips, val_labels, val_streams = _validation_audio(
             manifest, val_manifest, window, cap, progress
         )
-    from wakefl.tools.training.wave_augment import AugmentBank
+    from wakefl.tools.augmentation.wave_augment import AugmentBank
 
     data = PretrainData(
         pos=arr[train & (labels == 1)],
@@ -242,7 +242,7 @@ def _draw(rng: np.random.Generator, n: int, groups: list[np.ndarray] | None) -> 
 
 def make_batch(data: PretrainData, step: int, s: PretrainSettings) -> tuple[np.ndarray, np.ndarray]:
     """The augmented batch of training step `step`: a pure function of (seed, step)."""
-    from wakefl.tools.training.wave_augment import augment_window
+    from wakefl.tools.augmentation.wave_augment import augment_window
 
     rng = np.random.default_rng([s.seed, 77, step])
     n_pos = max(1, int(round(s.batch_size * s.positive_share)))

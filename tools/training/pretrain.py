@@ -5,11 +5,11 @@ its data and batches (tools/training/data.py), validation (tools/training/valida
 
 Every batch is drawn fresh: a third wake-phrase clips, the rest negatives (clips of confusable
 phrases, other speech and background, and random 1.5 s cuts of the training streams), each
-augmented on the fly (tools/training/wave_augment.py) and with SpecAugment-style masks on the log-mel
+augmented on the fly (tools/augmentation/wave_augment.py) and with SpecAugment-style masks on the log-mel
 input. The learning rate warms up linearly, then follows a cosine to 5%. Three options target
 what the benchmark still misses: `mel_warp` scales each example's spectrum like another
-vocal tract (tools/training/mel_warp.py: voices of engines training never heard), `time_warp`
-stretches one part of each example and compresses the other (tools/training/time_warp.py: another
+vocal tract (tools/augmentation/mel_warp.py: voices of engines training never heard), `time_warp`
+stretches one part of each example and compresses the other (tools/augmentation/time_warp.py: another
 speaker's timing), and `hard_negative_share` draws part of the negatives from a pool of the
 training negatives the model currently scores highest (tools/training/hard_negatives.py: the false
 accepts that set the threshold).
@@ -104,14 +104,14 @@ def augmented_log_mel(
     if mel_warp > 0:
         import torch
 
-        from wakefl.tools.training.mel_warp import warp_log_mel
+        from wakefl.tools.augmentation.mel_warp import warp_log_mel
 
         cfg = model.cfg
         u = torch.rand(x.shape[0], generator=generator).numpy()
         f_max = cfg.f_max if cfg.f_max is not None else cfg.sample_rate / 2.0
         x = warp_log_mel(x, 1.0 + mel_warp * (2.0 * u - 1.0), cfg.f_min, f_max)
     if time_warp > 0:
-        from wakefl.tools.training.time_warp import draw_warp, warp_time
+        from wakefl.tools.augmentation.time_warp import draw_warp, warp_time
 
         x = warp_time(x, *draw_warp(x.shape[0], x.shape[2], time_warp, generator))
     if masks:
@@ -477,7 +477,7 @@ def _load_data(
         manifest, window, s.val_stream_seconds, progress, s.seed, extra, val, rooms
     )
     if s.speech_backgrounds > 0:
-        from wakefl.tools.training.speech_backgrounds import SpeechBackgrounds
+        from wakefl.tools.augmentation.speech_backgrounds import SpeechBackgrounds
 
         data.speech = SpeechBackgrounds.make(data.neg, s.seed)
     return data

@@ -9,7 +9,7 @@ import math
 from dataclasses import dataclass
 
 from wakefl.errors import ConfigError
-from wakefl.tools.training.time_warp import MAX_WARP
+from wakefl.tools.augmentation.time_warp import MAX_WARP
 
 STATE_WEIGHTS = "state.safetensors"
 STATE_INFO = "state.json"
@@ -39,11 +39,11 @@ class PretrainSettings:
     stream_crop_share: float = 0.4  # of the negatives in a batch
     spec_masks: bool = True
     # Vocal-tract-length perturbation: each example's spectrum scaled by a factor drawn
-    # from [1 - mel_warp, 1 + mel_warp] (tools/training/mel_warp.py); 0 = off.
+    # from [1 - mel_warp, 1 + mel_warp] (tools/augmentation/mel_warp.py); 0 = off.
     mel_warp: float = 0.0
     # Each example's time axis split at a random anchor that moves, so one side is stretched
     # and the other compressed; the side nearer the edge by a factor in [1 - time_warp,
-    # 1 + time_warp] (tools/training/time_warp.py); 0 = off.
+    # 1 + time_warp] (tools/augmentation/time_warp.py); 0 = off.
     time_warp: float = 0.0
     # Share of the negatives drawn from the mined pool of high-scoring negatives
     # (tools/training/hard_negatives.py); 0 = off. The pool is renewed every `mine_every_steps`.
@@ -67,7 +67,7 @@ class PretrainSettings:
     field_augment: float = 0.0
     # Share of the training windows with other people talking under them (babble or one
     # voice, at -3 to 15 dB SNR, cut from the training negatives:
-    # tools/training/speech_backgrounds.py); 0 = off.
+    # tools/augmentation/speech_backgrounds.py); 0 = off.
     speech_backgrounds: float = 0.0
     # A manifest whose validation split (clips and streams) picks the best checkpoint
     # instead of the training corpus's, e.g. a `pretrain-acoustics` build: held-out acoustics

@@ -1,7 +1,7 @@
 """Reading a log-mel spectrogram at fractional positions along one axis.
 
-The spectrum warp (tools/training/mel_warp.py) reads each band at a fractional band, and the time
-warp (tools/training/time_warp.py) reads each frame at a fractional frame; both interpolate
+The spectrum warp (tools/augmentation/mel_warp.py) reads each band at a fractional band, and the time
+warp (tools/augmentation/time_warp.py) reads each frame at a fractional frame; both interpolate
 linearly between the two neighbours, here.
 """
 

@@ -6,7 +6,7 @@ ratios: the step-13 full model scores espeak-ng's and festival HTS's dry "hey no
 and 0.087-0.098 with "hey" compressed to 0.6 of its length (tools/evaluation/probe_timing.py). A warp
 around a random point seldom compresses "hey" alone; the `pretrain-timing` corpus profile
 re-times it directly (tools/CORPUS.md).
-Tape-speed augmentation (tools/training/wave_augment.py) changes the whole utterance's tempo at once
+Tape-speed augmentation (tools/augmentation/wave_augment.py) changes the whole utterance's tempo at once
 and leaves those ratios alone.
 
 The warp is SpecAugment's: each example's frames are split at an anchor, and the anchor is
@@ -66,7 +66,7 @@ def warp_time(feats: Any, anchor: np.ndarray, moved: np.ndarray) -> Any:
     input frame anchor[i] lands on output frame moved[i] (linear interpolation)."""
     import torch
 
-    from wakefl.tools.training.spectrogram_interp import interpolate_at
+    from wakefl.tools.augmentation.spectrogram_interp import interpolate_at
 
     pos = torch.as_tensor(
         source_frames(feats.shape[2], anchor, moved), dtype=feats.dtype, device=feats.device

@@ -4,7 +4,7 @@ A speaker with a shorter or longer vocal tract has the same formant pattern scal
 frequency. Scaling each example's spectrum by a random factor alpha (a formant at f moves to
 alpha * f) lets a model trained on a few speech engines hear more of the voices it has never
 met. Tape-speed augmentation also scales the formants, but only together with the tempo and
-over a one-sided range (tools/training/wave_augment.py); this warp is independent of both.
+over a one-sided range (tools/augmentation/wave_augment.py); this warp is independent of both.
 
 The warp acts on the frontend's output: the value of mel band i after the warp is the value
 the unwarped spectrogram has at frequency centre_i / alpha, interpolated between bands on the
@@ -55,7 +55,7 @@ def warp_log_mel(feats, alpha, f_min: float, f_max: float):
     alpha [B] (linear interpolation between bands)."""
     import torch
 
-    from wakefl.tools.training.spectrogram_interp import interpolate_at
+    from wakefl.tools.augmentation.spectrogram_interp import interpolate_at
 
     pos = torch.as_tensor(
         source_positions(feats.shape[1], f_min, f_max, np.asarray(alpha)),
