@@ -12,8 +12,19 @@ from wakefl.errors import ConfigError
 
 ARCHITECTURE = "kws_cnn"
 # Bump when the layer layout changes: old checkpoints then no longer describe the model.
+# Version 2 adds the choices below (normalization, time pooling, gain normalization, the
+# first pool's time stride); a version-1 file names none of them and means their first
+# values, which are the dataclass defaults, so every version-1 file still loads as it was.
 ARCH_VERSION = 1
-SUPPORTED_VERSIONS = (1,)
+SUPPORTED_VERSIONS = (1, 2)
+NORMS = ("group", "frame")  # GroupNorm over the whole window, or per frame
+TIME_POOLS = ("mean", "lse", "max")  # features averaged, or frame decisions pooled
+GAIN_NORMS = ("none", "pcen")  # log-mel as is, or per-channel energy normalization
+# What the model trained for speech around the phrase uses (models/kws_cnn/model.py).
+CONTEXT_ROBUST = {"norm": "frame", "time_pool": "lse", "gain_norm": "pcen", "first_time_pool": 2}
+
+
+V1_CHOICES = {"norm": "group", "time_pool": "mean", "gain_norm": "none", "first_time_pool": 3}
 
 
 @dataclass(frozen=True)
@@ -31,6 +42,10 @@ class ModelConfig:
     f_max: float | None = None
     n_classes: int = 2
     version: int = ARCH_VERSION
+    norm: str = "group"
+    time_pool: str = "mean"
+    gain_norm: str = "none"
+    first_time_pool: int = 3  # the first pooling layer's time kernel (3: 30 ms frames)
 
     def __post_init__(self) -> None:
         if not (0.0 < self.width <= 4.0):
@@ -47,6 +62,30 @@ class ModelConfig:
             raise ConfigError(
                 f"unknown model version {self.version}; this build supports {SUPPORTED_VERSIONS}"
             )
+        self._check_choices()
+
+    def _check_choices(self) -> None:
+        for name, allowed in (
+            ("norm", NORMS),
+            ("time_pool", TIME_POOLS),
+            ("gain_norm", GAIN_NORMS),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"{name} must be one of {', '.join(allowed)}")
+        if self.first_time_pool not in (2, 3):
+            raise ConfigError(f"first_time_pool must be 2 or 3, got {self.first_time_pool}")
+        if self.version == 1 and self.architecture_choices() != V1_CHOICES:
+            raise ConfigError("a version-1 model has GroupNorm, mean pooling and log-mel only")
+
+    def architecture_choices(self) -> dict[str, Any]:
+        """The version-2 choices of this model (norm, time pooling, gain, first pool)."""
+        return {k: getattr(self, k) for k in V1_CHOICES}
+
+    @classmethod
+    def context_robust(cls, **kw: Any) -> ModelConfig:
+        """A version-2 config with the choices that keep a phrase's score its own when
+        other speech shares the window (per-frame norm, pooled frame decisions, PCEN)."""
+        return cls(**{"version": 2, **CONTEXT_ROBUST, **kw})
 
     @property
     def window_samples(self) -> int:
@@ -66,7 +105,11 @@ class ModelConfig:
         return 1 + self.window_samples // self.hop_length
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if self.version == 1:  # version-1 files stay byte-for-byte what they were
+            for k in V1_CHOICES:
+                d.pop(k)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:

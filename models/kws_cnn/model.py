@@ -1,10 +1,25 @@
 """The wake-word CNN: log-mel frontend, 7 convolution + 4 pooling layers (11 in total),
-global average pooling and a small classification head. GroupNorm rather than BatchNorm:
+pooling over the map and a small classification head. GroupNorm rather than BatchNorm:
 there are no running statistics, so the trainable parameters are the model's whole state
-and a flat parameter vector describes it completely (what federated averaging needs)."""
+and a flat parameter vector describes it completely (what federated averaging needs).
+
+Version 1 (every model shipped so far) normalizes each convolution's output with
+statistics over the whole 1.5 s window and averages the last map over time, so loud
+speech half a second from the phrase rescales the phrase's features and outvotes its
+frames. Version 2 (`ModelConfig.context_robust()`) keeps a phrase's score its own:
+- GroupNorm per frame (`FrameGroupNorm`): each frame's statistics over its channels and
+  frequencies, so nothing outside a frame's receptive field changes it;
+- the head scores every frame of the last map, and the window's score is a log-mean-exp
+  of those frame scores (a soft maximum): the frames that hold the phrase decide;
+- PCEN on the log-mel (gain_norm.py): a gain that changes over time is divided out;
+- a first pool of 2 frames instead of 3, so a last-map frame sees about 1.0 s (102
+  frames) rather than the whole window, with a frame every 160 ms.
+Every choice keeps the parameter shapes, so a version-1 checkpoint initializes a
+version-2 model (`--init-from`) and the federation's vector is the same length."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -13,6 +28,7 @@ from torch import nn
 from .config import ModelConfig
 from .flat_params import head_slice
 from .frontend import LogMelFrontend
+from .gain_norm import Pcen
 
 # ("conv", channels at width 1.0) or ("pool", (freq, time) kernel). Channels grow as the
 # map shrinks, so most parameters sit where the feature map is small and cheap to run.
@@ -38,6 +54,30 @@ def scaled_channels(base: int, width: float) -> int:
     return max(GROUPS, int(round(base * width / GROUPS)) * GROUPS)
 
 
+class FrameGroupNorm(nn.GroupNorm):
+    """GroupNorm with each time frame normalized on its own: statistics over a group's
+    channels and the frame's frequencies, [B, C, F, T]. The same parameters as GroupNorm
+    (a per-channel scale and shift), so the two load each other's weights."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, c, f, t = x.shape
+        frames = x.permute(0, 3, 1, 2).reshape(b * t, c, f)
+        y = nn.functional.group_norm(frames, self.num_groups, self.weight, self.bias, self.eps)
+        return y.reshape(b, t, c, f).permute(0, 2, 3, 1)
+
+
+def pooled_frame_logits(frame_logits: torch.Tensor, how: str) -> torch.Tensor:
+    """[B, T, 2] per-frame logits -> [B, 2] window logits whose softmax is the sigmoid of
+    the pooled wake log-odds: log-mean-exp ("lse", a soft maximum) or the maximum."""
+    odds = frame_logits[..., 1] - frame_logits[..., 0]
+    if how == "max":
+        pooled = odds.amax(dim=1)
+    else:
+        pooled = torch.logsumexp(odds, dim=1) - math.log(odds.shape[1])
+    half = 0.5 * pooled
+    return torch.stack([-half, half], dim=1)
+
+
 class KwsCnn(nn.Module):
     """wave [B, T] float32 -> logits [B, 2]; class 1 is the wake word."""
 
@@ -45,21 +85,25 @@ class KwsCnn(nn.Module):
         super().__init__()
         self.cfg = cfg if cfg is not None else ModelConfig()
         self.frontend = LogMelFrontend(self.cfg)
+        self.gain_norm = Pcen(self.cfg.n_frames) if self.cfg.gain_norm == "pcen" else None
+        norm = FrameGroupNorm if self.cfg.norm == "frame" else nn.GroupNorm
         layers: list[nn.Module] = []
         cin = 1
-        for kind, arg in LAYOUT:
+        for i, (kind, arg) in enumerate(LAYOUT):
             if kind == "conv":
                 assert isinstance(arg, int)
                 cout = scaled_channels(arg, self.cfg.width)
                 # No conv bias: GroupNorm's shift makes it redundant.
                 layers += [
                     nn.Conv2d(cin, cout, 3, padding=1, bias=False),
-                    nn.GroupNorm(GROUPS, cout),
+                    norm(GROUPS, cout),
                     nn.ReLU(inplace=True),
                 ]
                 cin = cout
             else:
-                layers.append(nn.MaxPool2d(arg))
+                assert isinstance(arg, tuple)
+                first = i == 1  # the first pool sets the last map's frame rate
+                layers.append(nn.MaxPool2d((arg[0], self.cfg.first_time_pool) if first else arg))
         self.features = nn.Sequential(*layers)
         # Registered last so the head's parameters come last in `parameters()` order.
         self.head = nn.Sequential(
@@ -74,9 +118,18 @@ class KwsCnn(nn.Module):
 
     def classify(self, log_mel: torch.Tensor) -> torch.Tensor:
         """log-mel [B, n_mels, frames] -> logits [B, 2]: the model after its frontend."""
+        if self.gain_norm is not None:
+            log_mel = self.gain_norm(log_mel)
         x = self.features(log_mel.unsqueeze(1))
-        x = x.mean(dim=(2, 3))
-        return self.head(x)
+        if self.cfg.time_pool == "mean":
+            return self.head(x.mean(dim=(2, 3)))
+        return pooled_frame_logits(self.frame_logits(x), self.cfg.time_pool)
+
+    def frame_logits(self, feature_map: torch.Tensor) -> torch.Tensor:
+        """The head on each frame of the last map [B, C, F, T] (averaged over frequency):
+        [B, T, 2]."""
+        frames = feature_map.mean(dim=2).transpose(1, 2)
+        return self.head[1:](frames)
 
     def predict_proba(self, wave: torch.Tensor) -> torch.Tensor:
         """Probability of the wake word, [B]."""
