@@ -223,6 +223,39 @@ def _add_pretrain_augment_options(pre: argparse.ArgumentParser) -> None:
     )
     pre.add_argument("--mine-every", type=int, default=1500, metavar="STEPS")
     pre.add_argument(
+        "--arch",
+        default="v1",
+        metavar="ARCH",
+        help="v1 (the shipped models' layout) or v2 (per-frame norm, pooled frame decisions, "
+        "PCEN: the phrase keeps its score beside other speech); v2,KEY=VALUE,... overrides "
+        "one of its choices (norm, time_pool, gain_norm, first_time_pool) for an ablation",
+    )
+    pre.add_argument(
+        "--window-cache",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="train over windows rendered once into DIR (log-mel, with this run's "
+        "augmentation), rendering --cache-windows of them first where DIR lacks them",
+    )
+    pre.add_argument("--cache-windows", type=int, default=0, metavar="N")
+    pre.add_argument(
+        "--context-speech",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="share of training windows, phrases and negatives alike, with speech beside or "
+        "under them: the same speaker going on in one breath, other talkers or babble "
+        "outside the foreground or over it, -5 to 15 dB (default 0)",
+    )
+    pre.add_argument(
+        "--field-preset",
+        choices=("default", "context"),
+        default="default",
+        help="with --field-augment: the stages' probabilities (context: AGC in half, noise "
+        "suppression in a quarter, link, clipping and converters rarely)",
+    )
+    pre.add_argument(
         "--distill-from",
         type=Path,
         default=None,

@@ -261,6 +261,12 @@ PROFILES["pretrain-carrier"] = _addon(
     "pretrain", "pretrain-carrier", train_unit=300, val_clips=100, test_clips=200,
     contents=("pos_run", "conf_run"), draw_offset=70,
 )  # fmt: skip
+# The same for the compact corpus (build it with that corpus's seed and phrase): what the
+# ablations of the model for speech around the phrase train and choose on.
+PROFILES["pretrain-compact-carrier"] = _addon(
+    "pretrain-compact", "pretrain-compact-carrier", train_unit=150, val_clips=60, test_clips=120,
+    contents=("pos_run", "conf_run"), draw_offset=70,
+)  # fmt: skip
 PROFILES["pretrain-carrier-micro"] = _addon(
     "pretrain-micro", "pretrain-carrier-micro", train_unit=4, val_clips=6, test_clips=6,
     contents=("pos_run", "conf_run"), draw_offset=70,

@@ -56,6 +56,11 @@ class PretrainData:
     # Talkers and babble cut from the training negatives (speech_backgrounds.py), made
     # once when the run asks for them.
     speech: Any = None
+    # The speaker of each training clip (in `pos`, `neg` order; "" when unknown), and each
+    # speaker's negatives: the same voice going on, for the context-speech stage.
+    pos_speakers: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=object))
+    neg_speakers: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=object))
+    neg_by_speaker: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def window(self) -> int:
@@ -135,6 +140,16 @@ def _set_groups(data: PretrainData, rows: Sequence[tuple[Any, Path]]) -> None:
         mine = [(r, m) for r, m in rows if r.label == label]
         out["device_type"] = _groups([r.device_type for r, _ in mine])
         out["engine"] = _groups([families[m].get(r.speaker, "").split(":")[0] for r, m in mine])
+    # Speakers are named per corpus: an add-on's "spk3" is not the main corpus's.
+    who = [f"{m.parent.name}/{r.speaker}" if r.speaker else "" for r, m in rows]
+    labels = np.array([r.label for r, _ in rows])
+    data.pos_speakers = np.array([w for w, y in zip(who, labels, strict=True) if y == 1], object)
+    data.neg_speakers = np.array([w for w, y in zip(who, labels, strict=True) if y == 0], object)
+    data.neg_by_speaker = {
+        name: np.flatnonzero(data.neg_speakers == name)
+        for name in set(data.neg_speakers.tolist())
+        if name
+    }
 
 
 def _validation_audio(
@@ -240,39 +255,81 @@ def _draw(rng: np.random.Generator, n: int, groups: list[np.ndarray] | None) -> 
     return int(group[int(rng.integers(group.size))])
 
 
+@dataclass(frozen=True)
+class _BatchPlan:
+    """How many of a batch's windows are phrases, mined negatives and stream cuts."""
+
+    n_pos: int
+    n_hard: int
+    n_cut: int
+
+
+def _plan(data: PretrainData, s: PretrainSettings) -> _BatchPlan:
+    n_pos = max(1, int(round(s.batch_size * s.positive_share)))
+    n_neg = s.batch_size - n_pos
+    pool = data.hard is not None and len(data.hard) > 0
+    n_hard = int(round(n_neg * s.hard_negative_share)) if pool else 0
+    n_cut = int(round((n_neg - n_hard) * s.stream_crop_share)) if data.train_streams else 0
+    return _BatchPlan(n_pos, n_hard, n_cut)
+
+
+def _source(
+    data: PretrainData, i: int, plan: _BatchPlan, rng: np.random.Generator, balance_by: str
+) -> tuple[np.ndarray, str]:
+    """The `i`-th window's clip before augmentation, and its speaker ("" when unknown)."""
+    if i < plan.n_pos:
+        k = _draw(rng, len(data.pos), data.pos_groups.get(balance_by))
+        return data.pos[k], _speaker(data.pos_speakers, k)
+    if data.hard is not None and i < plan.n_pos + plan.n_hard:
+        return data.hard[int(rng.integers(len(data.hard)))], ""
+    if i < plan.n_pos + plan.n_hard + plan.n_cut:
+        stream = data.train_streams[int(rng.integers(len(data.train_streams)))]
+        start = int(rng.integers(0, stream.size - data.window + 1))
+        return stream[start : start + data.window], ""
+    k = _draw(rng, len(data.neg), data.neg_groups.get(balance_by))
+    return data.neg[k], _speaker(data.neg_speakers, k)
+
+
+def _speaker(names: np.ndarray, k: int) -> str:
+    return str(names[k]) if k < len(names) else ""
+
+
+def context_speech(data: PretrainData, speaker: str) -> Any:
+    """The context-speech stage for a window of `speaker` (context_speech.py): that
+    speaker's other negatives, and the run's talkers and babble."""
+    from wakefl.tools.augmentation.context_speech import ContextSpeech
+
+    mine = data.neg_by_speaker.get(speaker, np.zeros(0, dtype=np.int64))
+
+    def same_speaker(rng: np.random.Generator) -> np.ndarray | None:
+        return data.neg[int(mine[int(rng.integers(mine.size))])] if mine.size else None
+
+    return ContextSpeech(same_speaker, data.speech.draw)
+
+
 def make_batch(data: PretrainData, step: int, s: PretrainSettings) -> tuple[np.ndarray, np.ndarray]:
     """The augmented batch of training step `step`: a pure function of (seed, step)."""
+    from wakefl.tools.augmentation.context_speech import snr_floor
     from wakefl.tools.augmentation.wave_augment import augment_window
 
     rng = np.random.default_rng([s.seed, 77, step])
-    n_pos = max(1, int(round(s.batch_size * s.positive_share)))
-    n_neg = s.batch_size - n_pos
-    pool = data.hard if data.hard is not None and len(data.hard) else None
-    n_hard = int(round(n_neg * s.hard_negative_share)) if pool is not None else 0
-    n_cut = int(round((n_neg - n_hard) * s.stream_crop_share)) if data.train_streams else 0
+    plan = _plan(data, s)
     out = np.empty((s.batch_size, data.window), np.float32)
     labels = np.zeros(s.batch_size, np.int64)
-    labels[:n_pos] = 1
-    pos_groups, neg_groups = data.pos_groups.get(s.balance_by), data.neg_groups.get(s.balance_by)
+    labels[: plan.n_pos] = 1
     for i in range(s.batch_size):
-        if i < n_pos:
-            src = data.pos[_draw(rng, len(data.pos), pos_groups)]
-        elif pool is not None and i < n_pos + n_hard:
-            src = pool[int(rng.integers(len(pool)))]
-        elif i < n_pos + n_hard + n_cut:
-            stream = data.train_streams[int(rng.integers(len(data.train_streams)))]
-            start = int(rng.integers(0, stream.size - data.window + 1))
-            src = stream[start : start + data.window]
-        else:
-            src = data.neg[_draw(rng, len(data.neg), neg_groups)]
+        src, speaker = _source(data, i, plan, rng, s.balance_by)
         out[i] = augment_window(src, int(labels[i]), rng, data.bank)
         # Each drawn only when asked for, so runs without them keep their batches.
+        if s.context_speech > 0 and rng.random() < s.context_speech:
+            floor = snr_floor(step / s.total_steps)
+            out[i] = np.clip(context_speech(data, speaker).apply(out[i], rng, floor), -1, 1)
         if s.speech_backgrounds > 0 and rng.random() < s.speech_backgrounds:
             out[i] = np.clip(data.speech.mix(out[i], rng), -1.0, 1.0)
         if s.field_augment > 0 and rng.random() < s.field_augment:
             from wakefl.tools.acoustics.field_acoustics import field_augment
 
-            out[i] = field_augment(out[i], rng, data.field_rirs)
+            out[i] = field_augment(out[i], rng, data.field_rirs, s.field_settings())
     return out, labels
 
 

@@ -59,11 +59,15 @@ if TYPE_CHECKING:
     from wakefl.models.kws_cnn import KwsCnn
 
 
+KEPT = ("width", "phrase", "seed", "batch_size")  # what --resume must not change
+
+
 def _settings_match(saved: dict[str, Any], s: PretrainSettings) -> None:
-    for key in ("width", "phrase", "seed", "batch_size"):
-        if saved.get(key) != getattr(s, key):
+    # Runs from before `arch` existed were version 1.
+    for key, made in (*((k, saved.get(k)) for k in KEPT), ("arch", saved.get("arch", "v1"))):
+        if made != getattr(s, key):
             raise ConfigError(
-                f"--resume: the checkpoint was made with {key}={saved.get(key)!r}, "
+                f"--resume: the checkpoint was made with {key}={made!r}, "
                 f"this run asks for {getattr(s, key)!r}"
             )
 
@@ -100,7 +104,8 @@ def augmented_log_mel(
     """The model's log-mel input of `wave`, warped in frequency and time and masked. Each
     draws from `generator` only when it is on, so a run without the time warp is the run
     it was before that option existed."""
-    x = model.frontend(wave)
+    # A window cache holds log-mel already (window_cache.py).
+    x = model.frontend(wave) if wave.dim() == 2 else wave
     if mel_warp > 0:
         import torch
 
@@ -165,8 +170,11 @@ def _start_weights(start: Any, model: Any, init_from: Path, s: PretrainSettings)
 
     from wakefl.models.kws_cnn.widen import widen
 
-    if dataclasses.replace(start.cfg, width=model.cfg.width) != model.cfg:
-        raise ConfigError(f"--init-from {init_from}: its frontend or version differs")
+    # A version-1 model starts a version-2 run: the parameters have the same shapes, and
+    # only the frontend's settings must agree.
+    same_choices = {**model.cfg.architecture_choices(), "version": model.cfg.version}
+    if dataclasses.replace(start.cfg, width=model.cfg.width, **same_choices) != model.cfg:
+        raise ConfigError(f"--init-from {init_from}: its frontend differs")
     if start.cfg.width > model.cfg.width:
         raise ConfigError(
             f"--init-from {init_from}: width {start.cfg.width} is wider than the run's {s.width}"
@@ -290,10 +298,10 @@ def seeded_model(s: PretrainSettings) -> tuple[KwsCnn, torch.optim.AdamW]:
     """The model of `s.width` seeded by `s.seed` on `s.device`, and its AdamW optimizer."""
     import torch
 
-    from wakefl.models.kws_cnn import KwsCnn, ModelConfig
+    from wakefl.models.kws_cnn import KwsCnn
 
     torch.manual_seed(s.seed)
-    model = KwsCnn(ModelConfig(width=s.width)).to(s.device)
+    model = KwsCnn(s.model_config()).to(s.device)
     opt = torch.optim.AdamW(model.parameters(), lr=s.lr, weight_decay=s.weight_decay)
     return model, opt
 
@@ -353,6 +361,7 @@ class _Run:
     max_steps: int | None
     running: float | None = None
     teacher: KwsCnn | None = None  # the frozen teacher model when distilling
+    cache: Any = None  # window_cache.WindowCache when the run trains over one
 
 
 def _mine_pool(run: _Run, step: int) -> None:
@@ -426,9 +435,12 @@ def _train_segment(run: _Run, first: int, end: int) -> tuple[int, bool]:
     or out of time in this call)."""
     s, info = run.s, run.info
     step = first
-    for step, (x, y) in enumerate(
-        batch_stream(run.data, first, s, workers=s.workers, end_step=end), start=first
-    ):
+    batches = (
+        (run.cache.batch(k, s) for k in range(first, min(end, s.total_steps)))
+        if run.cache is not None
+        else batch_stream(run.data, first, s, workers=s.workers, end_step=end)
+    )
+    for step, (x, y) in enumerate(batches, start=first):
         loss = train_step(run.model, run.opt, x, y, step, run.gen, s, run.teacher)
         run.running = loss if run.running is None else 0.98 * run.running + 0.02 * loss
         info["step"] = step + 1
@@ -476,11 +488,34 @@ def _load_data(
     data = load_pretrain_data(
         manifest, window, s.val_stream_seconds, progress, s.seed, extra, val, rooms
     )
-    if s.speech_backgrounds > 0:
+    if s.speech_backgrounds > 0 or s.context_speech > 0:
         from wakefl.tools.augmentation.speech_backgrounds import SpeechBackgrounds
 
         data.speech = SpeechBackgrounds.make(data.neg, s.seed)
     return data
+
+
+def _window_cache(run: _Run, manifest: Path, extra: list[Path], progress: bool) -> Any:
+    """The run's window cache, rendered first where it lacks chunks."""
+    import copy
+
+    from wakefl.tools.training.window_cache import (
+        WindowCache,
+        render_settings,
+        render_window_cache,
+    )
+
+    s = run.s
+    frontend = copy.deepcopy(run.model.frontend).cpu().float().eval()
+    cfg = {k: v for k, v in run.model.cfg.to_dict().items() if k in FRONTEND_KEYS}
+    meta = render_settings(s, manifest, extra, cfg)
+    folder = Path(s.window_cache)
+    render_window_cache(folder, run.data, s, frontend, meta, s.cache_windows, progress)
+    return WindowCache.load(folder)
+
+
+# The model settings a cached window depends on (its log-mel frontend).
+FRONTEND_KEYS = ("sample_rate", "window_s", "n_mels", "win_ms", "hop_ms", "n_fft", "f_min", "f_max")
 
 
 def pretrain(
@@ -525,6 +560,8 @@ def pretrain(
         max_steps=max_steps,
         teacher=teacher,
     )
+    if s.window_cache:
+        run.cache = _window_cache(run, manifest, list(extra), progress)
     if s.hard_negative_share > 0 and info.get("hard_pool"):
         _restore_pool(run)
     model.train()

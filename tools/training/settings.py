@@ -9,6 +9,8 @@ import math
 from dataclasses import dataclass
 
 from wakefl.errors import ConfigError
+from wakefl.models.kws_cnn.config import V1_CHOICES, ModelConfig
+from wakefl.tools.acoustics.field_acoustics import FieldAugmentSettings
 from wakefl.tools.augmentation.time_warp import MAX_WARP
 
 STATE_WEIGHTS = "state.safetensors"
@@ -69,6 +71,24 @@ class PretrainSettings:
     # voice, at -3 to 15 dB SNR, cut from the training negatives:
     # tools/augmentation/speech_backgrounds.py); 0 = off.
     speech_backgrounds: float = 0.0
+    # Share of the training windows, positives and negatives alike, with speech beside or
+    # under their foreground (tools/augmentation/context_speech.py): the same speaker going
+    # on in one breath, or other talkers and babble outside the foreground or over it, at
+    # an active-speech ratio whose floor comes down from 5 to -5 dB over the first half of
+    # the run; 0 = off.
+    context_speech: float = 0.0
+    # The field stages' probabilities: "default" (FieldAugmentSettings()) or "context":
+    # AGC in half of the windows it touches and noise suppression in a quarter, the
+    # narrowband link, clipping and coarse converters rarely (they cost CPU and the held-out
+    # figures barely move with them).
+    field_preset: str = "default"
+    # The model: "v1" (every shipped model) or "v2" (ModelConfig.context_robust), with
+    # optional overrides of its choices, e.g. "v2,gain_norm=none" (an ablation).
+    arch: str = "v1"
+    # A folder of rendered windows (tools/training/window_cache.py) to train over instead
+    # of augmenting each batch anew; the first run that names it renders `cache_windows`.
+    window_cache: str = ""
+    cache_windows: int = 0
     # A manifest whose validation split (clips and streams) picks the best checkpoint
     # instead of the training corpus's, e.g. a `pretrain-acoustics` build: held-out acoustics
     # that training never simulates. "" = the training corpus's validation split.
@@ -89,6 +109,38 @@ class PretrainSettings:
     @property
     def total_steps(self) -> int:
         return max(1, math.ceil(self.samples / self.batch_size))
+
+    def field_settings(self) -> FieldAugmentSettings:
+        return FIELD_PRESETS[self.field_preset]
+
+    def model_config(self) -> ModelConfig:
+        """The run's model configuration, from `arch` and `width`."""
+        return model_config(self.arch, self.width)
+
+
+FIELD_PRESETS = {
+    "default": FieldAugmentSettings(),
+    "context": FieldAugmentSettings(
+        agc_prob=0.5, suppress_prob=0.25, link_prob=0.05, clip_prob=0.05, bits_prob=0.03
+    ),
+}
+
+
+def model_config(arch: str, width: float) -> ModelConfig:
+    """ "v1", "v2" or "v2,KEY=VALUE,..." (norm, time_pool, gain_norm, first_time_pool) as a
+    ModelConfig of `width`; ConfigError for anything else."""
+    name, *overrides = [part.strip() for part in arch.split(",")]
+    if name not in ("v1", "v2") or (name == "v1" and overrides):
+        raise ConfigError(f"--arch must be v1, v2 or v2,KEY=VALUE,..., got {arch!r}")
+    if name == "v1":
+        return ModelConfig(width=width)
+    choices: dict[str, object] = {}
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if key not in V1_CHOICES or not value:
+            raise ConfigError(f"--arch: {item!r} is not KEY=VALUE with KEY in {sorted(V1_CHOICES)}")
+        choices[key] = int(value) if key == "first_time_pool" and value.isdigit() else value
+    return ModelConfig.context_robust(width=width, **choices)
 
 
 def lr_at(step: int, s: PretrainSettings) -> float:
@@ -145,6 +197,7 @@ def _check_augmentation(args: argparse.Namespace) -> None:
     for flag, share in (
         ("--field-augment", args.field_augment),
         ("--speech-backgrounds", args.speech_backgrounds),
+        ("--context-speech", args.context_speech),
     ):
         if not 0.0 <= share <= 1.0:
             raise ConfigError(f"{flag} must be in [0, 1], got {share}")
@@ -161,6 +214,12 @@ def settings_from_flags(args: argparse.Namespace) -> PretrainSettings:
     if args.val_corpus is not None and not args.val_corpus.is_file():
         raise ConfigError(f"--val-corpus {args.val_corpus}: no such manifest")
     teacher, distill_weight, distill_temperature = distillation_from_flags(args)
+    model_config(args.arch, args.width)  # refused here, before any data is decoded
+    if args.window_cache is not None and (args.hard_negatives > 0 or args.cache_windows < 1):
+        raise ConfigError(
+            "--window-cache needs --cache-windows N >= 1 and no --hard-negatives (mining "
+            "scores raw windows)"
+        )
     if not 0 <= args.workers <= 64:
         raise ConfigError(f"--workers must be in [0, 64], got {args.workers}")
     if args.device == "cuda":
@@ -191,5 +250,10 @@ def settings_from_flags(args: argparse.Namespace) -> PretrainSettings:
         mine_every_steps=args.mine_every,
         field_augment=args.field_augment,
         speech_backgrounds=args.speech_backgrounds,
+        context_speech=args.context_speech,
+        field_preset=args.field_preset,
+        arch=args.arch,
+        window_cache=str(args.window_cache) if args.window_cache is not None else "",
+        cache_windows=args.cache_windows,
         val_corpus=str(args.val_corpus.resolve()) if args.val_corpus is not None else "",
     )

@@ -1,0 +1,109 @@
+"""Training for speech around the phrase: the version-2 model from a version-1 start, the
+context-speech stage in the batches, and the window cache that renders augmented windows
+once for every run that shares them."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from wakefl.errors import ConfigError
+from wakefl.models.kws_cnn import KwsCnn, ModelConfig, load_model, save_model
+from wakefl.tools.corpus.build import build_corpus
+from wakefl.tools.training.data import load_pretrain_data, make_batch
+from wakefl.tools.training.pretrain import pretrain
+from wakefl.tools.training.settings import BEST, STATE_WEIGHTS, PretrainSettings, model_config
+from wakefl.tools.training.window_cache import WindowCache
+
+pytestmark = pytest.mark.slow
+
+SETTINGS = PretrainSettings(
+    width=0.25,
+    samples=16 * 4,
+    batch_size=16,
+    eval_every_steps=2,
+    warmup_steps=1,
+    threads=1,
+    val_stream_seconds=6.0,
+    workers=0,
+)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return build_corpus(
+        tmp_path_factory.mktemp("pretrain-micro"),
+        seed=0,
+        profile="pretrain-micro",
+        progress=False,
+        tts_cache_dir=tmp_path_factory.getbasetemp() / "tts",
+    )
+
+
+def test_arch_names_and_overrides():
+    assert model_config("v1", 0.25) == ModelConfig(width=0.25)
+    v2 = model_config("v2,gain_norm=none,first_time_pool=3", 0.5)
+    assert (v2.version, v2.norm, v2.gain_norm, v2.first_time_pool) == (2, "frame", "none", 3)
+    for bad in ("v3", "v1,norm=frame", "v2,colour=red", "v2,norm="):
+        with pytest.raises(ConfigError):
+            model_config(bad, 0.25)
+
+
+def test_context_speech_changes_some_windows_deterministically(corpus: Path) -> None:
+    data = load_pretrain_data(corpus, 24000, 6.0, progress=False)
+    from wakefl.tools.augmentation.speech_backgrounds import SpeechBackgrounds
+
+    data.speech = SpeechBackgrounds.make(data.neg, 0, n_each=4, seconds=3.0)
+    assert data.neg_by_speaker and len(data.pos_speakers) == len(data.pos)
+    plain = make_batch(data, 5, SETTINGS)[0]
+    on = dataclasses.replace(SETTINGS, context_speech=0.5)
+    a, b = make_batch(data, 5, on)[0], make_batch(data, 5, on)[0]
+    np.testing.assert_array_equal(a, b)
+    changed = [not np.allclose(x, y) for x, y in zip(plain, a, strict=True)]
+    assert 0 < sum(changed) < len(changed)
+
+
+def test_a_version_2_run_starts_from_version_1_weights_over_a_window_cache(
+    corpus: Path, tmp_path: Path
+) -> None:
+    torch.manual_seed(0)
+    v1 = KwsCnn(ModelConfig(width=0.25))
+    save_model(v1, tmp_path / "v1.safetensors")
+    cache = tmp_path / "cache"
+    s = dataclasses.replace(
+        SETTINGS, arch="v2", context_speech=0.5, window_cache=str(cache), cache_windows=16 * 64
+    )
+    pretrain(corpus, tmp_path / "run", s, init_from=tmp_path / "v1.safetensors", progress=False)
+    model = load_model(tmp_path / "run" / BEST)
+    assert model.cfg.version == 2 and model.cfg.gain_norm == "pcen"
+    cached = WindowCache.load(cache)
+    assert cached.log_mel.shape == (16 * 64, 40, 151) and set(cached.labels) == {0, 1}
+    # A second run with another model reuses the windows: nothing is rendered again.
+    stamps = {p: p.stat().st_mtime_ns for p in cache.glob("windows-*.npz")}
+    other = dataclasses.replace(s, arch="v2,gain_norm=none")
+    pretrain(corpus, tmp_path / "run2", other, progress=False)
+    assert {p: p.stat().st_mtime_ns for p in cache.glob("windows-*.npz")} == stamps
+    # Windows of other augmentation are refused rather than silently mixed.
+    with pytest.raises(ConfigError, match="other settings"):
+        pretrain(
+            corpus, tmp_path / "run3", dataclasses.replace(s, context_speech=0.2), progress=False
+        )
+
+
+def test_a_cached_run_resumes_to_the_same_weights(corpus: Path, tmp_path: Path) -> None:
+    s = dataclasses.replace(
+        SETTINGS, arch="v2", window_cache=str(tmp_path / "cache"), cache_windows=16 * 64
+    )
+    pretrain(corpus, tmp_path / "whole", s, progress=False)
+    pretrain(corpus, tmp_path / "parts", s, progress=False, max_steps=2)
+    pretrain(corpus, tmp_path / "parts", s, progress=False, resume=True)
+    a = load_file(str(tmp_path / "whole" / STATE_WEIGHTS))
+    b = load_file(str(tmp_path / "parts" / STATE_WEIGHTS))
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
