@@ -21,7 +21,6 @@ from wakefl.tools.augmentation.context_speech import (
 )
 from wakefl.tools.augmentation.speech_backgrounds import SpeechBackgrounds
 
-
 N = 24000
 
 

@@ -1,5 +1,5 @@
 """`wakefl model info|export|pretrain|publish|set-threshold|blend|soup`: inspect, export,
-train, ship and blend or average the wake-word CNN."""
+train, ship and blend or average the wake-word CNN (pretrain's flags: model_pretrain.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from wakefl.errors import ConfigError
+from wakefl.tools.cli.model_pretrain import register_pretrain
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -18,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = p.add_subparsers(dest="model_command", metavar="ACTION", required=True)
     _register_info(sub)
     _register_export(sub)
-    _register_pretrain(sub)
+    register_pretrain(sub)
     _register_publish(sub)
     _register_blend(sub)
     _register_soup(sub)
@@ -80,204 +81,6 @@ def _register_export(sub: argparse._SubParsersAction) -> None:
     )
     exp.add_argument("--json", action="store_true", help="print JSON")
     exp.set_defaults(func=_export)
-
-
-def _register_pretrain(sub: argparse._SubParsersAction) -> None:
-    """`wakefl model pretrain`: its data and run options, then its schedule."""
-    pre = sub.add_parser("pretrain", help="train the wake-word model on the pretraining corpus")
-    pre.add_argument("--out", type=Path, required=True, help="run folder (checkpoints, best model)")
-    pre.add_argument("--width", type=float, default=1.0, help="width multiplier (0.25 = small)")
-    pre.add_argument("--phrase", default="hey nova", help="the wake phrase (synthetic speech)")
-    pre.add_argument(
-        "--corpus",
-        type=Path,
-        default=None,
-        metavar="MANIFEST",
-        help="a corpus manifest with train/val clips and streams "
-        "(default: build or reuse the cached 'pretrain' corpus of --phrase and --seed; a "
-        "new seed builds a new corpus, about 25 min)",
-    )
-    pre.add_argument(
-        "--extra-corpus",
-        type=Path,
-        action="append",
-        default=[],
-        metavar="MANIFEST",
-        help="add this corpus's training clips and streams (e.g. the 'pretrain-voices' "
-        "profile, or imported recordings); repeatable. Validation stays on --corpus",
-    )
-    pre.add_argument(
-        "--val-corpus",
-        type=Path,
-        default=None,
-        metavar="MANIFEST",
-        help="choose the best checkpoint on this corpus's val split (clips and streams) "
-        "instead of --corpus's, e.g. a 'pretrain-acoustics' build: held-out acoustics",
-    )
-    pre.add_argument(
-        "--field-augment",
-        type=float,
-        default=0.0,
-        metavar="SHARE",
-        help="pass this share of the training windows through the second acoustic "
-        "simulation's training stages (rooms, AGC, noise suppression, narrowband link, "
-        "clipping; tools/acoustics/field_acoustics.py); 0 = off",
-    )
-    pre.add_argument(
-        "--speech-backgrounds",
-        type=float,
-        default=0.0,
-        metavar="SHARE",
-        help="mix other people talking (babble or one voice, -3 to 15 dB SNR, cut from the "
-        "training negatives) under this share of the training windows; 0 = off",
-    )
-    pre.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    pre.add_argument(
-        "--workers",
-        type=int,
-        default=1,
-        help="processes preparing augmented batches (the same run for any count; a GPU "
-        "needs several to be kept busy)",
-    )
-    _add_pretrain_run_options(pre)
-    _add_pretrain_augment_options(pre)
-    pre.set_defaults(func=_pretrain)
-
-
-def _add_pretrain_run_options(pre: argparse.ArgumentParser) -> None:
-    """Initialisation, schedule, validation and checkpointing of `wakefl model pretrain`."""
-    pre.add_argument("--resume", action="store_true", help="continue the run in --out")
-    pre.add_argument(
-        "--init-from",
-        type=Path,
-        default=None,
-        metavar="WEIGHTS",
-        help=(
-            "start from these weights (e.g. a shipped model) instead of random; a narrower "
-            "model is widened to --width first, computing the same function"
-        ),
-    )
-    pre.add_argument(
-        "--samples",
-        type=int,
-        default=400_000,
-        help="training samples in the whole run; sets the learning-rate schedule",
-    )
-    pre.add_argument("--batch-size", type=int, default=32)
-    pre.add_argument("--lr", type=float, default=2e-3)
-    pre.add_argument(
-        "--seed", type=int, default=0, help="training seed, and the default corpus's seed"
-    )
-    pre.add_argument("--threads", type=int, default=2, help="torch threads for training")
-    pre.add_argument("--eval-every", type=int, default=500, metavar="STEPS")
-    pre.add_argument(
-        "--val-stream-seconds",
-        type=float,
-        default=300.0,
-        metavar="S",
-        help="validate on the first S s of each validation stream (validation cost)",
-    )
-    pre.add_argument("--checkpoint-minutes", type=float, default=5.0)
-    pre.add_argument(
-        "--max-minutes",
-        type=float,
-        default=None,
-        help="stop (with a checkpoint) after this long; --resume continues",
-    )
-    pre.add_argument("--quiet", action="store_true", help="no progress bar")
-
-
-def _add_pretrain_augment_options(pre: argparse.ArgumentParser) -> None:
-    """The augmentations and negative mining of `wakefl model pretrain` that target what
-    the detection benchmark still misses."""
-    pre.add_argument(
-        "--mel-warp",
-        type=float,
-        default=0.0,
-        metavar="W",
-        help="vocal-tract-length perturbation: scale each example's spectrum by a factor in "
-        "[1-W, 1+W] (0 = off)",
-    )
-    pre.add_argument(
-        "--time-warp",
-        type=float,
-        default=0.0,
-        metavar="W",
-        help="split each example's time axis at a random point and move it, stretching one "
-        "side and compressing the other by up to a factor 1±W (0 = off)",
-    )
-    pre.add_argument(
-        "--balance-by",
-        choices=("device-type", "engine"),
-        default=None,
-        help="draw each clip from a device type (or speech engine) chosen uniformly first, "
-        "instead of from all clips (the corpus has fewer clips of some)",
-    )
-    pre.add_argument(
-        "--hard-negatives",
-        type=float,
-        default=0.0,
-        metavar="SHARE",
-        help="draw this share of the negatives from a pool of the highest-scoring training "
-        "negatives, mined again every --mine-every steps (0 = off)",
-    )
-    pre.add_argument("--mine-every", type=int, default=1500, metavar="STEPS")
-    pre.add_argument(
-        "--arch",
-        default="v1",
-        metavar="ARCH",
-        help="v1 (the shipped models' layout) or v2 (per-frame norm, pooled frame decisions, "
-        "PCEN: the phrase keeps its score beside other speech); v2,KEY=VALUE,... overrides "
-        "one of its choices (norm, time_pool, gain_norm, first_time_pool) for an ablation",
-    )
-    pre.add_argument(
-        "--window-cache",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="train over windows rendered once into DIR (log-mel, with this run's "
-        "augmentation), rendering --cache-windows of them first where DIR lacks them",
-    )
-    pre.add_argument("--cache-windows", type=int, default=0, metavar="N")
-    pre.add_argument(
-        "--context-speech",
-        type=float,
-        default=0.0,
-        metavar="SHARE",
-        help="share of training windows, phrases and negatives alike, with speech beside or "
-        "under them: the same speaker going on in one breath, other talkers or babble "
-        "outside the foreground or over it, -5 to 15 dB (default 0)",
-    )
-    pre.add_argument(
-        "--field-preset",
-        choices=("default", "context"),
-        default="default",
-        help="with --field-augment: the stages' probabilities (context: AGC in half, noise "
-        "suppression in a quarter, link, clipping and converters rarely)",
-    )
-    pre.add_argument(
-        "--distill-from",
-        type=Path,
-        default=None,
-        metavar="WEIGHTS",
-        help="a teacher model (e.g. the shipped full model) whose scores of each augmented "
-        "batch the model also learns from",
-    )
-    pre.add_argument(
-        "--distill-weight",
-        type=float,
-        default=None,
-        metavar="W",
-        help="with --distill-from: the teacher's share of the loss, in (0, 1] (default 0.5)",
-    )
-    pre.add_argument(
-        "--distill-temperature",
-        type=float,
-        default=None,
-        metavar="T",
-        help="with --distill-from: the softmax temperature both models' scores are compared "
-        "at, in (0, 100] (default 2)",
-    )
 
 
 def _register_publish(sub: argparse._SubParsersAction) -> None:
@@ -480,39 +283,6 @@ def _check_export_source(args: argparse.Namespace) -> None:
             "give --pretrained NAME or --weights FILE.safetensors; --random-weights "
             "[--width W] exports an untrained model, which detects nothing"
         )
-
-
-def _pretrain(args: argparse.Namespace) -> int:
-    from wakefl.tools.training.data import default_corpus
-    from wakefl.tools.training.pretrain import pretrain
-    from wakefl.tools.training.settings import settings_from_flags
-
-    settings = settings_from_flags(args)
-    manifest = args.corpus
-    if manifest is None:
-        manifest = default_corpus(args.phrase, args.seed, progress=not args.quiet)
-    info = pretrain(
-        manifest,
-        args.out,
-        settings,
-        resume=args.resume,
-        init_from=args.init_from,
-        max_minutes=args.max_minutes,
-        progress=not args.quiet,
-        extra=args.extra_corpus,
-    )
-    best = info.get("best") or {}
-    print(
-        json.dumps(
-            {
-                "out": str(args.out),
-                "step": info["step"],
-                "seconds": round(info["seconds"], 1),
-                "best": best,
-            }
-        )
-    )
-    return 0
 
 
 def _publish(args: argparse.Namespace) -> int:
