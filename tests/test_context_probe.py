@@ -1,0 +1,79 @@
+"""The context probe: its recordings put the background where the condition says and at
+its ratio, and the benchmark prints and writes its breakdown for a model on real speech."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+from wakefl.edge_runtime import load_audio
+from wakefl.models.kws_cnn import KwsCnn, ModelConfig, save_model
+from wakefl.tools.acoustics.field_acoustics import active_rms
+from wakefl.tools.bench import context_probe
+from wakefl.tools.bench.context_conditions import (
+    LEAD_S,
+    Condition,
+    held_out_rooms,
+    probe_conditions,
+    render,
+)
+
+
+@pytest.fixture(scope="module")
+def speech(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("probe")
+    out = []
+    for i, text in enumerate(("hey nova", "turn on the lights please", "what time is it")):
+        subprocess.run(["espeak-ng", "-w", str(folder / f"{i}.wav"), text], check=True)
+        out.append(load_audio(folder / f"{i}.wav", 16000))
+    return out
+
+
+def test_conditions_cover_every_kind_placement_and_device_stage():
+    conds = probe_conditions()
+    assert len({c.name for c in conds}) == len(conds)
+    assert {c.kind for c in conds} == {"quiet", "babble", "talker", "tv", "music", "fan"}
+    assert {c.placement for c in conds if c.snr_db is not None} == {"over", "outside"}
+    assert any(c.agc for c in conds) and any(c.suppress for c in conds)
+    assert any(c.carrier for c in conds) and any(not c.carrier for c in conds)
+
+
+def test_outside_leaves_the_talker_clean_and_over_sits_at_its_ratio(speech):
+    phrase, *others = speech
+    room = held_out_rooms(0, 1)[0]
+    quiet = render(phrase, room, Condition("q"), np.random.default_rng(1), others)
+    lead = int(LEAD_S * 16000)
+    talk = slice(lead + 1600, lead + phrase.size - 1600)  # well inside the phrase
+    outside = render(
+        phrase, room, Condition("o", "babble", 0.0, "outside"), np.random.default_rng(1), others
+    )
+    np.testing.assert_allclose(outside[talk], quiet[talk], atol=1e-6)
+    assert np.abs(outside[: lead - 1600] - quiet[: lead - 1600]).max() > 1e-3
+    over = render(phrase, room, Condition("v", "babble", 5.0), np.random.default_rng(1), others)
+    span = slice(lead, lead + phrase.size)
+    added = over - quiet
+    ratio = 20 * np.log10(active_rms(quiet[span]) / active_rms(added))
+    assert abs(ratio - 5.0) < 1.0
+
+
+def test_the_probe_prints_and_writes_its_breakdown(tmp_path, capsys):
+    torch.manual_seed(0)
+    weights = tmp_path / "m.safetensors"
+    save_model(KwsCnn(ModelConfig.context_robust(width=0.25)).eval(), weights)
+    (tmp_path / "m.card.json").write_text(json.dumps({"threshold": 0.5}))
+    out = tmp_path / "probe.json"
+    code = context_probe.main(["--model", f"v2={weights}", "--speakers", "1", "--json", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    for group in ("background", "ratio (dB)", "placement", "AGC", "RT60", "distance", "utterance"):
+        assert f"| {group} | v2 |" in printed
+    result = json.loads(out.read_text())
+    rates = result["models"]["v2"]["breakdown"]["condition"]
+    assert set(rates) == {c.name for c in probe_conditions()}
+    assert all(0.0 <= r <= 1.0 for r in rates.values())
+    with pytest.raises(Exception, match="LABEL="):
+        context_probe.main(["--model", str(weights)])
