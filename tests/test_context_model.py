@@ -205,3 +205,20 @@ def test_onnx_export_of_version_2_equals_torch_fp32_and_int8(hey_nova_wav, tmp_p
     smoother = [n for n in graph.node if n.op_type == "MatMul"]
     assert smoother and all(made_by.get(i) != "DequantizeLinear" for n in smoother for i in n.input)
     assert any(n.op_type == "QuantizeLinear" for n in graph.node)  # the CNN is int8
+
+
+def test_a_version_2_model_streams_with_reused_frames_like_its_waveform_export(
+    hey_nova_wav, tmp_path
+):
+    """The detector computes each log-mel frame of a stream once and the graph runs PCEN
+    per window: the same posteriors as a waveform-in export that computes everything."""
+    from wakefl.edge_runtime import StreamingDetector
+
+    model = _model()
+    stream = load_audio(hey_nova_wav, 16000)
+    mel = OnnxScorer(export_onnx(model, tmp_path / "m.onnx"))
+    wave = OnnxScorer(export_onnx(model, tmp_path / "w.onnx", frontend="dft"))
+    a = StreamingDetector(mel, hop_s=0.1).feed(stream)[0]
+    b = StreamingDetector(wave, hop_s=0.1).feed(stream)[0]
+    assert len(a) == len(b) > 10
+    assert np.abs(np.array(a) - np.array(b)).max() < 1e-4

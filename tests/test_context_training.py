@@ -17,7 +17,7 @@ from wakefl.models.kws_cnn import KwsCnn, ModelConfig, load_model, save_model
 from wakefl.tools.corpus.build import build_corpus
 from wakefl.tools.training.data import load_pretrain_data, make_batch
 from wakefl.tools.training.pretrain import pretrain
-from wakefl.tools.training.settings import BEST, STATE_WEIGHTS, PretrainSettings, model_config
+from wakefl.tools.training.settings import BEST, LAST, STATE_WEIGHTS, PretrainSettings, model_config
 from wakefl.tools.training.window_cache import WindowCache
 
 pytestmark = pytest.mark.slow
@@ -81,6 +81,10 @@ def test_a_version_2_run_starts_from_version_1_weights_over_a_window_cache(
     pretrain(corpus, tmp_path / "run", s, init_from=tmp_path / "v1.safetensors", progress=False)
     model = load_model(tmp_path / "run" / BEST)
     assert model.cfg.version == 2 and model.cfg.gain_norm == "pcen"
+    last = load_model(tmp_path / "run" / LAST)  # the latest weights, as a model file
+    state = load_file(str(tmp_path / "run" / STATE_WEIGHTS))
+    for k, v in last.named_parameters():
+        torch.testing.assert_close(v, state[f"model.{k}"])
     cached = WindowCache.load(cache)
     assert cached.log_mel.shape == (16 * 64, 40, 151) and set(cached.labels) == {0, 1}
     # A second run with another model reuses the windows: nothing is rendered again.

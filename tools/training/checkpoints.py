@@ -14,7 +14,7 @@ from wakefl.edge_runtime.detection_rule import (
     DEFAULT_SMOOTHING,
 )
 from wakefl.errors import ConfigError
-from wakefl.tools.training.settings import BEST, BEST_CARD, STATE_INFO, STATE_WEIGHTS
+from wakefl.tools.training.settings import BEST, BEST_CARD, LAST, STATE_INFO, STATE_WEIGHTS
 
 if TYPE_CHECKING:
     import torch
@@ -76,6 +76,17 @@ def load_state(out: Path, model: KwsCnn, opt: torch.optim.Optimizer) -> dict[str
                 "step": tensors[f"opt.{i}.step"].reshape(()).clone(),
             }
     return info
+
+
+def save_last(out: Path, model: KwsCnn) -> None:
+    """The weights of the latest checkpoint as a model file (LAST, with its config beside
+    it): what a fixed-budget comparison scores, and what a benchmark loads directly."""
+    from wakefl.models.kws_cnn import save_model
+
+    tmp = out / ".last-tmp.safetensors"
+    save_model(model, tmp)
+    tmp.with_suffix(".json").replace(out / "last.json")
+    tmp.replace(out / LAST)
 
 
 def save_best(out: Path, model: KwsCnn, metrics: dict[str, float], info: dict[str, Any]) -> None:

@@ -39,7 +39,7 @@ import numpy as np
 
 from wakefl.errors import ConfigError
 from wakefl.progress_bars import bar_disabled
-from wakefl.tools.training.checkpoints import load_state, save_best, save_state
+from wakefl.tools.training.checkpoints import load_state, save_best, save_last, save_state
 from wakefl.tools.training.data import PretrainData, batch_stream, load_pretrain_data
 from wakefl.tools.training.settings import (
     BALANCE_KEYS,
@@ -459,6 +459,7 @@ def _train_segment(run: _Run, first: int, end: int) -> tuple[int, bool]:
             )
         if done or out_of_time or time.monotonic() - run.last_ckpt > s.checkpoint_minutes * 60:
             save_state(run.out, run.model, run.opt, info)
+            save_last(run.out, run.model)
             run.last_ckpt = time.monotonic()
         if done or out_of_time:
             return step + 1, True

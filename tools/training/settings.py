@@ -16,6 +16,7 @@ from wakefl.tools.augmentation.time_warp import MAX_WARP
 STATE_WEIGHTS = "state.safetensors"
 STATE_INFO = "state.json"
 BEST = "best.safetensors"
+LAST = "last.safetensors"  # the latest checkpoint's weights as a model file
 BEST_CARD = "best.card.json"
 HISTORY = "history.jsonl"
 # Relative spread of the noise that lets the copies made by widening a narrower --init-from
