@@ -125,7 +125,7 @@ def load_condition(
     clips are not needed)."""
     from wakefl.edge_runtime import load_audio
     from wakefl.sdk.manifest import read_manifest
-    from wakefl.tools.bench.detection_scoring import voice_families
+    from wakefl.tools.corpus.rendering import voice_families
 
     manifest = folder / "manifest.csv"
     if not manifest.is_file():

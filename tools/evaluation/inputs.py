@@ -9,12 +9,10 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from wakefl.errors import ConfigError
-
-if TYPE_CHECKING:
-    from wakefl.tools.evaluation.evaluate import EvalSettings
+from wakefl.tools.evaluation.settings import EvalSettings
 
 _NAME_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 
