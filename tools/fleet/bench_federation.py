@@ -36,8 +36,8 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from wakefl.protocol import frames, topics
 from wakefl.protocol import messages as M
-from wakefl.protocol import topics
 from wakefl.sdk.mqtt_link import MqttLink
 from wakefl.tools.fleet.bench_federation_report import (
     print_cpu_after_warmup,
@@ -58,16 +58,6 @@ def full_model_params() -> tuple[torch.Tensor, dict]:
     torch.manual_seed(0)
     cfg = ModelConfig()
     return get_flat_params(KwsCnn(cfg)).detach().clone(), cfg.to_dict()
-
-
-_FRAME_HEADER_AT = len(M.MAGIC) + 32  # MAGIC | sha256 | u64 header length | JSON header
-
-
-def _peek_downlink(payload: bytes) -> dict:
-    """The downlink's JSON fields from its safetensors header, tensors left unread."""
-    hlen = int.from_bytes(payload[_FRAME_HEADER_AT : _FRAME_HEADER_AT + 8], "little")
-    header = json.loads(payload[_FRAME_HEADER_AT + 8 : _FRAME_HEADER_AT + 8 + hlen])
-    return json.loads(header["__metadata__"]["wakefl"])
 
 
 def _device_process(
@@ -100,7 +90,7 @@ def _device_process(
 
     def on_down(topic: str, payload: bytes) -> None:
         t0 = time.perf_counter()
-        meta = _peek_downlink(payload)
+        meta = frames.peek(payload)  # the fields alone: the tensors are never read here
         if meta["final"]:
             done.set()
             return
