@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from wakefl.operating_point import DEFAULT_HOP_S
+
 
 @dataclass
 class EvalSettings:
@@ -13,7 +15,7 @@ class EvalSettings:
     n_boot: int = 200
     seed: int = 0
     batch: int = 64
-    hop_s: float = 0.1
+    hop_s: float = DEFAULT_HOP_S
     smoothing: int | None = None  # None: the detector's default
     refractory_s: float | None = None  # None: the detector's default
     progress: bool = True
