@@ -41,7 +41,6 @@ from wakefl.protocol.update_codec import Packed
 # (docs/SCALE.md, "Server CPU per update").
 PROTOCOL_VERSION = 7
 MAGIC = frames.MAGIC
-_PREFIX_LEN = frames.PREFIX_LEN
 # 64 MiB: a 3M-parameter fp32 model is ~12 MB, so this leaves room for Algorithm 2's second
 # model and larger widths while staying below the shipped broker's packet limit.
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
@@ -95,9 +94,6 @@ class MessageRejected(ReasonedError, ProtocolError):
         if reason not in REJECT_REASONS:
             raise ValueError(f"unknown reject reason {reason!r}")
         super().__init__(reason, detail)
-
-
-# ----------------------------------------------------------------------------- messages
 
 
 @dataclass(frozen=True)
@@ -195,6 +191,6 @@ def message_id(payload: bytes) -> str:
     of the body hash its prefix carries (the decoder checks that hash, so an accepted
     message is named without hashing it again); for any other bytes, of sha256(payload),
     so even garbage has one."""
-    if len(payload) >= _PREFIX_LEN and payload[: len(MAGIC)] == MAGIC:
+    if len(payload) >= frames.PREFIX_LEN and payload[: len(MAGIC)] == MAGIC:
         return payload[len(MAGIC) : len(MAGIC) + MESSAGE_ID_LEN // 2].hex()
     return hashlib.sha256(payload).hexdigest()[:MESSAGE_ID_LEN]
