@@ -4,8 +4,9 @@ the format and is the one reader and writer of it; it needs neither torch nor on
 edge runtime reads exported models through it and the training side writes through it.
 
 Where it is stored:
-- a model's card beside a checkpoint (`<w>.card.json`): `threshold` and the settings
-  (read with `from_card`; the card itself is written by publishing, models/kws_cnn);
+- a model's card beside a checkpoint (`<w>.card.json`): `threshold` and the settings, read
+  with `from_card` (the card holds more: the validation figures and provenance that
+  pretraining and publishing write, tools/training);
 - the config JSON beside a checkpoint (`<w>.json`) and the JSON sidecar of an exported
   ONNX file: `shipped_threshold` (`with_shipped_threshold`, `shipped_threshold_in`; the
   sidecar also holds the settings and the source, `OperatingPoint.sidecar`);
