@@ -1,7 +1,8 @@
 """The operating point a model ships with, as it is stored: the detection threshold and the
 detector settings (hop, smoothing, refractory period) it was chosen for. This module owns
-the format and is the one reader and writer of it; it needs neither torch nor onnx, so the
-edge runtime reads exported models through it and the training side writes through it.
+the format: every reader goes through it, and so does every writer of the config's
+threshold, the sidecar and the ONNX metadata. It needs neither torch nor onnx, so the edge
+runtime reads exported models through it and the training side writes through it.
 
 Where it is stored:
 - a model's card beside a checkpoint (`<w>.card.json`): `threshold` and the settings, read
