@@ -15,10 +15,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-# The shipped detector's settings.
-DEFAULT_HOP_S = 0.1
-DEFAULT_SMOOTHING = 3
-DEFAULT_REFRACTORY_S = 1.0
+# The shipped detector's settings are defined once, with the operating point's format.
+from wakefl.operating_point import DEFAULT_HOP_S, DEFAULT_REFRACTORY_S, DEFAULT_SMOOTHING
+
+__all__ = [
+    "DEFAULT_HOP_S",
+    "DEFAULT_REFRACTORY_S",
+    "DEFAULT_SMOOTHING",
+    "FiringState",
+    "count_events",
+    "event_indices",
+    "hop_samples",
+    "refractory_hops",
+    "smoothed",
+    "smoothed_posterior",
+    "stream_windows",
+]
 
 
 def hop_samples(hop_s: float, sample_rate: int) -> int:

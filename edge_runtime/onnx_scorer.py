@@ -2,28 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from wakefl.errors import AudioError, ConfigError
+from wakefl.operating_point import SOURCE_KEY, metadata_threshold
 
 from .log_mel import LogMel, LogMelSpec
-
-
-def _metadata_threshold(path: Path, meta: dict[str, str]) -> float | None:
-    """The `shipped_threshold` of an exported model's metadata (None when it has none)."""
-    text = meta.get("shipped_threshold")
-    if text is None:
-        return None
-    try:
-        value = float(json.loads(text))
-    except (ValueError, TypeError):
-        raise ConfigError(f"{path}: metadata shipped_threshold {text!r} is not a number") from None
-    if not 0.0 <= value <= 1.0:
-        raise ConfigError(f"{path}: metadata shipped_threshold {value} is not in [0, 1]")
-    return value
 
 
 class OnnxScorer:
@@ -67,9 +53,9 @@ class OnnxScorer:
             ) from exc
         self.metadata = dict(meta)
         self.path = path
-        self.shipped_threshold = _metadata_threshold(path, meta)
+        self.shipped_threshold = metadata_threshold(meta, str(path))
         # Where the shipped threshold comes from, in words ("" when there is none).
-        self.threshold_source = str(meta.get("threshold_source", ""))
+        self.threshold_source = str(meta.get(SOURCE_KEY, ""))
         self._input = self._session.get_inputs()[0].name
         # A log-mel-input model: the frontend runs here, in numpy (edge_runtime.log_mel).
         self.log_mel: LogMel | None = None

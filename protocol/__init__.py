@@ -8,7 +8,8 @@ What the package owns:
   frames it recorded (server/recorded_updates.py);
 - `messages`: the typed messages (Downlink, Uplink, Ack, Decline, Hello), the protocol
   version they carry (`PROTOCOL_VERSION`), their encoding, and their decoding with every
-  refusal as a reject code;
+  refusal as a reject code; its parts are `message_types` (types, limits, reject codes),
+  `message_checks` (field checks), `message_encode` and `message_decode`;
 - `round_settings`: the typed, checked settings a downlink carries for its round;
 - `records`: a strategy's named scalars as they travel (`ScalarSpec`, `RecordSchema`, the
   checks with their reject codes). A strategy declares its schema with these; the records'

@@ -14,9 +14,12 @@ prefix still commits to every byte while the receiver hashes the 3 MB of a full-
 update once, not twice (docs/SCALE.md, "Server CPU per update"). A frame with any other
 tensor beside the codec's is hashed whole.
 `read_header` is the one reader of that header: the decoder uses it on untrusted bytes
-(protocol/messages.py, which then checks every entry and lets safetensors read the tensors),
-and the server's store on the frames it recorded (server/recorded_updates.py, which reads
-the tensors straight from the file).
+(protocol/message_decode.py, which then checks every entry and lets safetensors read the
+tensors), and the server's store on the frames it recorded (server/recorded_updates.py,
+which reads the tensors straight from the file). `peek` reads a frame's fields alone, for a
+tool that routes or times messages without decoding them; `body_metadata` reads the JSON
+metadata of any safetensors body the project writes under its own key (the server's state
+file, an aggregation worker's result). Both keep the decoder's bounds.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ HASH_LEN = hashlib.sha256().digest_size
 PREFIX_LEN = len(MAGIC) + HASH_LEN  # the body starts here
 # The JSON header holds per-device scalars for every sampled device of a downlink.
 MAX_HEADER_BYTES = 8 * 1024 * 1024
+# The key in the safetensors `__metadata__` that holds a message's JSON fields.
+MESSAGE_KEY = "wakefl"
 
 
 class FrameError(ReasonedError, ValueError):
@@ -71,18 +76,37 @@ def header_length(first8: bytes, body_len: int | None = None) -> int:
     return hlen
 
 
-def read_header(raw: bytes | memoryview, hlen: int) -> FrameHeader:
-    """Parse the `hlen` bytes of a body's JSON header."""
+def read_header(raw: bytes | memoryview, hlen: int, key: str = MESSAGE_KEY) -> FrameHeader:
+    """Parse the `hlen` bytes of a body's JSON header; `meta` is the JSON object stored
+    under `key` in its `__metadata__` (a message's fields by default)."""
     header = _json(bytes(raw[:hlen]), "safetensors header")
     if not isinstance(header, dict):
         raise FrameError("malformed", "safetensors header is not an object")
     st_meta = header.pop("__metadata__", None)
-    if not isinstance(st_meta, dict) or not isinstance(st_meta.get("wakefl"), str):
-        raise FrameError("malformed", "no wakefl metadata in the safetensors header")
-    meta = _json(st_meta["wakefl"], "wakefl metadata")
+    if not isinstance(st_meta, dict) or not isinstance(st_meta.get(key), str):
+        raise FrameError("malformed", f"no {key} metadata in the safetensors header")
+    meta = _json(st_meta[key], f"{key} metadata")
     if not isinstance(meta, dict):
-        raise FrameError("malformed", "wakefl metadata is not an object")
+        raise FrameError("malformed", f"{key} metadata is not an object")
     return FrameHeader(meta, header, 8 + hlen)
+
+
+def body_metadata(body: bytes | memoryview, key: str) -> dict[str, Any]:
+    """The JSON object under `key` in a safetensors body's `__metadata__`, the header's
+    length bounded as the decoder bounds it; the tensors are not read."""
+    view = memoryview(body)
+    hlen = header_length(bytes(view[:8]), len(view))
+    return read_header(view[8:], hlen, key).meta
+
+
+def peek(frame: bytes | memoryview) -> dict[str, Any]:
+    """A frame's message fields (its JSON metadata), read from the head of the frame with
+    the decoder's bounds; the hash is not checked and the tensors are not read, so this is
+    for routing or timing a message, never for trusting it (that is the decoder's job)."""
+    view = memoryview(frame)
+    if len(view) < PREFIX_LEN or bytes(view[: len(MAGIC)]) != MAGIC:
+        raise FrameError("malformed", "not a wakefl frame")
+    return body_metadata(view[PREFIX_LEN:], MESSAGE_KEY)
 
 
 def packed_tensor_names(meta: dict[str, Any]) -> frozenset[str] | None:

@@ -18,19 +18,20 @@ from wakefl.protocol.messages import Uplink
 from wakefl.protocol.update_codec import Packed
 from wakefl.sdk.selffl.strategy import ClientResult, ServerState
 
+# The key of the server state's JSON fields in its safetensors metadata.
+SERVER_STATE_KEY = "wakefl_server_state"
+
 
 def server_state_to_bytes(state: ServerState) -> bytes:
     tensors = {"global_params": state.global_params.detach().cpu().contiguous().clone()}
     for k, v in state.tensors.items():
         tensors[f"t.{k}"] = v.detach().cpu().contiguous().clone()
     meta = {"round_id": state.round_id, "scalars": state.scalars, "clients": state.clients}
-    return st_save(tensors, metadata={"wakefl_server_state": json.dumps(meta)})
+    return st_save(tensors, metadata={SERVER_STATE_KEY: json.dumps(meta)})
 
 
 def server_state_from_bytes(data: bytes) -> ServerState:
-    hlen = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8 : 8 + hlen])
-    meta = json.loads(header["__metadata__"]["wakefl_server_state"])
+    meta = frames.body_metadata(data, SERVER_STATE_KEY)
     tensors = st_load(data)
     return ServerState(
         round_id=int(meta["round_id"]),

@@ -22,12 +22,15 @@ from safetensors.torch import save as st_save
 from torch import Tensor
 
 from wakefl.errors import ConfigError
+from wakefl.protocol import frames
 from wakefl.protocol.messages import Downlink, decode_as
 from wakefl.sdk.selffl.aggregation import PrecisionSum
 from wakefl.server.partial_aggregate import Spread, shard_norms, shard_spread, shard_sum
 from wakefl.server.recorded_updates import read_recorded_update, server_state_from_bytes
 
 PHASES = ("norms", "spread", "sum")
+# The key of a shard result's JSON fields in its safetensors metadata.
+SHARD_RESULT_KEY = "wakefl_shard"
 
 
 def downlink_file(round_id: int) -> str:
@@ -93,13 +96,12 @@ class ShardResult:
             tensors["weighted"] = p.weighted
             if p.certain is not None:
                 tensors["certain"] = p.certain
-        return st_save(tensors, metadata={"wakefl_shard": json.dumps(meta)})
+        return st_save(tensors, metadata={SHARD_RESULT_KEY: json.dumps(meta)})
 
     @classmethod
     def decode(cls, payload: bytes) -> ShardResult:
         try:
-            hlen = int.from_bytes(payload[:8], "little")
-            meta = json.loads(json.loads(payload[8 : 8 + hlen])["__metadata__"]["wakefl_shard"])
+            meta = frames.body_metadata(payload, SHARD_RESULT_KEY)
             tensors = st_load(payload)
         except (ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"malformed shard result: {exc}") from exc

@@ -134,7 +134,7 @@ SLOW_TESTS = frozenset(
         "test_pretrain.py::test_corpus_has_streams_per_split_and_an_unseen_voices_corpus",
         "test_pretrain.py::test_publish_writes_fp16_weights_config_and_card",
         "test_pretrain.py::test_train_checkpoint_resume_equals_uninterrupted_run",
-        "test_server.py::test_broker_queue_overflow_is_reported_by_the_server",
+        "test_server_refusals.py::test_broker_queue_overflow_is_reported_by_the_server",
     }
 )
 

@@ -87,7 +87,8 @@ def test_the_delay_is_measured_from_the_end_of_speech_to_the_detection():
 
 def test_frr_by_voice_family_uses_the_split_threshold(tmp_path) -> None:
     from wakefl.tools.bench.detection_report import format_table
-    from wakefl.tools.bench.detection_scoring import summarize, voice_families
+    from wakefl.tools.bench.detection_scoring import summarize
+    from wakefl.tools.corpus.rendering import voice_families
 
     (tmp_path / "speakers.csv").write_text(
         "speaker,split,engine,voice,variant,rate,pitch\n"

@@ -14,7 +14,7 @@ from wakefl.errors import ConfigError
 from wakefl.sdk.manifest import CLIP_SAMPLES, STATES, read_manifest
 from wakefl.tools.corpus.build import build_corpus
 from wakefl.tools.corpus.plan import CorpusProfile
-from wakefl.tools.corpus.stats import band_features, nearest_centroid_accuracy
+from wakefl.tools.studies.corpus_stats import band_features, nearest_centroid_accuracy
 
 # Smaller than tiny, so that two cold builds (speech rendered twice) stay cheap.
 MICRO = CorpusProfile("micro", n_speakers=8, train_unit=2, val_clips=3, test_clips=3,

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from wakefl.sdk.manifest import CLIP_SAMPLES, SAMPLE_RATE, read_manifest
-from wakefl.tools.corpus.build import build_corpus, join_utterances, place_in_running_speech
+from wakefl.tools.corpus.build import build_corpus
 from wakefl.tools.corpus.plan import PROFILES
+from wakefl.tools.corpus.rendering import join_utterances, place_in_running_speech
 from wakefl.tools.corpus.speakers import make_speakers, make_unseen_speakers
 from wakefl.tools.corpus.speech_synthesis import Voice, synthesize
 from wakefl.tools.corpus.voices import (

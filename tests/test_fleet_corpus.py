@@ -11,7 +11,7 @@ import pytest
 
 from wakefl.errors import ConfigError
 from wakefl.sdk.manifest import read_manifest
-from wakefl.tools.corpus.build import ACOUSTICS, NEW_USERS_DIR, acoustics_named, build_corpus
+from wakefl.tools.corpus.build import NEW_USERS_DIR, build_corpus
 from wakefl.tools.corpus.plan import (
     PRETRAIN_VOICE_SETS,
     PROFILES,
@@ -20,6 +20,7 @@ from wakefl.tools.corpus.plan import (
     clip_recipes,
     stream_counts,
 )
+from wakefl.tools.corpus.rendering import ACOUSTICS, acoustics_named
 from wakefl.tools.corpus.speakers import fleet_device_of, is_new_user, make_speakers
 from wakefl.tools.corpus.voices import (
     ENGINES_UNSEEN_MBROLA,

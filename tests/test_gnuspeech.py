@@ -15,13 +15,9 @@ from scipy.signal import welch
 
 from wakefl.errors import ConfigError
 from wakefl.sdk.manifest import SAMPLE_RATE
-from wakefl.tools.corpus.gnuspeech import (
-    GNUSPEECH_TRACT_CM,
-    draw_gnuspeech_voice,
-    gnuspeech_version,
-    tract_length_cm,
-)
+from wakefl.tools.corpus.gnuspeech import GNUSPEECH_TRACT_CM, gnuspeech_version, tract_length_cm
 from wakefl.tools.corpus.speech_synthesis import Voice, synthesize
+from wakefl.tools.corpus.voices import draw_gnuspeech_voice
 
 
 def _absent() -> str | None:

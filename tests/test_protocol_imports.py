@@ -15,6 +15,10 @@ FORBIDDEN = ("wakefl.sdk", "wakefl.server", "wakefl.tools")
 MODULES = (
     "frames",
     "messages",
+    "message_types",
+    "message_checks",
+    "message_encode",
+    "message_decode",
     "round_settings",
     "records",
     "topics",

@@ -1,5 +1,5 @@
 """A sharded server (one coordinator, aggregation workers on a shared subscription) against
-a real mosquitto on 127.0.0.1, with the simulated devices of test_server.py: the model it
+a real mosquitto on 127.0.0.1, with the simulated devices of server_sim.py: the model it
 computes is the single-process one on the same updates, and a worker killed mid-round
 loses no acknowledged update."""
 
@@ -20,7 +20,7 @@ import paho.mqtt.client as paho
 import pytest
 import torch
 from paho.mqtt.enums import CallbackAPIVersion
-from test_server import FLEET, SimDevice, _close_all, _expected, _round_orders, _wait
+from server_sim import FLEET, SimDevice, close_all, expected_global, round_orders, wait_for
 
 from wakefl.protocol import messages as M
 from wakefl.protocol import topics
@@ -100,7 +100,9 @@ def test_sharded_rounds_equal_the_single_process_model(mqtt_broker, tmp_path):
     for d in devs:
         d.hold.clear()  # not before the hostile messages below were refused
     try:
-        _wait(lambda: len(workers) == 2 and all(w.link.connected for w in workers), 30, "workers")
+        wait_for(
+            lambda: len(workers) == 2 and all(w.link.connected for w in workers), 30, "workers"
+        )
         # The workers refuse as one process does: garbage from a registered device (acked as
         # a refusal), an update from an unregistered one.
         stranger = M.Uplink(FLEET, "r", "zz", "tv", 1, torch.zeros(D), 5, dict(RECORD))
@@ -108,15 +110,15 @@ def test_sharded_rounds_equal_the_single_process_model(mqtt_broker, tmp_path):
             (topics.uplink(FLEET, "a"), b"garbage"),
             (topics.uplink(FLEET, "zz"), M.encode(stranger)),
         ]
-        _wait(lambda: _refused(ghost, hostile, state) >= {"malformed", "unknown_device"}, 20, "")
+        wait_for(lambda: _refused(ghost, hostile, state) >= {"malformed", "unknown_device"}, 20, "")
         for d in devs:
             d.hold.set()
         runner.join(60)
-        _wait(lambda: all(d.final is not None for d in devs), 10, "the end announcement")
+        wait_for(lambda: all(d.final is not None for d in devs), 10, "the end announcement")
         for t in threads:
             t.join(10)
     finally:
-        _close_all(devs)
+        close_all(devs)
         ghost.loop_stop()
         ghost.disconnect()
         coord.stop_event.set()
@@ -128,7 +130,7 @@ def test_sharded_rounds_equal_the_single_process_model(mqtt_broker, tmp_path):
     assert sum(w.recorded for w in workers) == 3 * len(REG)
     assert coord.passes_reassigned >= 1  # the ghost's passes went to a live worker
     assert set(coord.rejections) == {"malformed", "unknown_device"}  # the workers' counts
-    want = _expected(devs, 3, len(REG), False, _round_orders(state, 3))
+    want = expected_global(devs, 3, len(REG), False, round_orders(state, 3))
     torch.testing.assert_close(final.global_params, want, rtol=0, atol=1e-6)
     torch.testing.assert_close(devs[0].final.global_params, want, rtol=0, atol=1e-6)
 
@@ -199,8 +201,8 @@ def test_worker_sigkill_mid_round_loses_no_acknowledged_update(mqtt_broker, tmp_
     late.hold_from = 2
     late.hold.clear()
     try:
-        _wait(lambda: all(1 in d.acked for d in devs), 60, "round 1")
-        _wait(lambda: all(2 in d.acked for d in devs[:-1]), 30, "round 2 but one device")
+        wait_for(lambda: all(1 in d.acked for d in devs), 60, "round 1")
+        wait_for(lambda: all(2 in d.acked for d in devs[:-1]), 30, "round 2 but one device")
         acked_before = {(d.dev, r) for d in devs for r in d.acked}
         writers = _writers(state, 2)
         victim = max(procs, key=lambda w: list(writers.values()).count(w))
@@ -209,12 +211,12 @@ def test_worker_sigkill_mid_round_loses_no_acknowledged_update(mqtt_broker, tmp_
         procs[victim].wait(10)
         late.hold.set()  # its uplink goes to the survivor (or is re-sent to it)
         runner.join(90)
-        _wait(lambda: all(d.final is not None for d in devs), 10, "the end announcement")
+        wait_for(lambda: all(d.final is not None for d in devs), 10, "the end announcement")
         survivor = next(w for w in procs if w != victim)
         out, _ = procs[survivor].communicate(timeout=30)
         assert procs[survivor].returncode == 0, out
     finally:
-        _close_all(devs)
+        close_all(devs)
         coord.stop_event.set()
         for p in procs.values():
             if p.poll() is None:
@@ -226,7 +228,7 @@ def test_worker_sigkill_mid_round_loses_no_acknowledged_update(mqtt_broker, tmp_
     recorded = {(r, d) for r in (1, 2, 3) for d in _writers(state, r)}
     assert {(r, d) for d, r in acked_before} <= recorded
     assert coord.passes_local == 0
-    want = _expected(devs, 3, len(REG), False, _round_orders(state, 3))
+    want = expected_global(devs, 3, len(REG), False, round_orders(state, 3))
     torch.testing.assert_close(final.global_params, want, rtol=0, atol=1e-6)
 
 
@@ -257,7 +259,7 @@ def test_worker_account_reads_uplinks_through_the_shared_subscription_and_device
         device.subscribe(f"wakefl/{fleet}/agg/#", lambda t, p: agg_seen.append(t))
         links += [worker.connect(10), device.connect(10)]
         device.publish(topics.uplink(fleet, "dev-a"), b"update")
-        _wait(lambda: got == [topics.uplink(fleet, "dev-a")], 10, "the uplink at the worker")
+        wait_for(lambda: got == [topics.uplink(fleet, "dev-a")], 10, "the uplink at the worker")
         worker.publish(topics.ack(fleet, "dev-a"), b"ack")
         worker.publish(topics.agg_result(fleet), b"partial")
         for topic in (topics.agg_result(fleet), topics.agg_worker(fleet, "w1")):
@@ -305,7 +307,7 @@ def test_coordinator_sigkill_while_merging_resumes_the_sealed_round(mqtt_broker,
     workers, threads = _start_workers(mqtt_broker, state, rounds=2)
     devs = [SimDevice(mqtt_broker.url, d, t) for d, t in REG.items()]
     try:
-        _wait(lambda: _round_status(state, 1) == "sealed", 60, "round 1 sealed")
+        wait_for(lambda: _round_status(state, 1) == "sealed", 60, "round 1 sealed")
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         ghost.publish(topics.agg_worker(FLEET, "ghost"), b"", qos=1, retain=True).wait_for_publish(
@@ -315,13 +317,13 @@ def test_coordinator_sigkill_while_merging_resumes_the_sealed_round(mqtt_broker,
         out, _ = proc.communicate(timeout=90)
         assert proc.returncode == 0, out
         assert "round 1/2: resumed with 4/4 updates on record" in out
-        _wait(lambda: all(d.final is not None for d in devs), 10, "the end announcement")
+        wait_for(lambda: all(d.final is not None for d in devs), 10, "the end announcement")
         for t in threads:
             t.join(10)
     finally:
         if proc.poll() is None:
             proc.kill()
-        _close_all(devs)
+        close_all(devs)
         ghost.loop_stop()
         ghost.disconnect()
         for w in workers:
@@ -332,5 +334,5 @@ def test_coordinator_sigkill_while_merging_resumes_the_sealed_round(mqtt_broker,
     finally:
         store.close()
     assert final.round_id == 2
-    want = _expected(devs, 2, len(REG), False, _round_orders(state, 2))
+    want = expected_global(devs, 2, len(REG), False, round_orders(state, 2))
     torch.testing.assert_close(final.global_params, want, rtol=0, atol=1e-6)

@@ -1,8 +1,8 @@
-"""The operating point a model ships with: the detection threshold and the detector settings
-(hop, smoothing, refractory period) it was chosen for. It travels with the model: in the
-card beside a checkpoint, in the JSON sidecar of an exported ONNX file and in that file's
-metadata (`shipped_threshold`, `hop_s`, `smoothing`, `refractory_s`, `threshold_source`),
-where `wakefl.edge_runtime` reads it without torch.
+"""Which operating point a model ships with: a shipped model's card, the card or config
+beside a checkpoint, or for a model trained on a device its baseline's. The stored format
+(`OperatingPoint`, its card, config, sidecar and ONNX metadata entries) is
+wakefl/operating_point.py's, which the edge runtime reads without torch; this module is the
+part that needs the weights.
 
 A model trained on a device has no threshold of its own: it is exported with its
 baseline's shipped threshold, and `threshold_source` says so."""
@@ -10,69 +10,16 @@ baseline's shipped threshold, and `threshold_source` says so."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from wakefl.errors import ConfigError
+from wakefl.operating_point import METADATA_KEYS, OperatingPoint, from_card, shipped_threshold_in
 
 from .flat_params import get_flat_params
 from .model import KwsCnn
-
-METADATA_KEYS = ("shipped_threshold", "hop_s", "smoothing", "refractory_s", "threshold_source")
-
-
-@dataclass(frozen=True)
-class OperatingPoint:
-    """A threshold on the smoothed posterior, the detector settings it was set for, and
-    where it comes from (`source`, one line for a person)."""
-
-    threshold: float
-    hop_s: float = 0.1
-    smoothing: int = 3
-    refractory_s: float = 1.0
-    source: str = ""
-
-    def metadata(self) -> dict[str, str]:
-        """The ONNX metadata entries (numbers as JSON text)."""
-        return {
-            "shipped_threshold": json.dumps(float(self.threshold)),
-            "hop_s": json.dumps(float(self.hop_s)),
-            "smoothing": json.dumps(int(self.smoothing)),
-            "refractory_s": json.dumps(float(self.refractory_s)),
-            "threshold_source": self.source,
-        }
-
-    def sidecar(self) -> dict[str, Any]:
-        """The JSON written beside an exported model (`wakefl eval --at-shipped-threshold`
-        reads `shipped_threshold` there)."""
-        return {
-            "shipped_threshold": float(self.threshold),
-            "hop_s": float(self.hop_s),
-            "smoothing": int(self.smoothing),
-            "refractory_s": float(self.refractory_s),
-            "threshold_source": self.source,
-        }
-
-    def with_source(self, source: str) -> OperatingPoint:
-        return OperatingPoint(self.threshold, self.hop_s, self.smoothing, self.refractory_s, source)
-
-
-def from_card(card: dict[str, Any], source: str) -> OperatingPoint:
-    """The operating point of a card (`threshold`, optional detector settings)."""
-    threshold = card.get("threshold", card.get("shipped_threshold"))
-    if not isinstance(threshold, int | float) or not 0.0 <= float(threshold) <= 1.0:
-        raise ConfigError(f"{source}: no threshold in [0, 1] (got {threshold!r})")
-    return OperatingPoint(
-        threshold=float(threshold),
-        hop_s=float(card.get("hop_s", 0.1)),
-        smoothing=int(card.get("smoothing", 3)),
-        refractory_s=float(card.get("refractory_s", 1.0)),
-        source=source,
-    )
 
 
 def shipped_operating_point(name: str) -> OperatingPoint:
@@ -99,7 +46,7 @@ def beside_weights(weights: Path | str) -> OperatingPoint | None:
         meta = json.loads(config.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read {config}: {exc}") from None
-    if not isinstance(meta, dict) or meta.get("shipped_threshold") is None:
+    if not isinstance(meta, dict) or shipped_threshold_in(meta, str(config)) is None:
         return None
     return from_card(meta, f"the config of {path.name}")
 
@@ -159,3 +106,15 @@ def for_export(
             return point
         return for_model(model)
     return None
+
+
+__all__ = [
+    "METADATA_KEYS",
+    "OperatingPoint",
+    "beside_weights",
+    "for_export",
+    "for_model",
+    "from_card",
+    "shipped_name",
+    "shipped_operating_point",
+]

@@ -43,14 +43,7 @@ from torch import Tensor
 
 from wakefl.errors import ConfigError
 from wakefl.protocol.records import MAX_RECORD_ABS, MAX_STEPS, RecordSchema, ScalarSpec
-from wakefl.sdk.selffl.aggregation import (
-    Representative,
-    aggregate_clusters,
-    aggregate_stream,
-    smooth,
-    update_representatives,
-    weight_shares,
-)
+from wakefl.sdk.selffl.aggregation import aggregate_stream, smooth, weight_shares
 from wakefl.sdk.selffl.checks import (
     HyperparameterError,
     require_activity_rate,
@@ -61,6 +54,7 @@ from wakefl.sdk.selffl.checks import (
     require_non_negative,
     require_positive,
 )
+from wakefl.sdk.selffl.cluster_state import ClusterState, aggregate_by_cluster
 from wakefl.sdk.selffl.local_sgd import sgd_steps
 from wakefl.sdk.selffl.rules import (
     LOSS_SCALINGS,
@@ -79,10 +73,6 @@ from wakefl.sdk.selffl.strategy import (
     ServerState,
     Strategy,
 )
-
-_REP = "rep:"
-_REP_SIG = "rep_sigma_sq:"
-_CLUSTER_CODE = "cluster_code:"
 
 
 def _load_variance(state: ClientState) -> RunningVariance:
@@ -357,8 +347,12 @@ class SelfFL(Strategy):
         new_scalars = dict(server.scalars)
         new_tensors = dict(server.tensors)
         clients = self._clients_after(server, reported)
-        new_global = self._aggregate_clusters(
-            server, results, reported, sigmas, sigma0_sq, new_tensors, new_scalars, clients
+        new_global = aggregate_by_cluster(
+            server,
+            ((u.group, u.client_id, r.params) for u, r in zip(reported, results, strict=True)),
+            sigmas,
+            sigma0_sq,
+            ClusterState(new_tensors, new_scalars, clients),
         )
         new_scalars["sigma0_sq"] = sigma0_sq
         return ServerState(
@@ -368,84 +362,6 @@ class SelfFL(Strategy):
             scalars=new_scalars,
             clients=clients,
         )
-
-    def _aggregate_clusters(
-        self,
-        server: ServerState,
-        results: Iterable[ClientResult],
-        reported: list[ReportedUncertainty],
-        sigmas: list[float],
-        sigma0_sq: float,
-        new_tensors: dict[str, Tensor],
-        new_scalars: dict[str, float],
-        clients: dict[str, dict[str, float]],
-    ) -> Tensor:
-        """Cluster-level Eqn 11 (Appendix G.4): the round's results update their group's
-        representative, the representatives are aggregated; the new representatives and
-        the clients' shares go into `new_tensors`, `new_scalars` and `clients` (in place).
-        Returns the new global model."""
-        reps = {
-            k[len(_REP) :]: Representative(v, server.scalars[_REP_SIG + k[len(_REP) :]])
-            for k, v in server.tensors.items()
-            if k.startswith(_REP)
-        }
-        reps = update_representatives(
-            reps,
-            ((u.group, r.params, s) for u, r, s in zip(reported, results, sigmas, strict=True)),
-            sigma0_sq,
-        )
-        new_global, cluster_s0 = aggregate_clusters(reps)
-        for g, rep in reps.items():
-            new_tensors[_REP + g] = rep.params
-            new_scalars[_REP_SIG + g] = rep.sigma_sq
-        new_scalars["cluster_sigma0_sq"] = cluster_s0
-        self._cluster_shares(new_scalars, clients, reported, sigmas, sigma0_sq, reps, cluster_s0)
-        return new_global
-
-    @staticmethod
-    def _cluster_shares(
-        scalars: dict[str, float],
-        clients: dict[str, dict[str, float]],
-        reported: list[ReportedUncertainty],
-        sigmas: list[float],
-        sigma0_sq: float,
-        reps: dict[str, Representative],
-        cluster_s0: float,
-    ) -> None:
-        """Each known client's weight in the cluster-level global model (in place): its
-        weight in its cluster's representative (Eqn 11 within the cluster; 0 once the
-        representative was replaced in a round it did not take part in) times the
-        representative's weight in the global model (Eqn 11 over representatives)."""
-        codes = {
-            k[len(_CLUSTER_CODE) :]: v for k, v in scalars.items() if k.startswith(_CLUSTER_CODE)
-        }
-        members: dict[str, list[int]] = {}
-        for i, u in enumerate(reported):
-            members.setdefault(u.group, []).append(i)
-        for group in members:
-            if group not in codes:
-                codes[group] = float(len(codes) + 1)
-                scalars[_CLUSTER_CODE + group] = codes[group]
-        active = {codes[g] for g in members}
-        for info in clients.values():
-            if info.get("cluster") in active:
-                info["rep_share"] = 0.0
-        for group, idx in members.items():
-            for i, a in zip(idx, weight_shares([sigmas[i] for i in idx], sigma0_sq), strict=True):
-                clients[reported[i].client_id].update(cluster=codes[group], rep_share=a)
-        order = sorted(reps)
-        by_code = {
-            codes[g]: a
-            for g, a in zip(
-                order, weight_shares([reps[g].sigma_sq for g in order], cluster_s0), strict=True
-            )
-            if g in codes
-        }
-        for info in clients.values():
-            if "cluster" in info:
-                info["share"] = min(
-                    1.0, info.get("rep_share", 0.0) * by_code.get(info["cluster"], 0.0)
-                )
 
     def describe_result(self, record: dict[str, float]) -> str:
         return (

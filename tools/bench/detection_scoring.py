@@ -153,21 +153,6 @@ def det_points(sc: SplitScores, n: int = 60) -> list[tuple[float, float]]:
     ]
 
 
-def voice_families(manifest: Path) -> dict[str, str]:
-    """speaker -> "engine:voice" from the speakers.csv a built corpus has beside its
-    manifest; empty for a corpus without one (imported recordings)."""
-    import csv
-
-    path = manifest.parent / "speakers.csv"
-    if not path.is_file():
-        return {}
-    with path.open(encoding="utf-8", newline="") as f:
-        reader = csv.DictReader(f)
-        if not {"speaker", "engine", "voice"} <= set(reader.fieldnames or ()):
-            return {}  # some other table of speakers: no voice families to report
-        return {r["speaker"]: f"{r['engine']}:{r['voice']}" for r in reader}
-
-
 def clip_scores(scorer: Any, clips: list[Any], manifest: Path, batch: int) -> np.ndarray:
     """The model's score of each clip row, decoded to its window, in `batch`es."""
     from wakefl.sdk.dataset import load_clip
@@ -188,6 +173,7 @@ def score_split(
     """Clip and stream scores of `device` in `split` of `manifest`; the streams of the same
     device and split in each of `extra_streams` (add-on manifests) are scored beside its own."""
     from wakefl.sdk.manifest import read_manifest
+    from wakefl.tools.corpus.rendering import voice_families
 
     rows = [r for r in read_manifest(manifest) if r.split == split and r.device_type == device]
     clips = [r for r in rows if r.kind == "clip"]

@@ -8,7 +8,7 @@ over it, and the AUC of wake phrases against the rest.
     python -m wakefl.tools.bench.engine_intelligibility [--speakers 24] [--model full] [--seed 0]
 
 Today's engine: GnuSpeech (tools/corpus/gnuspeech.py), its speakers drawn between its
-shipped voices (`draw_gnuspeech_voice`).
+shipped voices (tools/corpus/voices.py `draw_gnuspeech_voice`).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import numpy as np
 
 from wakefl.errors import ConfigError
 from wakefl.tools.acoustics.device_acoustics import scale_to
-from wakefl.tools.corpus.gnuspeech import draw_gnuspeech_voice
 from wakefl.tools.corpus.plan import HEY_NOVA_CONFUSABLES, OTHER_SPEECH
 from wakefl.tools.corpus.speech_synthesis import synthesize
+from wakefl.tools.corpus.voices import draw_gnuspeech_voice
 
 PHRASE = "hey nova"
 _LEVEL_DB = -23.0  # the speech's RMS in the window

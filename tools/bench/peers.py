@@ -125,7 +125,7 @@ def load_condition(
     clips are not needed)."""
     from wakefl.edge_runtime import load_audio
     from wakefl.sdk.manifest import read_manifest
-    from wakefl.tools.bench.detection_scoring import voice_families
+    from wakefl.tools.corpus.rendering import voice_families
 
     manifest = folder / "manifest.csv"
     if not manifest.is_file():
@@ -235,6 +235,7 @@ def wakefl_operating_point(model: Path, threshold: float | None) -> dict[str, An
     it), else `shipped_threshold` in the JSON beside the model or an ONNX file's metadata.
     `threshold` overrides the threshold."""
     from wakefl.models.kws_cnn.pretrained import card_beside
+    from wakefl.operating_point import DEFAULT_HOP_S, DEFAULT_SMOOTHING
     from wakefl.tools.evaluation.inputs import card_threshold
 
     card = card_beside(model) if model.suffix == ".safetensors" else None
@@ -245,13 +246,11 @@ def wakefl_operating_point(model: Path, threshold: float | None) -> dict[str, An
     if threshold is not None:
         shipped = threshold
     if not isinstance(shipped, int | float):
-        raise ConfigError(
-            f"{model}: no single shipped threshold beside it; give --wakefl-threshold"
-        )
+        raise ConfigError(f"{model}: no shipped threshold beside it; give --wakefl-threshold")
     return {
         "threshold": float(shipped),
-        "hop_s": float(card.get("hop_s", 0.1)),
-        "smoothing": int(card.get("smoothing", 3)),
+        "hop_s": float(card.get("hop_s", DEFAULT_HOP_S)),
+        "smoothing": int(card.get("smoothing", DEFAULT_SMOOTHING)),
     }
 
 

@@ -215,6 +215,7 @@ def _export(args: argparse.Namespace) -> int:
     from wakefl.edge_runtime import load_audio
     from wakefl.models.kws_cnn import export_onnx, operating_point
     from wakefl.models.kws_cnn.quantize import calibration_windows
+    from wakefl.operating_point import THRESHOLD_KEY
 
     if args.out.suffix != ".onnx":
         raise ConfigError(f"--out must end in .onnx, got {args.out}")
@@ -248,7 +249,7 @@ def _export(args: argparse.Namespace) -> int:
         sidecar.write_text(
             json.dumps({**point.sidecar(), **extra}, indent=2) + "\n", encoding="utf-8"
         )
-    elif sidecar.is_file() and "shipped_threshold" in sidecar.read_text(encoding="utf-8"):
+    elif sidecar.is_file() and THRESHOLD_KEY in sidecar.read_text(encoding="utf-8"):
         sidecar.unlink()  # a previous export's threshold must not pass for this model's
     result = {
         "out": str(out),

@@ -26,7 +26,17 @@ from wakefl.tools.acoustics.field_acoustics import (
     field_capture,
     image_source_room,
 )
-from wakefl.tools.corpus.build import (
+from wakefl.tools.corpus.plan import (
+    SPLITS,
+    STATES,
+    ClipRecipe,
+    CorpusProfile,
+    Speaker,
+    clip_recipes,
+    phrase_variants,
+    stream_counts,
+)
+from wakefl.tools.corpus.rendering import (
     CORPUS_INFO,
     UNSEEN_DIR,
     CorpusContext,
@@ -38,16 +48,6 @@ from wakefl.tools.corpus.build import (
     write_speakers,
     write_stream,
     write_wav,
-)
-from wakefl.tools.corpus.plan import (
-    SPLITS,
-    STATES,
-    ClipRecipe,
-    CorpusProfile,
-    Speaker,
-    clip_recipes,
-    phrase_variants,
-    stream_counts,
 )
 from wakefl.tools.corpus.speakers import make_speakers, make_unseen_speakers
 from wakefl.tools.corpus.speech_synthesis import synthesize_many

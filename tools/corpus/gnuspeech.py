@@ -25,15 +25,32 @@ import sys
 import tempfile
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 import soundfile as sf
 
 from wakefl.errors import AudioError, ConfigError
 
-if TYPE_CHECKING:
-    from wakefl.tools.corpus.speech_synthesis import Voice
+
+class Voice(Protocol):
+    """What this engine reads of a voice (tools/corpus/speech_synthesis.py `Voice` has it):
+    the engine's own module stays below the module that runs every engine."""
+
+    @property
+    def voice(self) -> str: ...
+
+    @property
+    def variant(self) -> str: ...
+
+    @property
+    def rate(self) -> int: ...
+
+    @property
+    def pitch(self) -> int: ...
+
+    def describe(self) -> str: ...
+
 
 # The package's voices, less `baby` (no words come out of it), with their vocal-tract
 # lengths in cm (the package's data/en/voice_*.txt).
@@ -114,19 +131,3 @@ def run_gnuspeech(voice: Voice, text: str) -> tuple[np.ndarray, int]:
             raise AudioError(f"GnuSpeech failed for {voice.describe()}: {detail}")
         wave, sr = sf.read(str(out), dtype="float32")
     return wave, sr
-
-
-def draw_gnuspeech_voice(
-    rng: np.random.Generator, bases: tuple[str, ...] = GNUSPEECH_VOICES
-) -> Voice:
-    """A speaker between the shipped voices: one of `bases` with its vocal tract 10 %
-    shorter to 10 % longer, a pitch offset of -7 to -1 semitones and a tempo of 0.85-1.20."""
-    from wakefl.tools.corpus.speech_synthesis import Voice
-
-    if not bases or not set(bases) <= set(GNUSPEECH_VOICES):
-        raise ConfigError(f"GnuSpeech base voices must be some of {GNUSPEECH_VOICES}, got {bases}")
-    base = bases[int(rng.integers(len(bases)))]
-    tract_mm = round(10 * GNUSPEECH_TRACT_CM[base] * rng.uniform(0.9, 1.1))
-    return Voice(
-        "gnuspeech", base, f"vtl{tract_mm}", int(rng.integers(85, 121)), int(rng.integers(-7, 0))
-    )

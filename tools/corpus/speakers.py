@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 
 from wakefl.tools.acoustics.device_acoustics import DEVICE_PROFILES
-from wakefl.tools.corpus.gnuspeech import GNUSPEECH_TRAIN, GNUSPEECH_UNSEEN, draw_gnuspeech_voice
+from wakefl.tools.corpus.gnuspeech import GNUSPEECH_TRAIN, GNUSPEECH_UNSEEN
 from wakefl.tools.corpus.plan import (
     OTHER_SPEECH,
     PRETRAIN_VOICE_SETS,
@@ -34,6 +34,7 @@ from wakefl.tools.corpus.voices import (
     ENGINES_TRAIN_RHVOICE,
     ENGINES_UNSEEN_MBROLA,
     ENGINES_UNSEEN_RHVOICE,
+    draw_gnuspeech_voice,
     engine_voices,
     fleet_voice,
     fleet_voice_of,

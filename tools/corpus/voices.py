@@ -1,6 +1,7 @@
 """The voice sets of the synthetic corpora, each a pure draw from a seeded generator: the
 pretraining corpus's training voices and the voices it keeps out (its unseen split), the
-`pretrain-engines` add-on's engines, Pico's voices, and the voices of the fleet's users."""
+`pretrain-engines` add-on's engines, Pico's voices, the voices of the fleet's users, and
+GnuSpeech's speakers drawn between its shipped voices."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from dataclasses import replace
 
 import numpy as np
 
+from wakefl.errors import ConfigError
+from wakefl.tools.corpus.gnuspeech import GNUSPEECH_TRACT_CM, GNUSPEECH_VOICES
 from wakefl.tools.corpus.speech_synthesis import (
     ESPEAK_VARIANTS,
     ESPEAK_VOICES,
@@ -197,3 +200,17 @@ def other_take(rng: np.random.Generator, voice: Voice) -> Voice:
         else max(0, voice.pitch + int(rng.integers(-8, 9)))
     )
     return replace(voice, rate=rate, pitch=pitch)
+
+
+def draw_gnuspeech_voice(
+    rng: np.random.Generator, bases: tuple[str, ...] = GNUSPEECH_VOICES
+) -> Voice:
+    """A speaker between the shipped voices: one of `bases` with its vocal tract 10 %
+    shorter to 10 % longer, a pitch offset of -7 to -1 semitones and a tempo of 0.85-1.20."""
+    if not bases or not set(bases) <= set(GNUSPEECH_VOICES):
+        raise ConfigError(f"GnuSpeech base voices must be some of {GNUSPEECH_VOICES}, got {bases}")
+    base = bases[int(rng.integers(len(bases)))]
+    tract_mm = round(10 * GNUSPEECH_TRACT_CM[base] * rng.uniform(0.9, 1.1))
+    return Voice(
+        "gnuspeech", base, f"vtl{tract_mm}", int(rng.integers(85, 121)), int(rng.integers(-7, 0))
+    )

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -30,9 +30,7 @@ from wakefl.tools.evaluation.model_scoring import (
     score_windows,
     stream_posteriors,
 )
-
-if TYPE_CHECKING:
-    from wakefl.tools.evaluation.evaluate import EvalSettings
+from wakefl.tools.evaluation.settings import EvalSettings
 
 ALL = "all"
 BASELINE = "baseline"

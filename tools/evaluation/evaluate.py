@@ -22,7 +22,7 @@ which gives the streaming detector's posteriors and events bit for bit, once per
 stream; events at each threshold then cost next to nothing. FA per hour within 20% of its
 ceiling (one event per refractory period) is flagged as saturated.
 
-This module holds the settings and the run; the inputs (pairing, shipped thresholds) are in
+This module holds the run; its settings are in `settings`, the inputs (pairing, shipped thresholds) are in
 `inputs`, the models, clips, cells and stream posteriors in `cells`, and the stream
 figures, relative FR at matched FA, rows and DET curves in `figures`.
 """
@@ -64,6 +64,7 @@ from wakefl.tools.evaluation.inputs import (
     read_pairing,
     read_thresholds,
 )
+from wakefl.tools.evaluation.settings import EvalSettings
 
 # The names `wakefl eval`'s engine has always offered here, wherever they now live.
 __all__ = [
@@ -82,23 +83,6 @@ __all__ = [
     "run_evaluation",
     "stream_detections",
 ]
-
-
-@dataclass
-class EvalSettings:
-    split: str = "test"
-    target_fr: float = 0.05
-    n_boot: int = 200
-    seed: int = 0
-    batch: int = 64
-    hop_s: float = 0.1
-    smoothing: int | None = None  # None: the detector's default
-    refractory_s: float | None = None  # None: the detector's default
-    progress: bool = True
-    # The baseline's shipped threshold: one for every device type, or one per device type
-    # (key "*": every device type not named). None: fitted to `target_fr`.
-    threshold: float | dict[str, float] | None = None
-    at_shipped_threshold: bool = False  # take the threshold from the baseline's model card
 
 
 @dataclass

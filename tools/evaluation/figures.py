@@ -5,7 +5,7 @@ bootstrap, the flat result rows, and the DET curves with each model's operating 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -33,9 +33,7 @@ from wakefl.tools.evaluation.cells import (
     cell_scores,
 )
 from wakefl.tools.evaluation.model_scoring import StreamPosteriors, detection_times
-
-if TYPE_CHECKING:
-    from wakefl.tools.evaluation.evaluate import EvalSettings
+from wakefl.tools.evaluation.settings import EvalSettings
 
 
 def _saturation_note(note: str, sat_b: bool, sat_c: bool, ceiling: float) -> str:

@@ -6,15 +6,12 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from wakefl.errors import ConfigError
-
-if TYPE_CHECKING:
-    from wakefl.tools.evaluation.evaluate import EvalSettings
+from wakefl.operating_point import check_threshold, metadata_threshold, shipped_threshold_in
+from wakefl.tools.evaluation.settings import EvalSettings
 
 _NAME_CHARS = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 
@@ -79,17 +76,6 @@ def read_pairing(path: str | Path) -> list[CandidateSpec]:
     return out
 
 
-def _check_threshold(value: Any, where: str) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or not 0.0 <= value <= 1.0
-    ):
-        raise ConfigError(f"{where}: a threshold must be a number in [0, 1], got {value!r}")
-    return float(value)
-
-
 def read_thresholds(path: str | Path) -> dict[str, float]:
     """A thresholds file per device type: JSON `{"A": 0.62, "B": 0.55, "*": 0.6}` or CSV
     with columns `device_type,threshold` ("*" stands for every device type not named)."""
@@ -117,40 +103,30 @@ def read_thresholds(path: str | Path) -> dict[str, float]:
                 items.append((r["device_type"].strip(), float(r["threshold"])))
             except (TypeError, ValueError):
                 raise ConfigError(f"{path}: threshold {r['threshold']!r} is not a number") from None
-    return {str(k).strip(): _check_threshold(v, f"{path}: device type {k!r}") for k, v in items}
+    return {str(k).strip(): check_threshold(v, f"{path}: device type {k!r}") for k, v in items}
 
 
-def card_threshold(model_path: str | Path) -> float | dict[str, float] | None:
-    """The shipped threshold in a model's card: key `shipped_threshold` (a number, or an
-    object of device type -> number) in the JSON beside the model (`<model>.json`, the
-    config a checkpoint is saved with), or in an ONNX file's metadata. None: no card says."""
+def card_threshold(model_path: str | Path) -> float | None:
+    """The shipped threshold a model carries (wakefl/operating_point.py, the one reader of
+    that format): `shipped_threshold` in the JSON beside the model (`<model>.json`, the
+    config a checkpoint is saved with, or an exported model's sidecar), else in an ONNX
+    file's metadata. None: neither names one."""
     path = Path(model_path)
-    value: Any = None
     card = path.with_suffix(".json")
     if card.is_file():
         try:
-            value = json.loads(card.read_text(encoding="utf-8")).get("shipped_threshold")
-        except (json.JSONDecodeError, AttributeError) as exc:
+            config = json.loads(card.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
             raise ConfigError(f"{card}: model card is not a JSON object ({exc})") from None
-    if value is None and path.suffix.lower() == ".onnx":
-        import onnx
-
-        meta = {
-            p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props
-        }
-        if "shipped_threshold" in meta:
-            try:
-                value = json.loads(meta["shipped_threshold"])
-            except json.JSONDecodeError:
-                raise ConfigError(f"{path}: metadata shipped_threshold is not JSON") from None
-    if value is None:
+        value = shipped_threshold_in(config, str(card))
+        if value is not None:
+            return value
+    if path.suffix.lower() != ".onnx":
         return None
-    if isinstance(value, dict):
-        return {
-            str(k): _check_threshold(v, f"{path}: shipped_threshold[{k!r}]")
-            for k, v in value.items()
-        }
-    return _check_threshold(value, f"{path}: shipped_threshold")
+    import onnx
+
+    meta = {p.key: p.value for p in onnx.load(str(path), load_external_data=False).metadata_props}
+    return metadata_threshold(meta, str(path))
 
 
 def _shipped_for(setting: float | dict[str, float] | None, device: str) -> float | None:
@@ -179,7 +155,7 @@ def baseline_thresholds(
     if setting is None:
         return None
     if not isinstance(setting, dict):
-        setting = float(_check_threshold(setting, "--threshold"))
+        setting = float(check_threshold(setting, "--threshold"))
     out = {d: _shipped_for(setting, d) for d in devices}
     missing = [d for d, t in out.items() if t is None]
     if missing:

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 from tqdm import tqdm
 
-from wakefl.edge_runtime.detection_rule import event_indices, smoothed
+from wakefl.edge_runtime.detection_rule import DEFAULT_HOP_S, event_indices, smoothed
 from wakefl.errors import AudioError, ConfigError, NonFiniteError
 from wakefl.progress_bars import bar_disabled
 from wakefl.sdk.manifest import ManifestRow
@@ -236,7 +236,7 @@ class StreamPosteriors:
 def stream_posteriors(
     scorer: Scorer,
     audio: np.ndarray,
-    hop_s: float = 0.1,
+    hop_s: float = DEFAULT_HOP_S,
     smoothing: int | None = None,
     refractory_s: float | None = None,
     batch: int = 64,

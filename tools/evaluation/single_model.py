@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from wakefl.errors import ConfigError
+from wakefl.operating_point import DEFAULT_HOP_S
 from wakefl.sdk.manifest import ManifestRow, read_manifest
 from wakefl.sdk.wake_metrics import fa_per_hour_ceiling, is_saturated
 from wakefl.tools.evaluation.model_scoring import (
@@ -34,7 +35,7 @@ ALL = "all"
 class DetectorSettings:
     """The streaming detector's settings for the streams (None: its defaults)."""
 
-    hop_s: float = 0.1
+    hop_s: float = DEFAULT_HOP_S
     smoothing: int | None = None
     refractory_s: float | None = None
     batch: int = 64

@@ -20,11 +20,9 @@ the peaks do not mix).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import multiprocessing as mp
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -36,17 +34,25 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from wakefl.protocol import frames, topics
 from wakefl.protocol import messages as M
-from wakefl.protocol import topics
 from wakefl.sdk.mqtt_link import MqttLink
 from wakefl.tools.fleet.bench_federation_report import (
+    packed_up_bytes,
     print_cpu_after_warmup,
     print_cpu_per_update,
     print_floor,
     print_loadgen,
     print_rounds,
+    print_update_sizes,
 )
-from wakefl.tools.fleet.process_stats import CpuAtRoundEnds, broker_pid, cpu_seconds
+from wakefl.tools.fleet.process_stats import (
+    CpuAtRoundEnds,
+    broker_pid,
+    cpu_seconds,
+    peak_rss_kb,
+    reset_peak_rss,
+)
 
 # A Self-FL uplink record (what SelfFL.uplink_schema asks for).
 _RECORD = {"sigma_sq": 0.1, "has_variance": 1.0, "local_steps": 1.0}
@@ -58,16 +64,6 @@ def full_model_params() -> tuple[torch.Tensor, dict]:
     torch.manual_seed(0)
     cfg = ModelConfig()
     return get_flat_params(KwsCnn(cfg)).detach().clone(), cfg.to_dict()
-
-
-_FRAME_HEADER_AT = len(M.MAGIC) + 32  # MAGIC | sha256 | u64 header length | JSON header
-
-
-def _peek_downlink(payload: bytes) -> dict:
-    """The downlink's JSON fields from its safetensors header, tensors left unread."""
-    hlen = int.from_bytes(payload[_FRAME_HEADER_AT : _FRAME_HEADER_AT + 8], "little")
-    header = json.loads(payload[_FRAME_HEADER_AT + 8 : _FRAME_HEADER_AT + 8 + hlen])
-    return json.loads(header["__metadata__"]["wakefl"])
 
 
 def _device_process(
@@ -100,7 +96,7 @@ def _device_process(
 
     def on_down(topic: str, payload: bytes) -> None:
         t0 = time.perf_counter()
-        meta = _peek_downlink(payload)
+        meta = frames.peek(payload)  # the fields alone: the tensors are never read here
         if meta["final"]:
             done.set()
             return
@@ -290,21 +286,6 @@ def _spawn_devices(
     return results
 
 
-def _peak_rss_kb() -> int:
-    """VmHWM of this process (ru_maxrss would carry the parent's peak across exec)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-
-
-def _reset_peak_rss() -> int:
-    """Reset the peak to the current RSS (Linux clear_refs 5); returns the current RSS."""
-    with contextlib.suppress(OSError):
-        Path("/proc/self/clear_refs").write_text("5")
-    return _peak_rss_kb()
-
-
 def _agg_child(n: int, numel: int) -> None:
     """Record n full-size updates in a fresh store, then aggregate them from disk."""
     from wakefl.sdk.selffl.registry import make_strategy
@@ -329,12 +310,12 @@ def _agg_child(n: int, numel: int) -> None:
             del up
         strategy = make_strategy("selffl")
         state = strategy.init_server(base)
-        rss_before = _reset_peak_rss()
+        rss_before = reset_peak_rss()
         view = store.updates(1, numel)
         t0 = time.perf_counter()
         new = strategy.aggregate(state, view, 1.0)
         dt = time.perf_counter() - t0
-        rss_after = _peak_rss_kb()
+        rss_after = peak_rss_kb()
         assert torch.isfinite(new.global_params).all()
         store.close()
     gb = 2 * n * numel * 4 / 1e9  # the strategy reads every update twice
@@ -350,13 +331,6 @@ def _agg_child(n: int, numel: int) -> None:
             }
         )
     )
-
-
-def _packed_up_bytes(params: torch.Tensor, codec: str) -> int:
-    up = M.Uplink("bench", "r", "dev0000", "type0", 1, params + 1e-3, 100, _RECORD)
-    if codec in ("fp32", "fp16"):
-        return len(M.encode(up, wire_dtype=codec))
-    return len(M.encode(up, uplink_codec=codec, base=params))
 
 
 def _start_load_generator(
@@ -457,7 +431,8 @@ def bench_rounds_loadgen(
     from wakefl.server.broker import ManagedBroker
 
     rounds += warmup
-    up_bytes, down_bytes = _packed_up_bytes(params, codec), _packed_up_bytes(params, wire_dtype)
+    up_bytes = packed_up_bytes(params, codec, _RECORD)
+    down_bytes = packed_up_bytes(params, wire_dtype, _RECORD)
     with tempfile.TemporaryDirectory(prefix="wakefl-bench-", dir="/tmp") as tmp:
         broker = ManagedBroker(Path(tmp) / "broker").start()
         procs: list[subprocess.Popen] = []  # killed if still running at the end
@@ -554,19 +529,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _print_update_sizes(params: torch.Tensor) -> None:
-    """Bytes of one uplink in each wire dtype and each delta codec."""
-    for dt in ("fp32", "fp16"):
-        up = M.Uplink(
-            "f", "r", "dev", "t", 1, params, 100, {**_RECORD, "local_steps": 10.0}, 0.95, 1.0
-        )
-        print(f"bytes per update {dt}: {len(M.encode(up, wire_dtype=dt))}")
-    fp32_bytes = _packed_up_bytes(params, "fp32")
-    for codec in ("fp16-delta", "int8-delta"):
-        nbytes = _packed_up_bytes(params, codec)
-        print(f"bytes per update {codec}: {nbytes} = {nbytes / fp32_bytes:.3f}x fp32")
-
-
 def _bench_aggregation(counts: list[int], numel: int) -> None:
     """Server aggregation of each count of updates, each in a fresh child process."""
     print("server aggregation from the disk-backed store (Self-FL, client-level):")
@@ -607,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
     params, model_cfg = full_model_params()
     d = params.numel()
     print(f"full-size model: {d} parameters")
-    _print_update_sizes(params)
+    print_update_sizes(params, _RECORD)
     print(
         f"per-round orchestration overhead ({args.wire_dtype} on the wire, no-op training; devices are separate processes "
         "publishing uplinks encoded before the run, so the figure is server + broker):"

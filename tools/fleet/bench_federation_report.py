@@ -1,12 +1,16 @@
 """What the federation benchmark (tools/fleet/bench_federation.py) prints about its rounds:
 each round's wall time against the slowest device's compute or against the transport floor,
-what the floor is made of, where the CPU went, and the server's CPU per accepted update."""
+what the floor is made of, where the CPU went, and the server's CPU per accepted update, and the bytes of one update in each wire format."""
 
 from __future__ import annotations
 
 import os
 import statistics
 from typing import Any
+
+import torch
+
+from wakefl.protocol import messages as M
 
 
 def print_rounds(
@@ -151,3 +155,24 @@ def print_cpu_per_update(n: int, server: Any, server_cpu_s: float) -> None:
             f"  {n:4d} devices: server CPU per accepted update {1000 * server_cpu_s / accepted:.1f} "
             f"ms ({server_cpu_s:.2f} CPU s for {accepted} updates, all rounds)"
         )
+
+
+def packed_up_bytes(params: torch.Tensor, codec: str, record: dict[str, float]) -> int:
+    """Bytes of one uplink of `params` in a wire dtype or a delta codec."""
+    up = M.Uplink("bench", "r", "dev0000", "type0", 1, params + 1e-3, 100, record)
+    if codec in ("fp32", "fp16"):
+        return len(M.encode(up, wire_dtype=codec))
+    return len(M.encode(up, uplink_codec=codec, base=params))
+
+
+def print_update_sizes(params: torch.Tensor, record: dict[str, float]) -> None:
+    """Bytes of one uplink in each wire dtype and each delta codec."""
+    for dt in ("fp32", "fp16"):
+        up = M.Uplink(
+            "f", "r", "dev", "t", 1, params, 100, {**record, "local_steps": 10.0}, 0.95, 1.0
+        )
+        print(f"bytes per update {dt}: {len(M.encode(up, wire_dtype=dt))}")
+    fp32_bytes = packed_up_bytes(params, "fp32", record)
+    for codec in ("fp16-delta", "int8-delta"):
+        nbytes = packed_up_bytes(params, codec, record)
+        print(f"bytes per update {codec}: {nbytes} = {nbytes / fp32_bytes:.3f}x fp32")

@@ -128,7 +128,7 @@ class HonestDevice:
                         down.round_id,
                         params,
                         10,
-                        dict(_RECORD),
+                        dict(RECORD),
                     )
                 )
                 self.sent[down.round_id] = M.message_id(payload)
@@ -141,11 +141,61 @@ class HonestDevice:
 
 
 # A Self-FL uplink record (what SelfFL.uplink_schema asks for).
-_RECORD = {"sigma_sq": 0.1, "has_variance": 1.0, "local_steps": 1.0}
+RECORD = {"sigma_sq": 0.1, "has_variance": 1.0, "local_steps": 1.0}
 
 
-def _frame(body: bytes) -> bytes:
-    return frames.seal(body)
+def raw_uplink(
+    down: tuple[str, str, int],
+    device: tuple[str, str],
+    params: torch.Tensor,
+    extra: str,
+    nonce: int | None = None,
+) -> bytes:
+    """An uplink frame whose JSON fields are written by hand, with the JSON text `extra`
+    appended verbatim (what `encode` would never write: 5000-digit numbers, 20000-deep
+    arrays). `down` is (fleet, run id, round), `device` (device id, device type); `nonce`
+    makes each payload distinct. The tests of the server's refusals send these too."""
+    fleet, run_id, round_id = down
+    device_id, device_type = device
+    fields: dict[str, Any] = {
+        "v": M.PROTOCOL_VERSION,
+        "kind": "up",
+        "fleet": fleet,
+        "run_id": run_id,
+        "device_id": device_id,
+        "device_type": device_type,
+        "round_id": round_id,
+        "record": RECORD,
+    }
+    if nonce is not None:
+        fields["nonce"] = nonce
+    meta = json.dumps(fields)[:-1] + "," + extra + "}"
+    return frames.seal(st_save({"params": params}, metadata={"wakefl": meta}))
+
+
+def with_nan_entry(frame: bytes) -> bytes:
+    """`frame` (an fp32 message) with its last tensor entry set to NaN behind a valid hash."""
+    body = bytearray(frame[frames.PREFIX_LEN :])
+    body[-4:] = torch.tensor([float("nan")]).numpy().tobytes()
+    return frames.seal(bytes(body))
+
+
+def with_flipped_bit(frame: bytes) -> bytes:
+    """`frame` with one bit of its tensor data flipped under the prefix's hash."""
+    b = bytearray(frame)
+    b[-1] ^= 1
+    return bytes(b)
+
+
+def server_command(
+    broker_url: str, state: Path, fleet: str, devices: str, *options: str
+) -> list[str]:
+    """`wakefl server` as its own process on a fleet (`devices`: "id:type,..."), with
+    further `options`; the tests of a killed and restarted server start it this way too."""
+    return [
+        sys.executable, "-m", "wakefl.tools.cli", "server", "--broker", broker_url,
+        "--state", str(state), "--fleet", fleet, "--devices", devices, *options,
+    ]  # fmt: skip
 
 
 def _uplink_maker(
@@ -163,64 +213,12 @@ def _uplink_maker(
             round_id=current_round(),
             params=zeros,
             num_samples=1 + i % 7,
-            record=dict(_RECORD),
+            record=dict(RECORD),
         )
         fields.update(kw)
         return M.encode(M.Uplink(**fields))
 
     return up
-
-
-def _raw_uplink_maker(
-    run_id: str, current_round: Callable[[], int], zeros: torch.Tensor
-) -> Callable[[str], Callable[[int], bytes]]:
-    """raw(extra): a payload maker whose uplink header carries the JSON text `extra`
-    verbatim (what encode would never write)."""
-
-    def raw(extra: str) -> Callable[[int], bytes]:
-        def make(i: int) -> bytes:
-            meta = (
-                json.dumps(
-                    {
-                        "v": M.PROTOCOL_VERSION,
-                        "kind": "up",
-                        "fleet": FLEET,
-                        "run_id": run_id,
-                        "device_id": "evil",
-                        "device_type": "t0",
-                        "round_id": current_round(),
-                        "record": _RECORD,
-                        "nonce": i,
-                    }
-                )[:-1]
-                + ","
-                + extra
-                + "}"
-            )
-            return _frame(st_save({"params": zeros}, metadata={"wakefl": meta}))
-
-        return make
-
-    return raw
-
-
-def _corrupted_uplinks(
-    up: Callable[..., bytes],
-) -> tuple[Callable[[int], bytes], Callable[[int], bytes]]:
-    """(nan_frame, bad_hash): an uplink whose last entry is NaN behind a valid frame, and
-    one with a flipped bit under its checksum."""
-
-    def nan_frame(i: int) -> bytes:
-        body = bytearray(up(i)[36:])
-        body[-4:] = torch.tensor([float("nan")]).numpy().tobytes()
-        return _frame(bytes(body))
-
-    def bad_hash(i: int) -> bytes:
-        b = bytearray(up(i))
-        b[-1] ^= 1
-        return bytes(b)
-
-    return nan_frame, bad_hash
 
 
 def hostile_kinds(
@@ -234,17 +232,21 @@ def hostile_kinds(
     zeros = torch.zeros(d)
 
     up = _uplink_maker(run_id, current_round, zeros)
-    raw = _raw_uplink_maker(run_id, current_round, zeros)
-    nan_frame, bad_hash = _corrupted_uplinks(up)
+
+    def raw(extra: str) -> Callable[[int], bytes]:
+        return lambda i: raw_uplink(
+            (FLEET, run_id, current_round()), ("evil", "t0"), zeros, extra, nonce=i
+        )
+
     nested = '"num_samples":1,"scalars":' + "[" * 20000 + "]" * 20000
     return {
         "garbage": (up_evil, lambda i: os.urandom(64)),
-        "bad_hash": (up_evil, bad_hash),
+        "bad_hash": (up_evil, lambda i: with_flipped_bit(up(i))),
         "pickle": (up_evil, lambda i: pickle.dumps({"i": i})),
         "version": (up_evil, lambda i: up(i, version=99)),
         "wrong_kind": (up_evil, lambda i: M.encode(M.Ack(FLEET, "evil", i + 1, True))),
         "shape": (up_evil, lambda i: up(i, params=torch.zeros(d + 1))),
-        "non_finite": (up_evil, nan_frame),
+        "non_finite": (up_evil, lambda i: with_nan_entry(up(i))),
         "topic_mismatch": (up_evil, lambda i: up(i, device_id="d0")),
         "unknown_device": (topics.uplink(FLEET, "ghost"), lambda i: up(i, device_id="ghost")),
         "wrong_device_type": (up_evil, lambda i: up(i, device_type="t9")),
@@ -322,29 +324,11 @@ def _server_command(
     broker_url: str, state: Path, registry: str, n_devices: int, width: float
 ) -> list[str]:
     """`wakefl server` for the fleet: a quorum of every honest device, rounds until stopped."""
-    return [
-        sys.executable,
-        "-m",
-        "wakefl.tools.cli",
-        "server",
-        "--broker",
-        broker_url,
-        "--state",
-        str(state),
-        "--fleet",
-        FLEET,
-        "--devices",
-        registry,
-        "--min-clients",
-        str(n_devices),
-        "--rounds",
-        "100000",
-        "--round-timeout",
-        "120",
-        "--width",
-        str(width),
-        "-v",
-    ]
+    return server_command(
+        broker_url, state, FLEET, registry,
+        "--min-clients", str(n_devices), "--rounds", "100000", "--round-timeout", "120",
+        "--width", str(width), "-v",
+    )  # fmt: skip
 
 
 def _run_figures(log_path: Path, devices: list[HonestDevice], target: int, peak_kb: int) -> dict:

@@ -50,8 +50,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from wakefl.protocol import frames, topics
 from wakefl.protocol import messages as M
-from wakefl.protocol import topics
 from wakefl.protocol import update_codec as C
 from wakefl.sdk.mqtt_link import parse_broker_url
 from wakefl.server.process_settings import keep_freed_heap
@@ -517,7 +517,6 @@ def _with_params(up: M.Uplink, params: torch.Tensor) -> M.Uplink:
     return replace(up, params=params)
 
 
-_HEADER_AT = len(M.MAGIC) + 32
 # How long the report waits, after the final downlink, for acks still in flight.
 ACK_GRACE_S = 10.0
 
@@ -525,10 +524,8 @@ ACK_GRACE_S = 10.0
 def _peek(payload: bytes) -> dict[str, Any] | None:
     """A downlink's JSON fields from the head of its frame (tensor bytes never read)."""
     try:
-        hlen = int.from_bytes(payload[_HEADER_AT : _HEADER_AT + 8], "little")
-        header = json.loads(payload[_HEADER_AT + 8 : _HEADER_AT + 8 + hlen])
-        return json.loads(header["__metadata__"]["wakefl"])
-    except (ValueError, KeyError, TypeError):
+        return frames.peek(payload)
+    except frames.FrameError:
         return None
 
 

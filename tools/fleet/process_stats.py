@@ -1,10 +1,12 @@
 """What the benchmarks measure of a process: CPU seconds (user + system, every thread) of
 this process or another one by its id, this process's CPU seconds at the end of each round
-of a server it runs, and the id of a managed broker's process."""
+of a server it runs, this process's peak memory, and the id of a managed broker's process."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 import threading
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,21 @@ def cpu_seconds(pid: int | None = None) -> float:
         return t.user + t.system
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def peak_rss_kb() -> int:
+    """VmHWM of this process (ru_maxrss would carry the parent's peak across exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def reset_peak_rss() -> int:
+    """Reset the peak to the current RSS (Linux clear_refs 5); returns the current RSS."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+    return peak_rss_kb()
 
 
 def broker_pid(broker: Any) -> int:

@@ -133,7 +133,7 @@ def _set_groups(data: PretrainData, rows: Sequence[tuple[Any, Path]]) -> None:
     """Group the training clips (rows with their manifest, in `pos` then `neg` order) by
     device type and by speech engine (from the speakers.csv beside each manifest; "" for a
     speaker it does not name, such as imported recordings)."""
-    from wakefl.tools.bench.detection_scoring import voice_families
+    from wakefl.tools.corpus.rendering import voice_families
 
     families = {m: voice_families(m) for m in {m for _, m in rows}}
     for label, out in ((1, data.pos_groups), (0, data.neg_groups)):

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from wakefl.errors import ConfigError
+from wakefl.operating_point import with_shipped_threshold
 from wakefl.tools.training.checkpoints import copy_weights
 from wakefl.tools.training.settings import BEST, BEST_CARD, HISTORY, STATE_INFO, STATE_WEIGHTS
 from wakefl.tools.training.validation import score_batches
@@ -125,8 +126,9 @@ def set_stream_threshold(weights: Path, bench_json: Path) -> dict[str, Any]:
     card.setdefault("clip_threshold", card["threshold"])
     card["stream_operating_point"] = point
     card["threshold"] = point["threshold"]
-    meta = json.loads(config_path(weights).read_text(encoding="utf-8"))
-    meta["shipped_threshold"] = card["threshold"]
+    meta = with_shipped_threshold(
+        json.loads(config_path(weights).read_text(encoding="utf-8")), card["threshold"]
+    )
     # The card first: a crash between the two leaves the config's old threshold, which
     # a second run mends; never a config that claims a threshold its card lacks.
     card_path = Path(weights).with_suffix(".card.json")
@@ -304,7 +306,7 @@ def _write_shipped(
     )
     # The config JSON also carries the shipped threshold, where `wakefl eval
     # --at-shipped-threshold` looks for a model's operating point.
-    meta = {**meta, "shipped_threshold": card["threshold"]}
+    meta = with_shipped_threshold(meta, card["threshold"])
     write_atomic(out.with_suffix(".json"), (json.dumps(meta, indent=2) + "\n").encode())
     write_atomic(out.with_suffix(".card.json"), (json.dumps(card, indent=1) + "\n").encode())
     tmp.chmod(0o644)  # shipped with the package: readable by every user

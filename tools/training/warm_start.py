@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from wakefl.cache_location import cache_root
+from wakefl.operating_point import with_shipped_threshold
 
 # Bump when the training recipe changes, so stale cached baselines are not reused.
 RECIPE_VERSION = 1
@@ -142,8 +143,10 @@ def pretrained_checkpoint(name: str, cache_dir: Path | str | None = None) -> Pat
     tmp = cache / f".tmp-pretrained-{name}-{os.getpid()}.safetensors"
     save_model(load_pretrained(name), tmp)
     shutil.copy(src.with_suffix(".card.json"), out.with_suffix(".card.json"))
-    meta = json.loads(tmp.with_suffix(".json").read_text(encoding="utf-8"))
-    meta["shipped_threshold"] = pretrained_card(name)["threshold"]
+    meta = with_shipped_threshold(
+        json.loads(tmp.with_suffix(".json").read_text(encoding="utf-8")),
+        pretrained_card(name)["threshold"],
+    )
     tmp.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp.with_suffix(".json"), out.with_suffix(".json"))
     os.replace(tmp, out)

@@ -4,15 +4,14 @@ a personal model v_k trained on F_k(v) + (lambda/2) ||v - w||^2."""
 from __future__ import annotations
 
 import torch
-from torch import Tensor
 
 from ..checks import require_count, require_non_negative, require_positive
 from ..local_sgd import sgd_steps
-from ..strategy import ClientInstructions, ClientResult, ClientState, LocalProblem, ServerState
-from .fedavg import FedAvg, copy_state, stored_personal
+from ..strategy import ClientInstructions, ClientResult, ClientState, LocalProblem
+from .fedavg import PersonalFedAvg, copy_state, stored_personal
 
 
-class Ditto(FedAvg):
+class Ditto(PersonalFedAvg):
     """DITTO with FedAvg as the global solver.
 
     Hyperparameters:
@@ -72,14 +71,3 @@ class Ditto(FedAvg):
         new_state = copy_state(new_state)
         new_state.tensors["personal"] = personal
         return result, new_state
-
-    def personalized_params(
-        self,
-        server: ServerState,
-        state: ClientState,
-        problem: LocalProblem,
-        generator: torch.Generator,
-        client_id: str | None = None,
-    ) -> Tensor:
-        personal = stored_personal(state, server.global_params)
-        return server.global_params if personal is None else personal

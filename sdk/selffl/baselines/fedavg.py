@@ -137,5 +137,22 @@ def stored_personal(state: ClientState, like: Tensor, key: str = "personal") -> 
     return require_finite(vec, f"stored {key} parameters")
 
 
+class PersonalFedAvg(FedAvg):
+    """FedAvg's server for a strategy whose clients also keep a personal model in their
+    state (`personal`): that model is what a client serves, the global one before its
+    first round (DITTO, local-only training)."""
+
+    def personalized_params(
+        self,
+        server: ServerState,
+        state: ClientState,
+        problem: LocalProblem,
+        generator: torch.Generator,
+        client_id: str | None = None,
+    ) -> Tensor:
+        personal = stored_personal(state, server.global_params)
+        return server.global_params if personal is None else personal
+
+
 def _origin(result: ClientResult) -> str:
     return f"update from client {result.client_id!r}"

@@ -5,16 +5,15 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
-from torch import Tensor
 
 from ..checks import require_activity_rate
 from ..local_sgd import sgd_steps
 from ..strategy import ClientInstructions, ClientResult, ClientState, LocalProblem, ServerState
 from .averaging import WeightedMean
-from .fedavg import FedAvg, _origin, copy_state, stored_personal
+from .fedavg import PersonalFedAvg, _origin, copy_state, stored_personal
 
 
-class LocalOnly(FedAvg):
+class LocalOnly(PersonalFedAvg):
     """Local-only training (the no-federation reference).
 
     Hyperparameters:
@@ -69,14 +68,3 @@ class LocalOnly(FedAvg):
             scalars={"local_steps": float(self.local_steps)},
         )
         return result, new_state
-
-    def personalized_params(
-        self,
-        server: ServerState,
-        state: ClientState,
-        problem: LocalProblem,
-        generator: torch.Generator,
-        client_id: str | None = None,
-    ) -> Tensor:
-        personal = stored_personal(state, server.global_params)
-        return server.global_params if personal is None else personal

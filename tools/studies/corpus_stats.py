@@ -2,7 +2,7 @@
 types differ (spectral centroid, band-energy shares, and how well a nearest-centroid rule
 on band shares tells the device type of held-out clips).
 
-    python -m wakefl.tools.corpus.stats CORPUS/manifest.csv
+    python -m wakefl.tools.studies.corpus_stats CORPUS/manifest.csv
 """
 
 from __future__ import annotations
@@ -88,5 +88,5 @@ def report(manifest_path: str | Path) -> str:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python -m wakefl.tools.corpus.stats MANIFEST.csv")
+        sys.exit("usage: python -m wakefl.tools.studies.corpus_stats MANIFEST.csv")
     print(report(sys.argv[1]))
