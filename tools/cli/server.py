@@ -76,6 +76,36 @@ def build_strategy(name: str, strategy_args: dict[str, Any]) -> Any:
         raise ConfigError(f"strategy {name!r}: bad --strategy-arg value: {exc}") from None
 
 
+def starting_model(init_model: str | None, random_weights: bool, width: float) -> str | None:
+    """What `--init-model`, `--random-weights` and `--width` ask the fleet to start from:
+    a checkpoint or shipped model as given, None for a random model of `width` (only when
+    asked for), and by default the shipped model of `width`."""
+    from wakefl.tools.training.warm_start import PRETRAINED_BY_WIDTH
+
+    if init_model is not None and random_weights:
+        raise ConfigError("give --init-model or --random-weights, not both")
+    if random_weights:
+        return None
+    if init_model is not None:
+        return init_model
+    if width not in PRETRAINED_BY_WIDTH:
+        widths = ", ".join(f"{w:g} ({n})" for w, n in sorted(PRETRAINED_BY_WIDTH.items()))
+        raise ConfigError(
+            f"no shipped model of width {width:g} (shipped: {widths}): give --init-model "
+            "CHECKPOINT, or --random-weights to start from a random model"
+        )
+    return f"pretrained:{PRETRAINED_BY_WIDTH[width]}"
+
+
+def describe_start(spec: str | None, width: float, seed: int) -> str:
+    """The first line of the server's output: which model the fleet starts from."""
+    if spec is None:
+        return f"the fleet starts from a random model of width {width:g} (seed {seed})"
+    if spec.startswith("pretrained:"):
+        return f"the fleet starts from the shipped model {spec}"
+    return f"the fleet starts from {spec}"
+
+
 def _handler(args: argparse.Namespace) -> int:
     import torch
 
@@ -93,20 +123,23 @@ def _handler(args: argparse.Namespace) -> int:
     args.broker = resolve_broker(args.broker)
     if args.role == "worker" and args.broker == "embedded":
         raise ConfigError("--role worker joins a coordinator's broker: pass its --broker URL")
+    say = progress_printer("wakefl.server")
     if args.role == "worker":
         from wakefl.server.aggregation_worker import wait_for_store
 
         # The coordinator's model, once it initialised the shared state folder.
         params = wait_for_store(state, args.start_timeout).global_params
         model_config: dict[str, Any] = {}
+        say(f"the fleet's model is the coordinator's, in {state}")
     else:
-        params, model_config = load_initial_model(args.init_model, args.width, args.seed)
+        spec = starting_model(args.init_model, args.random_weights, args.width)
+        params, model_config = load_initial_model(spec, args.width, args.seed)
+        say(describe_start(spec, args.width, args.seed))
     broker = None
     url = args.broker
     if url == "embedded":
         broker = ManagedBroker(state / "broker", port=args.embedded_port).start()
         url = broker.url
-        say = progress_printer("wakefl.server")
         say(f"embedded broker: {url} (persistence in {state / 'broker'})")
     try:
         cfg = ServerConfig(
@@ -242,11 +275,21 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
         "--init-model",
         default=None,
         help="the model the fleet starts from: a checkpoint (.safetensors with its .json) or "
-        "a shipped model, pretrained:full or pretrained:small (default: a randomly "
-        "initialised model of --width)",
+        "a shipped model, pretrained:full or pretrained:small (default: the shipped model "
+        "of --width, pretrained:full at 1.0, pretrained:small at 0.25)",
     )
     p.add_argument(
-        "--width", type=float, default=1.0, help="model width without --init-model (default 1.0)"
+        "--random-weights",
+        action="store_true",
+        help="start the fleet from a randomly initialised model of --width (seeded by "
+        "--seed) instead of a shipped one",
+    )
+    p.add_argument(
+        "--width",
+        type=float,
+        default=1.0,
+        help="model width without --init-model: 1.0 or 0.25 picks the shipped model, any "
+        "width with --random-weights (default 1.0)",
     )
     p.add_argument(
         "--devices",
@@ -316,7 +359,7 @@ def _add_start_options(p: argparse.ArgumentParser) -> None:
         "--seed",
         type=int,
         default=0,
-        help="seed of the device sampling and of a random --init-model (default 0)",
+        help="seed of the device sampling and of --random-weights (default 0)",
     )
     p.add_argument(
         "-v",

@@ -341,6 +341,7 @@ def _server_command(
         "100000",
         "--round-timeout",
         "120",
+        "--random-weights",
         "--width",
         str(width),
         "-v",
