@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -106,13 +109,35 @@ def describe_start(spec: str | None, width: float, seed: int) -> str:
     return f"the fleet starts from {spec}"
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def stopped_by_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP stop the server as Ctrl-C (SIGINT) does: the exception unwinds
+    through every `finally`, so the server closes its link and state and stops the
+    broker it started (Python's default for them ends the process at once, leaving the
+    broker behind). A second signal during that unwinding is ignored."""
+    caught: list[int] = []
+
+    def stop(signum: int, frame: object) -> None:
+        if not caught:
+            caught.append(signum)
+            raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def _handler(args: argparse.Namespace) -> int:
     import torch
 
     from wakefl.log_format import configure, progress_printer
     from wakefl.models.kws_cnn import load_initial_model
-    from wakefl.server.aggregation_server import ServerConfig
-    from wakefl.server.broker import ManagedBroker
     from wakefl.tools.cli.broker_option import resolve_broker
 
     torch.set_num_threads(1)
@@ -135,6 +160,25 @@ def _handler(args: argparse.Namespace) -> int:
         spec = starting_model(args.init_model, args.random_weights, args.width)
         params, model_config = load_initial_model(spec, args.width, args.seed)
         say(describe_start(spec, args.width, args.seed))
+    with stopped_by_signals():
+        return _serve(args, state, params, model_config, strategy, strategy_args)
+
+
+def _serve(
+    args: argparse.Namespace,
+    state: Path,
+    params: Any,
+    model_config: dict[str, Any],
+    strategy: Any,
+    strategy_args: dict[str, Any],
+) -> int:
+    """Start the embedded broker when asked for, run the server's role, and stop that
+    broker however the run ends."""
+    from wakefl.log_format import progress_printer
+    from wakefl.server.aggregation_server import ServerConfig
+    from wakefl.server.broker import ManagedBroker
+
+    say = progress_printer("wakefl.server")
     broker = None
     url = args.broker
     if url == "embedded":
