@@ -70,7 +70,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_as_user() -> pwd.struct_passwd | None:
+def run_as_user() -> pwd.struct_passwd | None:
     """mosquitto started as root drops to the `mosquitto` user; files it writes must be
     owned by that user."""
     if os.geteuid() != 0:
@@ -155,7 +155,7 @@ class ManagedBroker:
     def _write_conf(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         (self.state_dir / "data").mkdir(exist_ok=True)
-        pw = _run_as_user()
+        pw = run_as_user()
         # As root, mosquitto switches to the `mosquitto` user, which must reach the
         # persistence dir; under a private (0700) ancestor such as pytest's or a home
         # directory it could not, so the loopback-only embedded broker keeps root there.

@@ -138,6 +138,7 @@ def _handler(args: argparse.Namespace) -> int:
 
     from wakefl.log_format import configure, progress_printer
     from wakefl.models.kws_cnn import load_initial_model
+    from wakefl.server.embedded_fleet import EMBEDDED, EMBEDDED_ANONYMOUS
     from wakefl.tools.cli.broker_option import resolve_broker
 
     torch.set_num_threads(1)
@@ -146,7 +147,7 @@ def _handler(args: argparse.Namespace) -> int:
     strategy = build_strategy(args.strategy, strategy_args)
     state = Path(args.state)
     args.broker = resolve_broker(args.broker)
-    if args.role == "worker" and args.broker == "embedded":
+    if args.role == "worker" and args.broker in (EMBEDDED, EMBEDDED_ANONYMOUS):
         raise ConfigError("--role worker joins a coordinator's broker: pass its --broker URL")
     say = progress_printer("wakefl.server")
     if args.role == "worker":
@@ -174,17 +175,10 @@ def _serve(
 ) -> int:
     """Start the embedded broker when asked for, run the server's role, and stop that
     broker however the run ends."""
-    from wakefl.log_format import progress_printer
     from wakefl.server.aggregation_server import ServerConfig
-    from wakefl.server.broker import ManagedBroker
 
-    say = progress_printer("wakefl.server")
-    broker = None
-    url = args.broker
-    if url == "embedded":
-        broker = ManagedBroker(state / "broker", port=args.embedded_port).start()
-        url = broker.url
-        say(f"embedded broker: {url} (persistence in {state / 'broker'})")
+    devices = parse_devices(args.devices) if args.devices else None
+    broker, url = _embedded_broker(args, state, devices)
     try:
         cfg = ServerConfig(
             broker_url=url,
@@ -196,7 +190,7 @@ def _serve(
             activity_rate=args.activity_rate,
             min_clients=args.min_clients,
             round_timeout=args.round_timeout,
-            devices=parse_devices(args.devices) if args.devices else None,
+            devices=devices,
             strategy_name=args.strategy,
             strategy_args=strategy_args,
             wire_dtype=args.wire_dtype,
@@ -211,6 +205,37 @@ def _serve(
         if broker is not None:
             broker.stop()
     return 0
+
+
+def _embedded_broker(
+    args: argparse.Namespace, state: Path, devices: dict[str, str] | None
+) -> tuple[Any, str]:
+    """(the started embedded broker or None, the URL the server connects with). The
+    embedded broker is provisioned as production is, one account per device, unless the
+    anonymous one is asked for by name."""
+    from wakefl.log_format import progress_printer
+    from wakefl.server.broker import ManagedBroker
+    from wakefl.server.embedded_fleet import EMBEDDED, EMBEDDED_ANONYMOUS, provision_embedded
+
+    say = progress_printer("wakefl.server")
+    folder = state / "broker"
+    if args.broker == EMBEDDED_ANONYMOUS:
+        broker = ManagedBroker(folder, port=args.embedded_port).start()
+        say(
+            f"embedded broker: {broker.url}, ANONYMOUS (chosen): any local process may "
+            f"publish as any device or as this server (persistence in {folder})"
+        )
+        return broker, broker.url
+    if args.broker != EMBEDDED:
+        return None, args.broker
+    fleet = provision_embedded(folder, devices or {}, args.fleet, args.embedded_port)
+    fleet.broker.start()
+    say(
+        f"embedded broker: mqtts://127.0.0.1:{fleet.broker.port} with one account per device "
+        f"(TLS, passwords, ACL) in {folder}; a device joins with "
+        f"wakefl device --broker @{folder / 'devices'}/<id>.json ..."
+    )
+    return fleet.broker, fleet.server_url
 
 
 def _run_role(args: argparse.Namespace, cfg: Any, strategy: Any) -> None:
@@ -257,7 +282,13 @@ def _add_fleet_options(p: argparse.ArgumentParser) -> None:
     from wakefl.tools.cli.broker_option import HELP
 
     p.add_argument(
-        "--broker", default=None, help=HELP + "; 'embedded': a managed mosquitto on 127.0.0.1"
+        "--broker",
+        default=None,
+        help=HELP + "; 'embedded': a managed mosquitto on 127.0.0.1, provisioned as "
+        "production is (TLS, one password per --devices entry, the ACL) under "
+        "STATE/broker, each device's credentials in STATE/broker/devices/<id>.json; "
+        "'embedded-anonymous': the same broker without accounts, which any local process "
+        "can use to pose as any device",
     )
     p.add_argument("--state", required=True, help="state directory (SQLite + models + updates)")
     p.add_argument(
