@@ -223,7 +223,7 @@ def run_federation(
     broker_dir = None
     devices = {f"dev{t}": t for t in device_types}
     url = st.broker
-    device_urls = dict.fromkeys(devices, url)
+    device_urls: dict[str, str] = dict.fromkeys(devices, url or "")
     if url is None:
         # Outside the run folder on purpose: the broker runs as the `mosquitto` user and
         # must be able to reach its persistence folder. Provisioned as production is: each
