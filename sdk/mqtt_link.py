@@ -39,6 +39,7 @@ DEFAULT_MAX_PAYLOAD = 64 * 1024 * 1024
 # What an MQTT PUBLISH adds to its payload: fixed header, topic, packet id, v5 properties.
 # The wakefl topics are short; 64 KiB leaves room for any topic the broker accepts.
 PACKET_OVERHEAD = 64 * 1024
+MQTT_MAX_PACKET = 268_435_455  # the largest packet MQTT's length field can describe
 
 Handler = Callable[[str, bytes], None]
 _MAX_ACK_RECORDS = 10000
@@ -227,7 +228,7 @@ class MqttLink:
         oversized message whole before refusing it."""
         props = Properties(PacketTypes.CONNECT)
         props.SessionExpiryInterval = self._session_expiry
-        props.MaximumPacketSize = self.max_payload + PACKET_OVERHEAD
+        props.MaximumPacketSize = min(self.max_payload + PACKET_OVERHEAD, MQTT_MAX_PACKET)
         started = time.monotonic()
         self._client.connect_async(
             self.url.host,

@@ -89,3 +89,8 @@ def test_the_broker_never_delivers_the_server_a_message_over_its_limit(tmp_path)
     assert not thread.is_alive()
     # Only the small message reached the server: the oversized one was never delivered.
     assert sum(server.rejections.values()) == 1, dict(server.rejections)
+
+
+def test_a_link_with_a_limit_beyond_mqtts_own_announces_mqtts_largest(mqtt_broker):
+    link = MqttLink(mqtt_broker.url, "big", clean_start=True, max_payload=512 << 20).connect(10)
+    link.close()
