@@ -18,7 +18,7 @@ from pathlib import Path
 
 from wakefl.errors import ConfigError
 from wakefl.server.broker import ManagedBroker, free_port, reachable_by, run_as_user
-from wakefl.server.broker_config import DEFAULT_HOST
+from wakefl.server.broker_config import DEFAULT_HOST, render_broker_conf
 from wakefl.server.provisioning import provision
 
 EMBEDDED = "embedded"
@@ -58,17 +58,18 @@ def _recorded(folder: Path, fleet: str) -> tuple[dict[str, str], int | None]:
     return devices, int(registry["port"])
 
 
-def _broker_conf(folder: Path) -> Path:
-    """The rendered production config, run as root when the `mosquitto` user could not
-    reach the folder (a state folder under a private home or pytest's 0700 tmp): it only
-    listens on 127.0.0.1."""
+def _broker_conf(folder: Path, port: int) -> Path:
+    """The production config rendered afresh (never read back from the folder, where an
+    anonymous run of the same state folder may have written its own mosquitto.conf), run
+    as root when the `mosquitto` user could not reach the folder (a state folder under a
+    private home or pytest's 0700 tmp): it only listens on 127.0.0.1."""
     pw = run_as_user()
     user = "user root\n" if pw is not None and not reachable_by(folder, pw) else ""
     conf = folder / "embedded.conf"
     conf.write_text(
-        "# written by wakefl.server.embedded_fleet: mosquitto.conf as the embedded broker runs\n"
+        "# written by wakefl.server.embedded_fleet from server/config/mosquitto.conf\n"
         + user
-        + (folder / "mosquitto.conf").read_text()
+        + render_broker_conf(folder, DEFAULT_HOST, port, folder / "broker-data")
     )
     return conf
 
@@ -94,7 +95,7 @@ def provision_embedded(
     for dev, typ in sorted(devices.items()):
         if known.get(dev) != typ:
             provision(folder, dev, typ, fleet=fleet, host=DEFAULT_HOST, port=port)
-    broker = ManagedBroker(folder, port=port, conf_file=_broker_conf(folder))
+    broker = ManagedBroker(folder, port=port, conf_file=_broker_conf(folder, port))
     return EmbeddedFleet(
         folder=folder,
         broker=broker,

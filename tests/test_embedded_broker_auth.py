@@ -142,6 +142,12 @@ def test_accounts_are_made_once_and_the_port_kept(tmp_path):
     assert again.device_files["d1"].read_text() == before  # d1's config stays valid
     assert again.broker.port == first.broker.port and again.server_url == first.server_url
     assert sorted(again.device_files) == ["d1", "d2"]
+    # What the broker runs is rendered from the shipped template each time, whatever
+    # another run left in the folder.
+    (folder / "mosquitto.conf").write_text("listener 1883\nallow_anonymous true\n")
+    conf = provision_embedded(folder, {"d1": "A"}, FLEET).broker.conf_path.read_text()
+    assert "allow_anonymous false" in conf and "allow_anonymous true" not in conf
+    assert f"acl_file {folder.resolve()}/acl" in conf
     with pytest.raises(ConfigError, match="its own account"):
         provision_embedded(tmp_path / "none", {}, FLEET)
     with pytest.raises(ConfigError, match="not 'other'"):
@@ -155,3 +161,23 @@ def test_the_anonymous_embedded_broker_is_a_named_choice(capsys):
         main(["server", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "'embedded-anonymous'" in text and "provisioned as production is" in text
+
+
+def test_an_embedded_broker_without_accounts_is_asked_for_by_name_and_said(tmp_path):
+    base = [sys.executable, "-m", "wakefl.tools.cli", "server", "--random-weights"]
+    base += ["--width", "0.05", "--rounds", "1", "--start-timeout", "1"]
+    refused = subprocess.run(
+        [*base, "--broker", "embedded", "--state", str(tmp_path / "a")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 2 and "its own account" in refused.stderr, refused.stderr
+    chosen = subprocess.run(
+        [*base, "--broker", "embedded-anonymous", "--state", str(tmp_path / "b")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "ANONYMOUS (chosen)" in chosen.stdout, chosen.stdout + chosen.stderr
+    assert (tmp_path / "b" / "broker-anonymous" / "mosquitto.conf").is_file()

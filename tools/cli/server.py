@@ -218,8 +218,8 @@ def _embedded_broker(
     from wakefl.server.embedded_fleet import EMBEDDED, EMBEDDED_ANONYMOUS, provision_embedded
 
     say = progress_printer("wakefl.server")
-    folder = state / "broker"
     if args.broker == EMBEDDED_ANONYMOUS:
+        folder = state / "broker-anonymous"  # never the provisioned broker's files
         broker = ManagedBroker(folder, port=args.embedded_port).start()
         say(
             f"embedded broker: {broker.url}, ANONYMOUS (chosen): any local process may "
@@ -228,6 +228,7 @@ def _embedded_broker(
         return broker, broker.url
     if args.broker != EMBEDDED:
         return None, args.broker
+    folder = state / "broker"
     fleet = provision_embedded(folder, devices or {}, args.fleet, args.embedded_port)
     fleet.broker.start()
     say(
@@ -287,8 +288,8 @@ def _add_fleet_options(p: argparse.ArgumentParser) -> None:
         help=HELP + "; 'embedded': a managed mosquitto on 127.0.0.1, provisioned as "
         "production is (TLS, one password per --devices entry, the ACL) under "
         "STATE/broker, each device's credentials in STATE/broker/devices/<id>.json; "
-        "'embedded-anonymous': the same broker without accounts, which any local process "
-        "can use to pose as any device",
+        "'embedded-anonymous': a broker without accounts (under STATE/broker-anonymous), "
+        "which any local process can use to pose as any device",
     )
     p.add_argument("--state", required=True, help="state directory (SQLite + models + updates)")
     p.add_argument(
