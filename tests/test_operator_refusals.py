@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 
 import numpy as np
 import torch
@@ -71,7 +72,8 @@ def test_a_corrected_device_is_accepted_at_once_and_its_refusal_counted_once(mqt
         strategy_args=ARGS,
         start_timeout=60,
     )
-    server = AggregationServer(cfg, make_strategy("selffl", **ARGS), progress=lambda s: None)
+    said: list[str] = []
+    server = AggregationServer(cfg, make_strategy("selffl", **ARGS), progress=said.append)
 
     def serve() -> None:
         with contextlib.suppress(ConfigError):
@@ -80,6 +82,13 @@ def test_a_corrected_device_is_accepted_at_once_and_its_refusal_counted_once(mqt
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     try:
+        # The device's Hellos must be live, not retained copies read at the server's
+        # subscription (those are refused without being counted).
+        deadline = time.monotonic() + 30
+        while not any("waiting for devices" in line for line in said):
+            assert time.monotonic() < deadline, said
+            time.sleep(0.05)
+        time.sleep(0.5)
         wrong = _device(tmp_path, mqtt_broker.url, "B", "wrong")
         try:
             wrong.run(idle_timeout=30)
