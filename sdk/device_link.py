@@ -140,6 +140,8 @@ class DeviceLink:
         wait for this one forever."""
         if self._heard_server or self._link is None or not self._link.connected:
             return
+        if self._last_hello == 0.0:
+            return  # the connection's first Hello is on_connected's: one Hello, one answer
         if time.monotonic() - self._last_hello >= self._hello_interval:
             self._hello_interval = min(self._hello_interval * 2, _HELLO_MAX_REPEAT_S)
             self._send_hello()

@@ -36,6 +36,10 @@ log = logging.getLogger("wakefl.mqtt")
 DEFAULT_KEEPALIVE_S = 300
 DEFAULT_SESSION_EXPIRY_S = 7 * 24 * 3600
 DEFAULT_MAX_PAYLOAD = 64 * 1024 * 1024
+# What an MQTT PUBLISH adds to its payload: fixed header, topic, packet id, v5 properties.
+# The wakefl topics are short; 64 KiB leaves room for any topic the broker accepts.
+PACKET_OVERHEAD = 64 * 1024
+MQTT_MAX_PACKET = 268_435_455  # the largest packet MQTT's length field can describe
 
 Handler = Callable[[str, bytes], None]
 _MAX_ACK_RECORDS = 10000
@@ -216,9 +220,16 @@ class MqttLink:
 
     # ------------------------------------------------------------------ connection
     def connect(self, timeout: float = 30.0) -> MqttLink:
-        """Start the network loop and wait for the first CONNACK."""
+        """Start the network loop and wait for the first CONNACK.
+
+        The CONNECT announces a maximum packet size of `max_payload` plus the header: an
+        MQTT 5 broker then never delivers a larger message to this client (it drops it),
+        so a broker configured without `max_packet_size` cannot make this process read an
+        oversized message whole before refusing it."""
         props = Properties(PacketTypes.CONNECT)
         props.SessionExpiryInterval = self._session_expiry
+        props.MaximumPacketSize = min(self.max_payload + PACKET_OVERHEAD, MQTT_MAX_PACKET)
+        started = time.monotonic()
         self._client.connect_async(
             self.url.host,
             self.url.port,
@@ -229,10 +240,10 @@ class MqttLink:
         self._client.loop_start()
         if not self.wait_connected(timeout):
             err = self._connect_error or "no answer"
+            waited = time.monotonic() - started
             self.close()
             raise ProtocolError(
-                f"cannot connect to {self.url.redacted()} as "
-                f"{self.client_id!r} within {timeout:.0f} s: {err}"
+                connect_failure(self.url, self.client_id, err, waited, gave_up=self._fatal)
             )
         return self
 
@@ -418,6 +429,18 @@ class MqttLink:
                 0x90: "topic name invalid",
             }.get(code, "error")
             raise PublishError(topic, code, text)
+
+
+def connect_failure(
+    url: BrokerURL, client_id: str, error: str, waited: float, *, gave_up: bool
+) -> str:
+    """The one line a failed connection ends with, saying how long it really waited
+    (`waited` seconds): a refusal a retry cannot help (`gave_up`) ends the wait at once."""
+    if gave_up:
+        when = f"gave up after {waited:.1f} s, a retry cannot help"
+    else:
+        when = f"no connection after {waited:.0f} s of retrying"
+    return f"cannot connect to {url.redacted()} as {client_id!r}: {when}: {error}"
 
 
 def _without_share(topic_filter: str) -> str:

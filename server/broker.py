@@ -11,13 +11,16 @@ and can hang on shutdown. Any standard broker works through its URL instead.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pwd
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from wakefl.errors import ConfigError
@@ -27,13 +30,47 @@ MOSQUITTO_USER = "mosquitto"
 DEFAULT_MAX_PACKET = 64 * 1024 * 1024 + 64 * 1024
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _prctl() -> Callable[..., int] | None:
+    """libc's prctl on Linux (resolved in the parent: the child between fork and exec
+    should do no more than call it), None elsewhere."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def die_with_parent() -> Callable[[], None]:
+    """A `preexec_fn` making the child receive SIGTERM (mosquitto then saves its state and
+    exits) when the process starting it dies, however it dies: a SIGKILL of the server
+    cannot leave its broker running. Why a parent-death signal: a process group dies only
+    when the group is signalled, not when its leader is killed alone, and a watchdog is one
+    more process that can itself be killed. Linux sends the signal when the *thread* that
+    started the child ends, so a ManagedBroker must be started by a thread that lives as
+    long as it should (the main thread, in every caller)."""
+    prctl = _prctl()
+    parent = os.getpid()
+
+    def preexec() -> None:
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the signal was armed
+            os._exit(1)
+
+    return preexec
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _run_as_user() -> pwd.struct_passwd | None:
+def run_as_user() -> pwd.struct_passwd | None:
     """mosquitto started as root drops to the `mosquitto` user; files it writes must be
     owned by that user."""
     if os.geteuid() != 0:
@@ -118,7 +155,7 @@ class ManagedBroker:
     def _write_conf(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         (self.state_dir / "data").mkdir(exist_ok=True)
-        pw = _run_as_user()
+        pw = run_as_user()
         # As root, mosquitto switches to the `mosquitto` user, which must reach the
         # persistence dir; under a private (0700) ancestor such as pytest's or a home
         # directory it could not, so the loopback-only embedded broker keeps root there.
@@ -165,6 +202,7 @@ class ManagedBroker:
             stdout=log,
             stderr=log,
             stdin=subprocess.DEVNULL,
+            preexec_fn=die_with_parent(),  # noqa: PLW1509 - only prctl runs before exec
         )
         log.close()
         end = time.monotonic() + timeout

@@ -324,19 +324,28 @@ class Ingest:
             reg = self.s.registry()
             decision = admit_hello(dev, msg, self.s.cfg.fleet, reg, self.s.static)
             if decision.outcome is Outcome.REFUSE:
-                if retained:
-                    why = f"{decision.reason}: {decision.detail}"
-                    self._refused_retained_hello(dev, why, msg.online)
-                    if msg.online:
-                        self.carry_out(replace(decision, outcome=Outcome.IGNORE))
-                else:
-                    self.carry_out(decision)
+                self._refuse_hello(decision, dev, msg.online, retained)
                 return
             if dev not in reg:
                 self.s.store.register_device(dev, msg.device_type, "hello")
             self.s.store.set_online(dev, msg.online)
             self.s.changed.notify_all()
         log.info("device %s (%s) %s", dev, msg.device_type, "online" if msg.online else "offline")
+
+    def _refuse_hello(self, decision: Decision, dev: str, online: bool, retained: bool) -> None:
+        """Carry out a refused Hello. A refusal answers the one Hello that asked to join:
+        the offline Hello a refused device leaves with (its clean exit or its will) is
+        neither counted nor answered, since nobody would read that answer but the device's
+        next session, which the broker keeps and would hand it as the refusal of its next,
+        perhaps corrected, Hello."""
+        if retained:
+            self._refused_retained_hello(dev, f"{decision.reason}: {decision.detail}", online)
+            if online:
+                self.carry_out(replace(decision, outcome=Outcome.IGNORE))
+        elif online:
+            self.carry_out(decision)
+        else:
+            log.info("offline hello from refused device %s ignored: %s", dev, decision.detail)
 
     def _refused_retained_hello(self, dev: str, why: str, online: bool) -> None:
         """A Hello that cannot stand, delivered as the broker's retained copy: it predates

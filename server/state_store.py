@@ -205,6 +205,13 @@ class StateStore:
         with self._tx() as db:
             mark_online(db, device_id, online)
 
+    def presence(self) -> dict[str, tuple[bool, float | None]]:
+        """Each device's last word on its presence (True: its last Hello said online, or
+        an update came since) and when the server last heard from it (epoch s)."""
+        with self._lock:
+            rows = self._db.execute("SELECT device_id, online, last_seen FROM devices").fetchall()
+        return {r[0]: (bool(r[1]), r[2]) for r in rows}
+
     def online_devices(self) -> list[str]:
         with self._lock:
             rows = self._db.execute("SELECT device_id FROM devices WHERE online=1").fetchall()

@@ -103,6 +103,7 @@ def _federation(
         str(tmp_path / "server"),
         "--rounds",
         str(rounds),
+        "--random-weights",
         "--width",
         WIDTH,
         "--devices",

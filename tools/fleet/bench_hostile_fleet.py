@@ -327,7 +327,7 @@ def _server_command(
     return server_command(
         broker_url, state, FLEET, registry,
         "--min-clients", str(n_devices), "--rounds", "100000", "--round-timeout", "120",
-        "--width", str(width), "-v",
+        "--random-weights", "--width", str(width), "-v",
     )  # fmt: skip
 
 

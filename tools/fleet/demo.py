@@ -214,21 +214,26 @@ def run_federation(
 ) -> dict[str, Path]:
     """Broker + server + one device process per type. Returns the checkpoints of the
     models the devices serve, by device type."""
-    from wakefl.server.broker import ManagedBroker
+    from wakefl.protocol.topics import DEFAULT_FLEET
+    from wakefl.server.embedded_fleet import provision_embedded
 
     logs = run_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     broker = None
     broker_dir = None
+    devices = {f"dev{t}": t for t in device_types}
     url = st.broker
+    device_urls: dict[str, str] = dict.fromkeys(devices, url or "")
     if url is None:
         # Outside the run folder on purpose: the broker runs as the `mosquitto` user and
-        # must be able to reach its persistence folder.
+        # must be able to reach its persistence folder. Provisioned as production is: each
+        # process gets its own account, handed over by file (server/embedded_fleet.py).
         broker_dir = Path(tempfile.mkdtemp(prefix="wakefl-demo-broker-"))
-        broker = ManagedBroker(broker_dir).start()
-        url = broker.url
-        _say(f"embedded mosquitto broker on {url}")
-    devices = {f"dev{t}": t for t in device_types}
+        embedded = provision_embedded(broker_dir, devices, DEFAULT_FLEET)
+        broker = embedded.broker.start()
+        url = f"@{embedded.server_file}"
+        device_urls = {d: f"@{f}" for d, f in embedded.device_files.items()}
+        _say(f"embedded mosquitto broker on 127.0.0.1:{broker.port}, one account per device")
     server_args = _server_args(st, url, run_dir, baseline, devices)
     procs: list[_Proc] = []
     served: dict[str, Path] = {}
@@ -239,7 +244,11 @@ def run_federation(
             served[t] = run_dir / "models" / f"served-{t}.safetensors"
             served[t].parent.mkdir(parents=True, exist_ok=True)
             procs.append(
-                _Proc(dev, _device_args(st, url, run_dir, manifest, dev, t, served[t]), logs)
+                _Proc(
+                    dev,
+                    _device_args(st, device_urls[dev], run_dir, manifest, dev, t, served[t]),
+                    logs,
+                )
             )
         _wait_for_run(st, procs, logs)
     finally:

@@ -30,6 +30,29 @@ def gate_summary(record: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+# A device counts as online when its last Hello said so and the server heard from it
+# this recently: a device and a server that both exited leave "online" on record (the
+# device's offline Hello found no server to read it), and only the time tells.
+ONLINE_WITHIN_S = 600.0
+
+
+def is_online(said_online: bool, last_seen: float | None, now: float, within_s: float) -> bool:
+    """Online: the device's last Hello said online (no will or clean-exit Hello since) and
+    the server heard from it at most `within_s` seconds before `now`."""
+    return said_online and last_seen is not None and 0.0 <= now - last_seen <= within_s
+
+
+def age_text(seconds: float | None) -> str:
+    """`12 s`, `5 min`, `3 h`, `2 d` ago; `never` when never seen."""
+    if seconds is None:
+        return "never"
+    seconds = max(0.0, seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= 2 * size:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds:.0f} s"
+
+
 def _rounds(store: Any) -> list[dict[str, Any]]:
     out, k = [], 1
     while (rec := store.round(k)) is not None:
@@ -46,18 +69,25 @@ def _rounds(store: Any) -> list[dict[str, Any]]:
     return out
 
 
-def read_status(state_dir: Path | str, recent: int = 10) -> dict[str, Any]:
-    """The fleet's state as one JSON-ready object."""
+def read_status(
+    state_dir: Path | str,
+    recent: int = 10,
+    online_within_s: float = ONLINE_WITHIN_S,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """The fleet's state as one JSON-ready object, online as `is_online` says at `now`."""
     import json
 
     from wakefl.server.state_store import StateStore
+
+    now = time.time() if now is None else now
 
     state_dir = Path(state_dir)
     if not (state_dir / "server.sqlite").is_file():
         raise ConfigError(f"{state_dir} holds no server state (no server.sqlite): give --state")
     store = StateStore(state_dir)
     try:
-        online = set(store.online_devices())
+        presence = store.presence()
         clients = store.clients()
         rounds = _rounds(store)
         devices = []
@@ -65,11 +95,14 @@ def read_status(state_dir: Path | str, recent: int = 10) -> dict[str, Any]:
             c = clients.get(dev, {})
             record = json.loads(c["record"]) if c.get("record") else {}
             sampled_in = [r["round"] for r in rounds if dev in r["sampled"]]
+            said_online, last_seen = presence.get(dev, (False, None))
             devices.append(
                 {
                     "device": dev,
                     "type": dtype,
-                    "online": dev in online,
+                    "online": is_online(said_online, last_seen, now, online_within_s),
+                    "last_seen": last_seen,
+                    "seen_s_ago": None if last_seen is None else max(0.0, now - last_seen),
                     "last_sampled": sampled_in[-1] if sampled_in else None,
                     "last_round": c.get("last_round"),
                     "rounds_reported": c.get("rounds_reported", 0),
@@ -82,6 +115,7 @@ def read_status(state_dir: Path | str, recent: int = 10) -> dict[str, Any]:
         return {
             "state": str(state_dir),
             "run_id": store.get_meta("run_id"),
+            "online_within_s": online_within_s,
             "rounds": rounds,
             "devices": devices,
             "rejections": store.rejection_counts(),
@@ -110,7 +144,7 @@ def format_status(st: dict[str, Any], now: float | None = None) -> str:
             + (f", declined by {', '.join(last['declined'])}" if last["declined"] else "")
         )
     head = (
-        f"{'device':<20} {'type':<5} {'online':<6} {'sampled':>7} {'reported':>8} "
+        f"{'device':<20} {'type':<5} {'online':<6} {'last seen':>9} {'sampled':>7} {'reported':>8} "
         f"{'relFA':>6} {'relFR':>6} {'gate':<8} {'served relFA/FR':>15} {'refused':>7}"
     )
     lines += ["", head, "-" * len(head)]
@@ -118,6 +152,7 @@ def format_status(st: dict[str, Any], now: float | None = None) -> str:
         served = f"{_fmt(d['served_relative_fa'])}/{_fmt(d['served_relative_fr'])}"
         lines.append(
             f"{d['device'][:20]:<20} {d['type']:<5} {'yes' if d['online'] else 'no':<6} "
+            f"{age_text(d['seen_s_ago']):>9} "
             f"{d['last_sampled'] or '-':>7} {d['last_round'] or '-':>8} "
             f"{_fmt(d['relative_fa']):>6} {_fmt(d['relative_fr']):>6} "
             f"{d['decision'] or '-':<8} {served:>15} {d['rejected']:>7}"
@@ -133,6 +168,11 @@ def format_status(st: dict[str, Any], now: float | None = None) -> str:
         who = r["device_id"] or "?"
         rnd = f" round {r['round_id']}" if r["round_id"] is not None else ""
         lines.append(f"  {ago:7.0f} s ago  {r['reason']}: {who}{rnd} {r['detail'] or ''}".rstrip())
+    lines.append(
+        f"online: the device's last Hello said online (no will or clean-exit Hello since) "
+        f"and the server heard from it within the last {age_text(st['online_within_s'])}; "
+        "last seen: how long ago the server last heard from it"
+    )
     lines.append(
         "sampled/reported: the last round that sampled the device / it reported in; "
         "relFA/relFR: its last personalized model against the baseline; gate: the "
