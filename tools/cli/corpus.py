@@ -6,7 +6,15 @@ import argparse
 import time
 from collections import Counter
 
-from wakefl.tools.corpus.plan import PROFILES
+
+def _profile_names() -> tuple[str, ...] | None:
+    """The corpus profiles, or None on a core install: their recipes import the full
+    extra's acoustics, and `--help` must still work there."""
+    try:
+        from wakefl.tools.corpus.plan import PROFILES
+    except ModuleNotFoundError:
+        return None
+    return tuple(PROFILES)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -18,11 +26,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     b.add_argument("--seed", type=int, default=0, help="same seed and profile give identical files")
     b.add_argument(
         "--profile",
-        choices=tuple(PROFILES),
+        choices=_profile_names(),
         default="tiny",
-        help="corpus size and recipe; 'pretrain' is the pretraining corpus, 'pretrain-voices' "
-        "its add-on of more voices, 'pretrain-timing' its add-on of re-timed wake phrases "
-        "(see tools/CORPUS.md)",
+        help="corpus size and recipe (default tiny); 'pretrain' is the pretraining corpus, "
+        "'pretrain-voices' its add-on of more voices, 'pretrain-timing' its add-on of re-timed "
+        "wake phrases (see tools/CORPUS.md)",
     )
     b.add_argument("--phrase", default="hey nova", help="the wake phrase (default: hey nova)")
     b.add_argument(

@@ -49,8 +49,9 @@ def _register_export(sub: argparse._SubParsersAction) -> None:
     src.add_argument(
         "--random-weights",
         action="store_true",
-        help="export an untrained, randomly initialised model (it detects nothing; for "
-        "timing and tests). Without it, --weights or --pretrained is required",
+        help="export an untrained, randomly initialised model (for timing and tests): it "
+        "scores every sound near 0.5, so at the fallback threshold 0.5 it fires at random, "
+        "on silence too. Without it, --weights or --pretrained is required",
     )
     exp.add_argument(
         "--width",
@@ -427,13 +428,23 @@ def _export(args: argparse.Namespace) -> int:
     }
     if args.json:
         print(json.dumps(result))
-        return 0
-    print(f"wrote {out} ({result['precision']}, {result['bytes'] / 1e6:.2f} MB)")
-    if point is None:
+    else:
+        _print_export(result, args.random_weights, sidecar)
+    return 0
+
+
+def _print_export(result: dict[str, Any], untrained: bool, sidecar: Path) -> None:
+    """What `model export` wrote, in words."""
+    print(f"wrote {result['out']} ({result['precision']}, {result['bytes'] / 1e6:.2f} MB)")
+    if untrained:
+        print("  untrained: it scores every sound near 0.5 and fires at random, on silence too")
+    if result["shipped_threshold"] is None:
         print("  no shipped threshold: `wakefl edge detect` runs it at 0.5 unless told")
     else:
-        print(f"  shipped threshold {point.threshold:.4f} ({point.source}), also in {sidecar}")
-    return 0
+        print(
+            f"  shipped threshold {result['shipped_threshold']:.4f} "
+            f"({result['threshold_source']}), also in {sidecar}"
+        )
 
 
 def _check_export_source(args: argparse.Namespace) -> None:
@@ -445,7 +456,7 @@ def _check_export_source(args: argparse.Namespace) -> None:
     if args.weights is None and args.pretrained is None:
         raise ConfigError(
             "give --pretrained NAME or --weights FILE.safetensors; --random-weights "
-            "[--width W] exports an untrained model, which detects nothing"
+            "[--width W] exports an untrained model, which fires at random"
         )
 
 
