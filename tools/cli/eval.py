@@ -8,6 +8,7 @@ import argparse
 import json
 import math
 import sys
+from pathlib import Path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -240,6 +241,8 @@ def _score_alone(args: argparse.Namespace, threshold: float | dict | None) -> in
     if args.report:
         raise ConfigError("--report compares models: give --candidate, or drop --report")
     model = _baseline_path(args)
+    if not Path(model).is_file():
+        raise ConfigError(f"model file not found: {model} (--baseline)")
     source = "given"
     if threshold is None:
         threshold = card_threshold(model)
