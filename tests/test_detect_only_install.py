@@ -104,3 +104,9 @@ def test_a_core_install_detects_without_torch(tmp_path, hey_nova_wav):
     )
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert "wakefl[full]" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    # Every command's help still reads there, the corpus profiles' included.
+    for command in (["corpus", "import"], ["corpus", "build"], ["eval"], ["server"]):
+        res = subprocess.run(
+            [wakefl, *command, "--help"], capture_output=True, text=True, timeout=120, cwd=tmp_path
+        )
+        assert res.returncode == 0 and res.stdout.startswith("usage: wakefl"), res.stderr

@@ -108,3 +108,71 @@ def test_a_model_without_a_threshold_is_refused_alone(own_corpus, tiny_kws_onnx,
     rc = main(["eval", "--baseline", str(tiny_kws_onnx), "--manifest", str(own_corpus), "--quiet"])
     err = capsys.readouterr().err
     assert rc == 2 and "no shipped threshold" in err and "--threshold" in err
+
+
+def _labels_without_split(tiny_corpus: Path, folder: Path, with_stream: bool) -> Path:
+    """A CSV as a device maker writes one, with no split column: 10 wake-word clips of five
+    speakers, 2 other clips and, `with_stream`, one long negative recording."""
+    rows = [r for r in read_manifest(tiny_corpus) if r.split == "test" and r.device_type == "A"]
+    pos = [r for r in rows if r.kind == "clip" and r.label == 1][:10]
+    neg = [r for r in rows if r.kind == "clip" and r.label == 0][:2]
+    stream = [r for r in rows if r.kind == "stream"][:1] if with_stream else []
+    speakers = ("anna", "ben", "chloe", "dev", "emma")
+    labels = folder / ("labels-stream.csv" if with_stream else "labels.csv")
+    with labels.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["path", "label", "device_type", "speaker"])
+        for i, r in enumerate(pos + neg + stream):
+            w.writerow([r.path, r.label, "A", speakers[i % 5] if r.label else "background"])
+    return labels
+
+
+def _import(tiny_corpus: Path, labels: Path, out: Path, *extra: str) -> Path:
+    argv = ["corpus", "import", "--src", str(tiny_corpus.parent), "--manifest", str(labels)]
+    assert main([*argv, "--out", str(out), "--quiet", *extra]) == 0
+    return out / "manifest.csv"
+
+
+def test_an_import_for_evaluation_keeps_every_clip_in_the_scored_split(
+    tiny_corpus, tmp_path, capsys
+):
+    labels = _labels_without_split(tiny_corpus, tmp_path, with_stream=True)
+    drawn = _import(tiny_corpus, labels, tmp_path / "drawn")
+    out = capsys.readouterr().out
+    # Without --split, the speakers are drawn 70/15/15 for training, and the import says so.
+    assert "had no split" in out and "--split test" in out
+    assert {r.split for r in read_manifest(drawn) if r.label == 1} != {"test"}
+
+    manifest = _import(tiny_corpus, labels, tmp_path / "eval", "--split", "test")
+    assert "had no split" not in capsys.readouterr().out
+    rows = read_manifest(manifest)
+    assert len(rows) == 13 and {r.split for r in rows} == {"test"}
+    argv = ["eval", "--baseline", "pretrained:small", "--manifest", str(manifest), "--quiet"]
+    assert main([*argv, "--json"]) == 0
+    got = {r["device_type"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    stream_s = sum(r.duration_s for r in rows if r.kind == "stream")
+    assert got["A"]["n_positive"] == 10 and got["A"]["frr"] is not None
+    assert got["A"]["n_negative_clips"] == 2
+    assert got["A"]["stream_hours"] == pytest.approx(stream_s / 3600)
+    assert main(argv) == 0
+    table = capsys.readouterr().out.splitlines()
+    head = next(ln for ln in table if ln.startswith("device"))
+    assert "wake" in head and "stream h" in head and "neg clips" in head
+    a_row = next(ln for ln in table if ln.startswith("A "))
+    assert a_row.split()[-1] == "2" and f"{stream_s / 3600:.3f}" in a_row
+
+
+def test_an_n_a_cell_says_which_recordings_would_fill_it(tiny_corpus, tmp_path, capsys):
+    labels = _labels_without_split(tiny_corpus, tmp_path, with_stream=False)
+    manifest = _import(tiny_corpus, labels, tmp_path / "eval", "--split", "test")
+    capsys.readouterr()
+    argv = ["eval", "--baseline", "pretrained:small", "--manifest", str(manifest), "--quiet"]
+    assert main(argv) == 0
+    alone = capsys.readouterr().out
+    assert "no negative streams: FA/h not measured; to measure it, add negative " in alone
+    assert "recordings of 10 s or more" in alone and "to the test split" in alone
+    argv += ["--candidate", str(pretrained_path("small")), "--at-shipped-threshold"]
+    assert main([*argv, "--n-boot", "20"]) == 0
+    compared = capsys.readouterr().out
+    assert "n/a cells:" in compared and "str h" in compared
+    assert "to measure it, add negative recordings of 10 s or more" in compared

@@ -15,6 +15,14 @@ import numpy as np
 from wakefl.errors import ConfigError
 
 QUANTIZED_OPS = ["Conv", "Gemm"]
+# The calibration set shipped beside the pretrained models (made by
+# tools/corpus/calibration_set.py): its windows, one after another, and what each holds.
+CALIBRATION_AUDIO = "int8-calibration.flac"
+CALIBRATION_INDEX = "int8-calibration.json"
+CALIBRATION_DIR = Path(__file__).resolve().parent / "pretrained"
+# Below this share of windows on which int8 and fp32 decide alike, `model export --int8`
+# warns: one decision in a hundred is what a device maker would notice in the field.
+AGREEMENT_FLOOR = 0.99
 
 
 def synthetic_calibration_windows(
@@ -58,6 +66,47 @@ def calibration_windows(waves: Sequence[np.ndarray], window: int, most: int = 25
     if not wins:
         raise ConfigError("no calibration windows in the given files")
     return np.stack(wins[:most])
+
+
+def bundled_calibration(role: str, folder: Path = CALIBRATION_DIR) -> tuple[np.ndarray, str]:
+    """The shipped calibration set's windows of `role` ("calibration" or "held_out") as
+    [N, window] float32, and a line saying what they hold."""
+    import json
+
+    import soundfile as sf
+
+    index = json.loads((folder / CALIBRATION_INDEX).read_text(encoding="utf-8"))
+    audio, _ = sf.read(str(folder / CALIBRATION_AUDIO), dtype="float32")
+    windows = audio.reshape(-1, int(index["window_samples"]))
+    rows = index["windows"]
+    if len(rows) != windows.shape[0]:
+        raise ConfigError(f"{folder / CALIBRATION_INDEX} does not describe {CALIBRATION_AUDIO}")
+    keep = [i for i, r in enumerate(rows) if r["role"] == role]
+    voices = {r["voice"].split(":")[0] for r in (rows[i] for i in keep) if r["voice"]}
+    devices = sorted({rows[i]["device_type"] for i in keep})
+    said = (
+        f"{len(keep)} windows of the shipped calibration set: "
+        f"{len({rows[i]['voice'] for i in keep} - {''})} voices of {', '.join(sorted(voices))}, "
+        f"device types {''.join(devices)}"
+    )
+    return windows[keep], said
+
+
+def decision_agreement(fp32: np.ndarray, int8: np.ndarray, threshold: float) -> dict[str, Any]:
+    """How often the int8 model decides as the fp32 model does at `threshold` (a window
+    fires when its score reaches it), over the same windows, and their largest score gap."""
+    a, b = np.asarray(fp32, np.float64), np.asarray(int8, np.float64)
+    if a.shape != b.shape or a.size == 0:
+        raise ConfigError(f"agreement needs scores of the same windows, got {a.shape}, {b.shape}")
+    agree = int(np.count_nonzero((a >= threshold) == (b >= threshold)))
+    return {
+        "windows": int(a.size),
+        "agree": agree,
+        "share": agree / a.size,
+        "threshold": float(threshold),
+        "max_score_gap": float(np.max(np.abs(a - b))),
+        "below_floor": agree / a.size < AGREEMENT_FLOOR,
+    }
 
 
 class _WindowReader:

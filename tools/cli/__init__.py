@@ -8,6 +8,7 @@ import argparse
 import importlib
 import os
 import sys
+from typing import NoReturn
 
 from wakefl import __version__
 from wakefl.errors import WakeflError
@@ -46,8 +47,23 @@ def missing_extra(command: str, exc: ModuleNotFoundError) -> Exception:
     )
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, ending on a bad argument with the same final line as any other
+    refusal (log_format.final_line); its sub-command parsers are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        from wakefl.log_format import final_line, is_terminal
+
+        if is_terminal(sys.stderr):
+            self.print_usage(sys.stderr)
+        else:
+            message += f" (`{self.prog} --help` lists the options)"
+        print(final_line(self.prog, f"error: {message}", sys.stderr), file=sys.stderr)
+        sys.exit(2)
+
+
 def _build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="wakefl",
         description="wakefl: on-device wake-word personalization with federated learning "
         "(Self-FL). `wakefl COMMAND --help` describes each command.",
@@ -72,7 +88,7 @@ def _build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from wakefl.log_format import configure
+    from wakefl.log_format import configure, final_line
 
     configure()  # one format for every command's log lines; -v raises the level
     try:
@@ -88,10 +104,10 @@ def main(argv: list[str] | None = None) -> int:
             raise missing_extra(args.command, exc) from None
         return int(result or 0)
     except WakeflError as exc:
-        print(f"wakefl: error: {exc}", file=sys.stderr)
+        print(final_line("wakefl", f"error: {exc}", sys.stderr), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("wakefl: interrupted", file=sys.stderr)
+        print(final_line("wakefl", "interrupted", sys.stderr, "WARNING"), file=sys.stderr)
         return 130
     except BrokenPipeError:
         # The reader left (`wakefl ... | head`): stop quietly, as other commands do. Python

@@ -6,7 +6,15 @@ import argparse
 import time
 from collections import Counter
 
-from wakefl.tools.corpus.plan import PROFILES
+
+def _profile_names() -> tuple[str, ...] | None:
+    """The corpus profiles, or None on a core install: their recipes import the full
+    extra's acoustics, and `--help` must still work there."""
+    try:
+        from wakefl.tools.corpus.plan import PROFILES
+    except ModuleNotFoundError:
+        return None
+    return tuple(PROFILES)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -18,11 +26,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     b.add_argument("--seed", type=int, default=0, help="same seed and profile give identical files")
     b.add_argument(
         "--profile",
-        choices=tuple(PROFILES),
+        choices=_profile_names(),
         default="tiny",
-        help="corpus size and recipe; 'pretrain' is the pretraining corpus, 'pretrain-voices' "
-        "its add-on of more voices, 'pretrain-timing' its add-on of re-timed wake phrases "
-        "(see tools/CORPUS.md)",
+        help="corpus size and recipe (default tiny); 'pretrain' is the pretraining corpus, "
+        "'pretrain-voices' its add-on of more voices, 'pretrain-timing' its add-on of re-timed "
+        "wake phrases (see tools/CORPUS.md)",
     )
     b.add_argument("--phrase", default="hey nova", help="the wake phrase (default: hey nova)")
     b.add_argument(
@@ -48,6 +56,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--allow-speaker-leakage",
         action="store_true",
         help="import a speaker listed in more than one split (refused by default)",
+    )
+    i.add_argument(
+        "--split",
+        choices=("train", "val", "test"),
+        default=None,
+        help="the split of every file the CSV gives none: 'test' for recordings meant for "
+        "`wakefl eval`, which scores the test split (default: one per speaker drawn by a "
+        "hash of its name, 70/15/15 train/val/test, for training)",
     )
     i.add_argument("--max-bad-share", type=float, default=0.1,
                    help="fail when more than this share of files is bad (default 0.1)")  # fmt: skip
@@ -91,8 +107,15 @@ def _import(args: argparse.Namespace) -> int:
 
     res = import_recordings(args.src, args.manifest, args.out, max_bad_share=args.max_bad_share,
                             stream_min_s=args.stream_min_s, progress=not args.quiet, force=args.force,
-                            allow_speaker_leakage=args.allow_speaker_leakage)  # fmt: skip
+                            allow_speaker_leakage=args.allow_speaker_leakage,
+                            default_split=args.split)  # fmt: skip
     print(f"imported {res.n_ok} of {res.n_rows} files: {res.manifest}")
+    if res.drawn_splits:
+        print(
+            f"{res.drawn_splits} file(s) had no split: each speaker's drawn 70/15/15 "
+            "train/val/test, for training; `wakefl eval` scores only test, so to evaluate "
+            "on every file import them with --split test"
+        )
     if res.bad:
         print(f"{len(res.bad)} bad file(s) listed in {res.report}:")
         for e in res.bad:

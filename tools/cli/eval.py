@@ -8,6 +8,7 @@ import argparse
 import json
 import math
 import sys
+from pathlib import Path
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -130,8 +131,8 @@ def _bound(x: float | str | None) -> str:
     return "inf" if x == "unbounded" else _fmt(x)  # type: ignore[arg-type]
 
 
-def _table(rows: list[dict]) -> str:
-    head = f"{'candidate':<16} {'device':<7} {'state':<9} {'FR':>6} {'FA':>6} {'relFA':>6} {'CI':>15} {'relFR':>6} {'FA/h':>8} {'pos':>5} {'neg':>5}"
+def _table(rows: list[dict], split: str = "test") -> str:
+    head = f"{'candidate':<16} {'device':<7} {'state':<9} {'FR':>6} {'FA':>6} {'relFA':>6} {'CI':>15} {'relFR':>6} {'FA/h':>8} {'pos':>5} {'neg':>5} {'str h':>6}"
     lines = [head, "-" * len(head)]
     for r in rows:
         ci = f"[{_bound(r['relative_fa_ci']['lower'])},{_bound(r['relative_fa_ci']['upper'])}]"
@@ -141,23 +142,29 @@ def _table(rows: list[dict]) -> str:
         lines.append(
             f"{r['candidate'][:16]:<16} {r['device_type']:<7} {r['state']:<9} {_fmt(r['fr']):>6} "
             f"{_fmt(r['fa']):>6} {_fmt(r['relative_fa']):>6} {ci:>15} {_fmt(r['relative_fr']):>6} "
-            f"{fph:>8} {r['n_positive']:>5} {r['n_negative']:>5}"
+            f"{fph:>8} {r['n_positive']:>5} {r['n_negative']:>5} {r['stream_hours']:>6.2f}"
         )
+    lines.append(
+        "pos, neg: the wake-word and other clips FR, FA and relFA rest on; str h: the hours "
+        "of negative stream FA/h rests on"
+    )
     if any(r.get("fa_per_hour_saturated") or r.get("baseline_fa_per_hour_saturated") for r in rows):
         lines.append(
             "* FA/h saturated: within 20% of its ceiling (one event per refractory "
             "period); the real rate of false triggers may be higher"
         )
-    return "\n".join(lines + empty_cell_notes(rows))
+    return "\n".join(lines + empty_cell_notes(rows, split))
 
 
 # Words of the notes that explain a missing figure (the others explain a present one).
 _EMPTY_WORDS = ("not measured", "no wake-word or no other", "unbounded", "no interval")
 
 
-def empty_cell_notes(rows: list[dict]) -> list[str]:
-    """Why cells show n/a, once per distinct reason, naming the cells: the JSON's notes,
-    brought to the console."""
+def empty_cell_notes(rows: list[dict], split: str = "test") -> list[str]:
+    """Why cells show n/a, once per distinct reason, naming the cells, and what recordings
+    would fill them: the JSON's notes, brought to the console."""
+    from wakefl.tools.evaluation.missing_figures import what_fills
+
     why: dict[str, list[str]] = {}
     for r in rows:
         if r.get("relative_fa") is not None and r.get("fa_per_hour") is not None:
@@ -174,6 +181,9 @@ def empty_cell_notes(rows: list[dict]) -> list[str]:
     for reason, cells in why.items():
         shown = ", ".join(cells[:4]) + (f" and {len(cells) - 4} more" if len(cells) > 4 else "")
         lines.append(f"  {reason}: {shown}")
+        fills = what_fills(reason, split)
+        if fills:
+            lines.append(f"    to measure it, {fills}")
     return lines
 
 
@@ -216,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result_json(result), allow_nan=False))
     else:
-        print(_table(result.rows))
+        print(_table(result.rows, args.split))
         print("\n".join(["", *matched_fa_table(result.rows)]))
     return 0
 
@@ -240,6 +250,8 @@ def _score_alone(args: argparse.Namespace, threshold: float | dict | None) -> in
     if args.report:
         raise ConfigError("--report compares models: give --candidate, or drop --report")
     model = _baseline_path(args)
+    if not Path(model).is_file():
+        raise ConfigError(f"model file not found: {model} (--baseline)")
     source = "given"
     if threshold is None:
         threshold = card_threshold(model)

@@ -50,8 +50,9 @@ def _register_export(sub: argparse._SubParsersAction) -> None:
     src.add_argument(
         "--random-weights",
         action="store_true",
-        help="export an untrained, randomly initialised model (it detects nothing; for "
-        "timing and tests). Without it, --weights or --pretrained is required",
+        help="export an untrained, randomly initialised model (for timing and tests): it "
+        "scores every sound near 0.5, so at the fallback threshold 0.5 it fires at random, "
+        "on silence too. Without it, --weights or --pretrained is required",
     )
     exp.add_argument(
         "--width",
@@ -212,9 +213,7 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from wakefl.edge_runtime import load_audio
     from wakefl.models.kws_cnn import export_onnx, operating_point
-    from wakefl.models.kws_cnn.quantize import calibration_windows
     from wakefl.operating_point import THRESHOLD_KEY
 
     if args.out.suffix != ".onnx":
@@ -223,16 +222,7 @@ def _export(args: argparse.Namespace) -> int:
         raise ConfigError("--calibration only applies with --int8")
     _check_export_source(args)
     model = _build(args)
-    calib = None
-    if args.calibration:
-        waves = [load_audio(p, model.cfg.sample_rate) for p in args.calibration]
-        calib = calibration_windows(waves, model.cfg.window_samples)
-    elif args.int8:
-        print(
-            "int8: calibrating on synthetic audio (noise, tones, harmonics); --calibration "
-            "WAV... calibrates on your own recordings",
-            file=sys.stderr,
-        )
+    calib = _int8_calibration(args.calibration, model) if args.int8 else None
     point = operating_point.for_export(model, args.pretrained, args.weights)
     out = export_onnx(
         model,
@@ -262,15 +252,92 @@ def _export(args: argparse.Namespace) -> int:
         "shipped_threshold": None if point is None else point.threshold,
         "threshold_source": None if point is None else point.source,
     }
+    if args.int8:
+        result["int8_agreement"] = _int8_agreement(model, out, point)
     if args.json:
         print(json.dumps(result))
-        return 0
-    print(f"wrote {out} ({result['precision']}, {result['bytes'] / 1e6:.2f} MB)")
-    if point is None:
+    else:
+        _print_export(result, args.random_weights, sidecar)
+    return 0
+
+
+def _int8_calibration(files: list[Path] | None, model: Any) -> Any:
+    """The windows int8 is calibrated on: the given recordings, else the shipped
+    calibration set's calibration windows (several engines and voices through device types
+    A-E); says which on stderr."""
+    from wakefl.edge_runtime import load_audio
+    from wakefl.models.kws_cnn.quantize import bundled_calibration, calibration_windows
+
+    if files:
+        waves = [load_audio(p, model.cfg.sample_rate) for p in files]
+        windows = calibration_windows(waves, model.cfg.window_samples)
+        said = f"{len(windows)} windows of the {len(files)} given recording(s)"
+    else:
+        windows, said = bundled_calibration("calibration")
+        said += "; --calibration WAV... calibrates on your own recordings"
+    if windows.shape[1] != model.cfg.window_samples:
+        raise ConfigError(
+            f"the calibration windows hold {windows.shape[1]} samples, the model's "
+            f"{model.cfg.window_samples}: give --calibration WAV..."
+        )
+    print(f"int8: calibrating on {said}", file=sys.stderr)
+    return windows
+
+
+def _int8_agreement(model: Any, int8_path: Path, point: Any) -> dict[str, Any]:
+    """The int8 model's decisions against the fp32 model's at the model's threshold (0.5
+    without one), on the shipped calibration set's held-out windows played as a stream at
+    the detector's 0.1 s hop: voices calibration never heard, at every offset a device
+    scores. Warns on stderr below AGREEMENT_FLOOR."""
+    import numpy as np
+    import torch
+
+    from wakefl.edge_runtime import OnnxScorer
+    from wakefl.edge_runtime.detection_rule import hop_samples, stream_windows
+    from wakefl.models.kws_cnn.quantize import (
+        AGREEMENT_FLOOR,
+        bundled_calibration,
+        decision_agreement,
+    )
+
+    held_out, said = bundled_calibration("held_out")
+    cfg = model.cfg
+    hop = hop_samples(0.1, cfg.sample_rate)
+    windows = stream_windows(held_out.reshape(-1), cfg.window_samples, hop)
+    with torch.no_grad():
+        fp32 = model.predict_proba(torch.from_numpy(np.ascontiguousarray(windows))).numpy()
+    int8 = OnnxScorer(int8_path).score(windows)
+    threshold = 0.5 if point is None else point.threshold
+    check = {**decision_agreement(fp32, int8, threshold), "held_out": said}
+    if check["below_floor"]:
+        print(
+            f"warning: int8 decides as fp32 on only {check['share']:.1%} of the held-out "
+            f"windows (below {AGREEMENT_FLOOR:.0%}): calibrate on recordings of the device "
+            "(--calibration WAV...), or ship the fp32 model",
+            file=sys.stderr,
+        )
+    return check
+
+
+def _print_export(result: dict[str, Any], untrained: bool, sidecar: Path) -> None:
+    """What `model export` wrote, in words."""
+    print(f"wrote {result['out']} ({result['precision']}, {result['bytes'] / 1e6:.2f} MB)")
+    check = result.get("int8_agreement")
+    if check:
+        print(
+            f"  int8 decides as fp32 on {check['agree']} of {check['windows']} held-out "
+            f"windows ({check['share']:.1%}) at threshold {check['threshold']:.4f}, largest "
+            f"score gap {check['max_score_gap']:.3f} ({check['held_out']}, as a stream)"
+        )
+    if untrained:
+        print("  untrained: it scores every sound near 0.5 and fires at random, on silence too")
+    if result["shipped_threshold"] is None:
         print("  no shipped threshold: `wakefl edge detect` runs it at 0.5 unless told")
     else:
-        print(f"  shipped threshold {point.threshold:.4f} ({point.source}), also in {sidecar}")
-    return 0
+        print(
+            f"  shipped threshold {result['shipped_threshold']:.4f} "
+            f"({result['threshold_source']}), also in {sidecar}"
+        )
 
 
 def _check_export_source(args: argparse.Namespace) -> None:
@@ -282,7 +349,7 @@ def _check_export_source(args: argparse.Namespace) -> None:
     if args.weights is None and args.pretrained is None:
         raise ConfigError(
             "give --pretrained NAME or --weights FILE.safetensors; --random-weights "
-            "[--width W] exports an untrained model, which detects nothing"
+            "[--width W] exports an untrained model, which fires at random"
         )
 
 

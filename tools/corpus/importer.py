@@ -17,7 +17,10 @@ Length rule (documented in tools/CORPUS.md):
 
 Names: `state`, `split` and speaker names are normalized (case, surrounding and inner
 whitespace); only what stays ambiguous is refused. A speaker in more than one split is
-refused (it would leak between training and test) unless allowed. Background-only rows
+refused (it would leak between training and test) unless allowed. A file the CSV gives no
+split takes its speaker's split from the speaker's other rows, else the import's default
+split (`--split test` for recordings meant for evaluation, which scores only one split),
+else one drawn by a hash of the speaker name, 70/15/15, as training wants. Background-only rows
 (label 0 with no speaker, or a speaker such as `background`) become `nospeech-<line>`:
 each is its own unit in the speaker bootstrap.
 
@@ -37,7 +40,7 @@ import re
 import shutil
 import tempfile
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -85,6 +88,8 @@ class ImportResult:
     n_rows: int
     n_ok: int
     bad: list[dict[str, str]]
+    # Rows the CSV gave no split and whose split was drawn by the speaker hash (70/15/15).
+    drawn_splits: int = 0
 
 
 @dataclass
@@ -330,17 +335,26 @@ def _check_leakage(rows: list[_Row], csv_path: Path) -> None:
     )
 
 
-def _fill_splits(rows: list[_Row]) -> None:
+def _fill_splits(rows: list[_Row], default_split: str | None) -> int:
     """A row without a split takes its speaker's split from the speaker's other rows, or
-    else one by a hash of the speaker name, so one speaker's files share a split."""
+    else `default_split`, or else one by a hash of the speaker name, so one speaker's
+    files share a split. Returns how many rows took a split drawn by the hash."""
     given: dict[str, set[str]] = {}
     for r in rows:
         if not r.error and r.split is not None:
             given.setdefault(r.speaker, set()).add(r.split)
+    drawn = 0
     for r in rows:
         if not r.error and r.split is None:
             known = given.get(r.speaker, set())
-            r.split = next(iter(known)) if len(known) == 1 else split_for_speaker(r.speaker)
+            if len(known) == 1:
+                r.split = next(iter(known))
+            elif default_split is not None:
+                r.split = default_split
+            else:
+                r.split = split_for_speaker(r.speaker)
+                drawn += 1
+    return drawn
 
 
 def _read_csv(csv_path: Path) -> list[dict[str, str | None]]:
@@ -364,7 +378,8 @@ def _read_csv(csv_path: Path) -> list[dict[str, str | None]]:
 
 
 def _parse_rows(records: list[dict[str, str | None]], src: Path) -> list[_Row]:
-    """Phase 1: every row parsed and named, duplicates and ambiguous speakers marked."""
+    """Phase 1: every row parsed and named, duplicates and ambiguous speakers marked (the
+    splits the CSV leaves open are filled after)."""
     rows: list[_Row] = []
     seen: dict[str, int] = {}
     raw_speakers: dict[int, str] = {}
@@ -393,7 +408,6 @@ def _parse_rows(records: list[dict[str, str | None]], src: Path) -> list[_Row]:
         except BadFile as exc:
             row.error = str(exc)
     _ambiguous_speakers(rows, raw_speakers)
-    _fill_splits(rows)
     return rows
 
 
@@ -520,11 +534,15 @@ def import_recordings(
     progress: bool = True,
     force: bool = False,
     allow_speaker_leakage: bool = False,
+    default_split: str | None = None,
 ) -> ImportResult:
     """Import the listed recordings into `out_dir` (manifest.csv, clips/, streams/,
     import_report.json, import_report.csv). Raises WakeflError (after writing the report
     into `out_dir`, and nothing else) when more than `max_bad_share` of the rows are bad.
-    `force` replaces a previous import's output; a failed import's is always replaced."""
+    `force` replaces a previous import's output; a failed import's is always replaced.
+    `default_split` is the split of the files the CSV gives none (and whose speaker has
+    none elsewhere): `test` keeps every such file in what an evaluation scores; None draws
+    one per speaker, 70/15/15, as training wants."""
     from tqdm import tqdm
 
     if not 0.0 <= max_bad_share <= 1.0:
@@ -534,7 +552,10 @@ def import_recordings(
         raise ConfigError(f"--src {src} is not a folder")
     if not csv_path.is_file():
         raise ConfigError(f"--manifest {csv_path} not found")
+    if default_split is not None and default_split not in SPLITS:
+        raise ConfigError(f"--split must be one of {', '.join(SPLITS)}, got {default_split!r}")
     rows = _parse_rows(_read_csv(csv_path), src)
+    drawn = _fill_splits(rows, default_split)
     if not allow_speaker_leakage:
         _check_leakage(rows, csv_path)
     _check_out(out, force)
@@ -549,7 +570,8 @@ def import_recordings(
                 manifest_rows.append(_import_row(row, src, work, min_clip_s, stream_min_s))
             except BadFile as exc:
                 row.entry.update(status="bad", detail=str(exc))
-        return _finish(work, out, rows, manifest_rows, src, csv_path, max_bad_share)
+        res = _finish(work, out, rows, manifest_rows, src, csv_path, max_bad_share)
+        return replace(res, drawn_splits=drawn)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -20,6 +20,7 @@ from wakefl.errors import ConfigError
 from wakefl.operating_point import DEFAULT_HOP_S
 from wakefl.sdk.manifest import ManifestRow, read_manifest
 from wakefl.sdk.wake_metrics import fa_per_hour_ceiling, is_saturated
+from wakefl.tools.evaluation.missing_figures import with_remedy
 from wakefl.tools.evaluation.model_scoring import (
     detection_times,
     load_clip_windows,
@@ -76,13 +77,14 @@ def stream_figures(events: int, hours: float, ceiling: float | None) -> dict:
     }
 
 
-def row_note(row: dict) -> str:
-    """Why a figure of a row is missing, in words (empty when none is)."""
+def row_note(row: dict, split: str = "test") -> str:
+    """Why a figure of a row is missing, in words, with the recordings that would measure
+    it (empty when none is missing)."""
     notes = []
     if not row["n_positive"]:
-        notes.append("no wake-word clips: FRR not measured")
+        notes.append(with_remedy("no wake-word clips: FRR not measured", split))
     if row["fa_per_hour"] is None:
-        notes.append("no negative streams: FA/h not measured")
+        notes.append(with_remedy("no negative streams: FA/h not measured", split))
     if row["fa_per_hour_saturated"]:
         notes.append("FA/h saturated at one event per refractory period")
     return "; ".join(notes)
@@ -160,7 +162,7 @@ def score_model(
             **clip_figures(scores[m & (labels == 1)], scores[m & (labels == 0)], t),
             **stream_figures(sum(events[d] for d in members), hours, ceiling),
         }
-        row["note"] = row_note(row)
+        row["note"] = row_note(row, split)
         out.append(row)
     return out
 
@@ -173,7 +175,7 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
     """The console table; a row's missing figures are explained below it."""
     head = (
         f"{'device':<7} {'threshold':>9} {'FRR':>6} {'±1 clip':>8} {'wake':>5} "
-        f"{'FA/h':>7} {'±1 event':>9} {'stream h':>8} {'clip FA':>7}"
+        f"{'FA/h':>7} {'±1 event':>9} {'stream h':>8} {'clip FA':>7} {'neg clips':>9}"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -182,12 +184,12 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
             f"{r['device_type']:<7} {r['threshold']:>9.4f} {_fmt(r['frr']):>6} "
             f"{_fmt(r['frr_resolution']):>8} {r['n_positive']:>5} {fph:>7} "
             f"{_fmt(r['fa_per_hour_resolution'], 2):>9} {r['stream_hours']:>8.3f} "
-            f"{_fmt(r['clip_fa']):>7}"
+            f"{_fmt(r['clip_fa']):>7} {r['n_negative_clips']:>9}"
         )
     lines += [f"  {r['device_type']}: {r['note']}" for r in rows if r["note"]]
     lines.append(
         "±1 clip / ±1 event: the step one more miss or one more false accept moves the "
         "figure by (its resolution); 0 events in H hours of stream says only that the rate "
-        "is small against 1/H"
+        "is small against 1/H. wake, stream h and neg clips: what each figure rests on"
     )
     return "\n".join(lines)

@@ -4,7 +4,8 @@ personal model's relative FA/FR, then serve wake-word detections with the edge r
     .venv/bin/python tools/examples/device_app.py --type A
 
 Its data is `--data MANIFEST`, by default the demo corpus that `bash scripts/demo.sh`
-builds (~/.cache/wakefl/corpus/demo-seed0/manifest.csv). With `--broker URL` the app joins
+builds (~/.cache/wakefl/corpus/demo-seed0/manifest.csv); `wakefl corpus build --profile
+tiny --out corpus` makes one in about 40 s (`--data corpus/manifest.csv`). With `--broker URL` the app joins
 a fleet whose server runs elsewhere (`wakefl server`). Without it, the example starts what
 a real deployment runs elsewhere: a managed mosquitto on 127.0.0.1 and an aggregation
 server for `--rounds` rounds that starts the fleet from the shipped model (`--model`).
@@ -122,8 +123,9 @@ def parse_args() -> argparse.Namespace:
     args = ap.parse_args()
     if not args.data.is_file():
         sys.exit(
-            f"device_app: error: no manifest at {args.data}; build the demo corpus first "
-            "(`bash scripts/demo.sh`) or give --data MANIFEST"
+            f"device_app: error: no manifest at {args.data}: make a small corpus in about "
+            "40 s, `wakefl corpus build --profile tiny --out corpus`, and pass --data "
+            "corpus/manifest.csv (or build the demo's with `bash scripts/demo.sh`)"
         )
     return args
 
