@@ -70,6 +70,21 @@ def hey_nova_wav(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def pretrain_micro_corpus(tmp_path_factory) -> Path:
+    """The pretraining corpus's micro profile (about 15 s to build): what the training
+    tests decode, augment and train on."""
+    from wakefl.tools.corpus.build import build_corpus
+
+    return build_corpus(
+        tmp_path_factory.mktemp("pretrain-micro"),
+        seed=0,
+        profile="pretrain-micro",
+        progress=False,
+        tts_cache_dir=tmp_path_factory.getbasetemp() / "tts",
+    )
+
+
+@pytest.fixture(scope="session")
 def tiny_kws_model():
     """A seeded width-0.25 KwsCnn whose output layer is scaled up, so its wake
     probabilities spread over (0, 1) instead of clustering at 0.5: comparisons between
@@ -107,7 +122,7 @@ def tiny_kws_onnx(tiny_kws_model, tmp_path_factory) -> Path:
 # (about 15 s to build), a real MQTT broker, or is named below (several seconds alone:
 # training, CLI subprocesses, large exports). Whole modules marked with `pytestmark` and
 # Self-FL's own convergence tests carry the marker in their files.
-SLOW_FIXTURES = frozenset({"tiny_corpus", "mqtt_broker"})
+SLOW_FIXTURES = frozenset({"tiny_corpus", "mqtt_broker", "pretrain_micro_corpus"})
 SLOW_MODULES = frozenset(
     {
         "test_broker_security.py",  # a TLS-configured mosquitto per test
@@ -132,7 +147,7 @@ SLOW_TESTS = frozenset(
         "test_onnx_export.py::test_int8_size_and_agreement",
         "test_pretrain.py::test_batches_depend_only_on_seed_and_step",
         "test_pretrain.py::test_corpus_has_streams_per_split_and_an_unseen_voices_corpus",
-        "test_pretrain.py::test_publish_writes_fp16_weights_config_and_card",
+        "test_publish.py::test_publish_writes_fp16_weights_config_and_card",
         "test_pretrain.py::test_train_checkpoint_resume_equals_uninterrupted_run",
         "test_server_refusals.py::test_broker_queue_overflow_is_reported_by_the_server",
     }

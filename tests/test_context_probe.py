@@ -13,8 +13,8 @@ import torch
 from wakefl.edge_runtime import load_audio
 from wakefl.models.kws_cnn import KwsCnn, ModelConfig, save_model
 from wakefl.tools.acoustics.field_acoustics import active_rms
-from wakefl.tools.bench import context_probe
-from wakefl.tools.bench.context_conditions import (
+from wakefl.tools.probes import context_probe
+from wakefl.tools.probes.context_conditions import (
     LEAD_S,
     Condition,
     held_out_rooms,

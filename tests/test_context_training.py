@@ -14,7 +14,6 @@ from safetensors.torch import load_file
 
 from wakefl.errors import ConfigError
 from wakefl.models.kws_cnn import KwsCnn, ModelConfig, load_model, save_model
-from wakefl.tools.corpus.build import build_corpus
 from wakefl.tools.training.data import load_pretrain_data, make_batch
 from wakefl.tools.training.pretrain import pretrain
 from wakefl.tools.training.settings import BEST, LAST, STATE_WEIGHTS, PretrainSettings, model_config
@@ -35,14 +34,8 @@ SETTINGS = PretrainSettings(
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    return build_corpus(
-        tmp_path_factory.mktemp("pretrain-micro"),
-        seed=0,
-        profile="pretrain-micro",
-        progress=False,
-        tts_cache_dir=tmp_path_factory.getbasetemp() / "tts",
-    )
+def corpus(pretrain_micro_corpus: Path) -> Path:
+    return pretrain_micro_corpus
 
 
 def test_arch_names_and_overrides():

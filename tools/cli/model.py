@@ -1,5 +1,6 @@
 """`wakefl model info|export|pretrain|publish|set-threshold|blend|soup`: inspect, export,
-train, ship and blend or average the wake-word CNN (pretrain's flags: model_pretrain.py)."""
+train, ship and blend or average the wake-word CNN (pretrain's flags:
+tools/training/pretrain_flags.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from wakefl.errors import ConfigError
-from wakefl.tools.cli.model_pretrain import register_pretrain
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -19,7 +19,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sub = p.add_subparsers(dest="model_command", metavar="ACTION", required=True)
     _register_info(sub)
     _register_export(sub)
-    register_pretrain(sub)
+    from wakefl.tools.training.pretrain_flags import register_pretrain
+
+    register_pretrain(sub, _pretrain)
     _register_publish(sub)
     _register_blend(sub)
     _register_soup(sub)
@@ -351,6 +353,39 @@ def _check_export_source(args: argparse.Namespace) -> None:
             "give --pretrained NAME or --weights FILE.safetensors; --random-weights "
             "[--width W] exports an untrained model, which fires at random"
         )
+
+
+def _pretrain(args: argparse.Namespace) -> int:
+    from wakefl.tools.training.data import default_corpus
+    from wakefl.tools.training.pretrain import pretrain
+    from wakefl.tools.training.settings import settings_from_flags
+
+    settings = settings_from_flags(args)
+    manifest = args.corpus
+    if manifest is None:
+        manifest = default_corpus(args.phrase, args.seed, progress=not args.quiet)
+    info = pretrain(
+        manifest,
+        args.out,
+        settings,
+        resume=args.resume,
+        init_from=args.init_from,
+        max_minutes=args.max_minutes,
+        progress=not args.quiet,
+        extra=args.extra_corpus,
+    )
+    best = info.get("best") or {}
+    print(
+        json.dumps(
+            {
+                "out": str(args.out),
+                "step": info["step"],
+                "seconds": round(info["seconds"], 1),
+                "best": best,
+            }
+        )
+    )
+    return 0
 
 
 def _publish(args: argparse.Namespace) -> int:

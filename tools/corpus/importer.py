@@ -17,12 +17,9 @@ Length rule (documented in tools/CORPUS.md):
 
 Names: `state`, `split` and speaker names are normalized (case, surrounding and inner
 whitespace); only what stays ambiguous is refused. A speaker in more than one split is
-refused (it would leak between training and test) unless allowed. A file the CSV gives no
-split takes its speaker's split from the speaker's other rows, else the import's default
-split (`--split test` for recordings meant for evaluation, which scores only one split),
-else one drawn by a hash of the speaker name, 70/15/15, as training wants. Background-only rows
-(label 0 with no speaker, or a speaker such as `background`) become `nospeech-<line>`:
-each is its own unit in the speaker bootstrap.
+refused (it would leak between training and test) unless allowed. Splits the CSV leaves
+open: see `_fill_splits`. Background-only rows (label 0 with no speaker, or a speaker such
+as `background`) become `nospeech-<line>`: each is its own unit in the speaker bootstrap.
 
 Every input row ends up either in the manifest or in the report with a reason; the import
 fails with a WakeflError when the share of bad rows exceeds `max_bad_share`. The output is
@@ -67,8 +64,7 @@ _SPLIT_WORDS = {"training": "train", "validation": "val", "valid": "val", "testi
 # Speaker values that say "nobody speaks here" (compared after normalization).
 _NO_SPEAKER = {"", "none", "background", "nospeech", "no-speech", "noise", "-", "n-a", "na"}
 NO_SPEECH_PREFIX = "nospeech-"
-# Split of speakers when the CSV gives none: a hash of the speaker name, so one speaker's
-# files always land in the same split.
+# Split of speakers when the CSV gives none (`_fill_splits`).
 _SPLIT_SHARES = (("train", 0.7), ("val", 0.15), ("test", 0.15))
 # Quietest share of a file's frames taken as its background, and the floor used when even
 # that is digital silence (about the self-noise of a good 16-bit microphone chain).
@@ -337,23 +333,20 @@ def _check_leakage(rows: list[_Row], csv_path: Path) -> None:
 
 def _fill_splits(rows: list[_Row], default_split: str | None) -> int:
     """A row without a split takes its speaker's split from the speaker's other rows, or
-    else `default_split`, or else one by a hash of the speaker name, so one speaker's
-    files share a split. Returns how many rows took a split drawn by the hash."""
+    else `default_split` (`--split test` for recordings meant for evaluation, which scores
+    one split), or else one drawn by a hash of the speaker name, 70/15/15 as training
+    wants, so one speaker's files share a split. Returns how many rows were drawn so."""
     given: dict[str, set[str]] = {}
     for r in rows:
         if not r.error and r.split is not None:
             given.setdefault(r.speaker, set()).add(r.split)
+    open_rows = [r for r in rows if not r.error and r.split is None]
     drawn = 0
-    for r in rows:
-        if not r.error and r.split is None:
-            known = given.get(r.speaker, set())
-            if len(known) == 1:
-                r.split = next(iter(known))
-            elif default_split is not None:
-                r.split = default_split
-            else:
-                r.split = split_for_speaker(r.speaker)
-                drawn += 1
+    for r in open_rows:
+        known = given.get(r.speaker, set())
+        drawn += len(known) != 1 and default_split is None
+        r.split = next(iter(known)) if len(known) == 1 else default_split
+        r.split = r.split or split_for_speaker(r.speaker)
     return drawn
 
 

@@ -1,14 +1,16 @@
-"""`wakefl model pretrain`'s flags and its run: the data, the model, the augmentation and
-the schedule of a pretraining run (tools/training/)."""
+"""`wakefl model pretrain`'s flags: the data, the model, the augmentation and the schedule
+of a pretraining run. settings.py turns them into a checked `PretrainSettings`."""
 
 from __future__ import annotations
 
 import argparse
-import json
+from collections.abc import Callable
 from pathlib import Path
 
 
-def register_pretrain(sub: argparse._SubParsersAction) -> None:
+def register_pretrain(
+    sub: argparse._SubParsersAction, run: Callable[[argparse.Namespace], int]
+) -> None:
     """`wakefl model pretrain`: its data and run options, then its schedule."""
     pre = sub.add_parser("pretrain", help="train the wake-word model on the pretraining corpus")
     pre.add_argument("--out", type=Path, required=True, help="run folder (checkpoints, best model)")
@@ -60,7 +62,7 @@ def register_pretrain(sub: argparse._SubParsersAction) -> None:
     _add_pretrain_run_options(pre)
     _add_pretrain_augment_options(pre)
     _add_pretrain_context_options(pre)
-    pre.set_defaults(func=_pretrain)
+    pre.set_defaults(func=run)
 
 
 def _add_pretrain_run_options(pre: argparse.ArgumentParser) -> None:
@@ -173,39 +175,6 @@ def _add_pretrain_augment_options(pre: argparse.ArgumentParser) -> None:
         help="with --distill-from: the softmax temperature both models' scores are compared "
         "at, in (0, 100] (default 2)",
     )
-
-
-def _pretrain(args: argparse.Namespace) -> int:
-    from wakefl.tools.training.data import default_corpus
-    from wakefl.tools.training.pretrain import pretrain
-    from wakefl.tools.training.settings import settings_from_flags
-
-    settings = settings_from_flags(args)
-    manifest = args.corpus
-    if manifest is None:
-        manifest = default_corpus(args.phrase, args.seed, progress=not args.quiet)
-    info = pretrain(
-        manifest,
-        args.out,
-        settings,
-        resume=args.resume,
-        init_from=args.init_from,
-        max_minutes=args.max_minutes,
-        progress=not args.quiet,
-        extra=args.extra_corpus,
-    )
-    best = info.get("best") or {}
-    print(
-        json.dumps(
-            {
-                "out": str(args.out),
-                "step": info["step"],
-                "seconds": round(info["seconds"], 1),
-                "best": best,
-            }
-        )
-    )
-    return 0
 
 
 def _add_pretrain_context_options(pre: argparse.ArgumentParser) -> None:

@@ -1,12 +1,12 @@
 """Where do a model's misses come from? Held-out speakers say the wake phrase (alone, or
 inside a sentence said in one breath) in held-out rooms, under each probe condition
-(tools/bench/context_conditions.py); the streaming detector's rule (hop 0.1 s, 3-window
+(tools/probes/context_conditions.py); the streaming detector's rule (hop 0.1 s, 3-window
 smoothing) scores each recording, and a recording counts as detected when it fires.
 Prints the detection rate per condition and broken down by background kind, active-speech
 ratio, placement (over the phrase or only outside it), AGC and noise suppression on or
 off, RT60, distance, and carrier sentences against isolated phrases.
 
-    python -m wakefl.tools.bench.context_probe --model full=pretrained:full \\
+    python -m wakefl.tools.probes.context_probe --model full=pretrained:full \\
         --model v2=run/best.safetensors [--speakers 16] [--fa-streams corpus/manifest.csv] \\
         [--json probe.json]
 
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from wakefl.errors import ConfigError
-from wakefl.tools.bench.context_conditions import (
+from wakefl.tools.probes.context_conditions import (
     CARRIERS,
     Condition,
     held_out_rooms,

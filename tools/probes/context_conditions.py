@@ -1,4 +1,4 @@
-"""The recordings of the context probe (tools/bench/context_probe.py): held-out speakers
+"""The recordings of the context probe (tools/probes/context_probe.py): held-out speakers
 saying the wake phrase, alone or inside a sentence said in one breath, in image-source rooms
 of the held-out acoustic simulation, under one named condition each: a background kind
 (quiet, babble, a single talker, television, music, fan) at an active-speech ratio, placed
