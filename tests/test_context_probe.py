@@ -77,3 +77,5 @@ def test_the_probe_prints_and_writes_its_breakdown(tmp_path, capsys):
     assert all(0.0 <= r <= 1.0 for r in rates.values())
     with pytest.raises(Exception, match="LABEL="):
         context_probe.main(["--model", str(weights)])
+    with pytest.raises(Exception, match="not in"):
+        context_probe.main(["--model", f"v2={weights}@1.5"])

@@ -10,7 +10,8 @@ off, RT60, distance, and carrier sentences against isolated phrases.
         --model v2=run/best.safetensors [--speakers 16] [--fa-streams corpus/manifest.csv] \\
         [--json probe.json]
 
-Each model runs at its card's threshold, or with `--fa-streams` at the lowest threshold
+Each model runs at the threshold given after its weights (`LABEL=WEIGHTS@0.97`), else at
+its card's threshold, or with `--fa-streams` at the lowest threshold
 that gives at most `--fa-per-hour` false accepts per hour on that manifest's held-out
 (test) streams, scored with the same rule, so models are compared at the same FA/h."""
 
@@ -156,18 +157,28 @@ def breakdown(recordings: list[Recording], detected: np.ndarray) -> dict[str, di
     return {g: {k: float(np.mean(v)) for k, v in rows.items()} for g, rows in groups.items()}
 
 
-def _model_arg(text: str) -> tuple[str, Path]:
+def _model_arg(text: str) -> tuple[str, tuple[Path, float | None]]:
+    """LABEL=WEIGHTS or LABEL=pretrained:NAME, with @THRESHOLD to score at that threshold."""
     label, sep, where = text.partition("=")
     if not sep or not label:
-        raise ConfigError(f"--model takes LABEL=WEIGHTS or LABEL=pretrained:NAME, got {text!r}")
+        raise ConfigError(f"--model takes LABEL=WEIGHTS[@T] or LABEL=pretrained:NAME, got {text!r}")
+    where, at, given = where.partition("@")
+    threshold = None
+    if at:
+        try:
+            threshold = float(given)
+        except ValueError:
+            threshold = float("nan")
+        if not 0.0 <= threshold <= 1.0:
+            raise ConfigError(f"--model {label}: threshold {given!r} is not in [0, 1]")
     if where.startswith("pretrained:"):
         from wakefl.models.kws_cnn.pretrained import pretrained_path
 
-        return label, pretrained_path(where.split(":", 1)[1])
+        return label, (pretrained_path(where.split(":", 1)[1]), threshold)
     path = Path(where)
     if not path.is_file():
         raise ConfigError(f"--model {label}: no such weights file {path}")
-    return label, path
+    return label, (path, threshold)
 
 
 def _card_threshold(path: Path) -> float:
@@ -191,7 +202,7 @@ def _table(results: dict[str, Any], group: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--model", action="append", required=True, metavar="LABEL=WEIGHTS")
+    ap.add_argument("--model", action="append", required=True, metavar="LABEL=WEIGHTS[@T]")
     ap.add_argument("--speakers", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fa-streams", type=Path, default=None, metavar="MANIFEST")
@@ -207,9 +218,11 @@ def main(argv: list[str] | None = None) -> int:
 
     recordings = probe_recordings(args.speakers, args.seed)
     results: dict[str, Any] = {}
-    for label, path in models.items():
+    for label, (path, given) in models.items():
         scorer = TorchScorer(path)
-        if args.fa_streams is not None:
+        if given is not None:
+            thr, source = given, "given"
+        elif args.fa_streams is not None:
             thr, hours = stream_threshold(scorer, args.fa_streams, args.fa_per_hour)
             source = f"<= {args.fa_per_hour:g} FA/h on {hours:.2f} h of held-out streams"
         else:
