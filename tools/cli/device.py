@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-from pathlib import Path
-from typing import Any
 
 from wakefl.protocol import topics
 
@@ -240,31 +238,11 @@ def _exports(args: argparse.Namespace, client, summary, say) -> None:
         return
     if args.export:
         say(f"served model written to {client.export_served_model(args.export)}")
-        _write_gate_record(args.export, summary)
+        from wakefl.sdk.gate_record import write_gate_record
+
+        write_gate_record(args.export, summary)
     if args.onnx:
         say(f"served model exported to {client.export_onnx(args.onnx)}")
-
-
-def gate_record_path(export: str | Path) -> Path:
-    """Where the served model's gate record is written: beside its export."""
-    return Path(export).with_suffix(".gate.json")
-
-
-def _write_gate_record(export: str | Path, summary: Any) -> None:
-    """The served model, the gate's last decision and the decision that switched to the
-    served model (None while the device serves its baseline), reasons included, as JSON
-    beside the exported model, for a report on what the device serves and why."""
-    import json
-
-    from wakefl.sdk.round_training import json_safe
-
-    switched = [o.gate for o in summary.outcomes if o.gate and o.gate.get("switched")]
-    record = {
-        "served": summary.served,
-        "gate": summary.gate,
-        "switched_by": switched[-1] if switched else None,
-    }
-    gate_record_path(export).write_text(json.dumps(json_safe(record), indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -369,15 +369,13 @@ def to_onnx(checkpoint: Path, baseline: Path | None = None) -> Path:
 def _gate_records(served: dict[str, Path]) -> dict[str, dict[str, Any]]:
     """Each device's served model and its gate's last decision (written by `wakefl device`
     beside the export)."""
-    import json
-
-    from wakefl.tools.cli.device import gate_record_path
+    from wakefl.sdk.gate_record import read_gate_record
 
     out = {}
     for t, path in served.items():
-        rec = gate_record_path(path)
-        if rec.is_file():
-            out[t] = json.loads(rec.read_text())
+        rec = read_gate_record(path)
+        if rec is not None:
+            out[t] = rec
     return out
 
 
