@@ -28,7 +28,6 @@ log = logging.getLogger("wakefl.device")
 _SUPERSEDED = "superseded"
 
 
-@dataclass
 def check_delivery_settings(max_sends: int, ack_timeout_s: float, wire_dtype: str | None) -> None:
     """ConfigError for settings under which no update could be delivered."""
     if max_sends < 1 or ack_timeout_s <= 0:
@@ -37,6 +36,7 @@ def check_delivery_settings(max_sends: int, ack_timeout_s: float, wire_dtype: st
         raise ConfigError(f"wire dtype must be one of {sorted(messages.WIRE_DTYPES)}")
 
 
+@dataclass
 class RoundOutcome:
     """What the device did in one round (for progress output and the run summary)."""
 
