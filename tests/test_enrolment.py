@@ -164,3 +164,40 @@ def test_takes_train_and_validate_in_the_next_round_and_never_leave_the_device(
         assert again.num_samples == 10 and again.trainer.labels().sum() == 5
     finally:
         again.close()
+
+
+def test_wakefl_device_enrol_keeps_and_refuses_takes_from_the_command_line(
+    tmp_path, mqtt_broker, takes
+):
+    import os
+    import sys
+
+    # A device type with two clips per split, enough to start the device.
+    rows = ["path,label,device_type,state,speaker,split,duration_s,kind"]
+    from wakefl.edge_runtime import load_audio
+
+    speech = load_audio(takes["nova"], 16000)  # a corpus is 16 kHz
+    for split in ("train", "val"):
+        for label, wave_ in ((1, speech), (0, np.zeros(24000))):
+            dst = _write(tmp_path / f"{split}-{label}.wav", wave_, 16000)
+            rows.append(f"{dst.name},{label},A,normal,u1,{split},1.5,clip")
+    (tmp_path / "manifest.csv").write_text("\n".join(rows) + "\n")
+    state = tmp_path / "state"
+    args = [
+        "device", "--id", "dev1", "--type", "A", "--data", str(tmp_path / "manifest.csv"),
+        "--broker", mqtt_broker.url, "--state", str(state), "--idle-timeout", "2",
+        "--enrol", str(takes["nova"]), str(takes["silence"]), str(takes["nova_slow"]),
+    ]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "wakefl.tools.cli", *args],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert f"enrolment take {takes['nova']}: kept (training)" in out, out[-3000:]
+    assert f"enrolment take {takes['silence']}: refused: no speech heard" in out
+    assert f"enrolment take {takes['nova_slow']}: kept (validation)" in out
+    assert "2 of 3 enrolment take(s) kept" in out
+    # No server answered: the device gave up after its idle timeout, its takes kept.
+    assert proc.returncode != 0 and "no message from the server" in out
+    assert (Enrolment(state / ENROLMENT_DIR).count("train"), 1) == (1, 1)

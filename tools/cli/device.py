@@ -45,6 +45,16 @@ def _add_identity_options(p: argparse.ArgumentParser) -> None:
         help="expected model width; refuse a server that runs another one",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the local minibatches")
+    p.add_argument(
+        "--enrol",
+        nargs="+",
+        default=None,
+        metavar="WAV",
+        help="recordings of the user saying the wake phrase: each is checked (clipping, "
+        "speech, length, likeness to the other takes) and kept in the state folder as a "
+        "local positive for training and the served-model gate; a refused one says why. "
+        "Kept takes never leave the device",
+    )
 
 
 def _add_protocol_options(p: argparse.ArgumentParser) -> None:
@@ -159,6 +169,8 @@ def _run(args: argparse.Namespace) -> int:
         progress=say,
         gate_ties=args.gate_ties,
     )
+    if args.enrol:
+        _enrol(client, args.enrol, say)
     # SIGTERM leaves cleanly (state is committed at every step anyway).
     signal.signal(signal.SIGTERM, lambda *_: client.stop())
     try:
@@ -176,6 +188,20 @@ def _run(args: argparse.Namespace) -> int:
         + ("; run finished" if summary.finished else "")
     )
     return 0
+
+
+def _enrol(client, takes: list[str], say) -> None:
+    """Check and keep the enrolment takes, saying what became of each."""
+    results = client.enrol(takes)
+    for r in results:
+        verdict = f"kept ({'training' if r.split == 'train' else 'validation'})"
+        say(f"enrolment take {r.name}: " + (verdict if r.accepted else f"refused: {r.reason}"))
+    kept = sum(r.accepted for r in results)
+    say(
+        f"{client.device_id}: {kept} of {len(results)} enrolment take(s) kept; the device "
+        f"holds {client.enrolment.count('train')} training and "
+        f"{client.enrolment.count('val')} validation take(s)"
+    )
 
 
 def _load_clips(args: argparse.Namespace, say):
