@@ -7,10 +7,10 @@ candidate may be served. No I/O and no numpy, so every branch is a row of
 tests/test_gate_admission.py. docs/SELF_FL.md ("The served-model gate") states the rule.
 
 Why a candidate needs evidence that it is *not worse*, not merely no evidence that it is:
-on a device's 40-odd validation wake words the interval of relative FR at matched FA
-spans 0.4 to 1.8, so a rule that keeps out only candidates whose whole interval lies above
-1 serves a model whose better point figure is noise, and the fleet demo served such a
-model that then missed more wake words on its test streams. Here a candidate is admitted
+on the 43 validation wake words of a fleet demo device the interval of relative FR at
+matched FA spans 0.4 to 1.8, so a rule that keeps out only candidates whose whole interval
+lies above 1 serves a model whose better point figure is noise, and the fleet demo served
+such a model that then missed more wake words on its test streams. Here a candidate is admitted
 only in a view where it is better by its point figures *and* the upper end of that view's
 interval stays at or below `GateRule.upper_bound` (1 by default) against the served model
 and the baseline: the wider the interval (the less evidence), the better the point figure
