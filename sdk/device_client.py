@@ -83,8 +83,7 @@ class DeviceClient(serving.ModelAccess):
         self._lock_fd, self.store, self.state, self._state_error = open_state_folder(
             Path(state_dir), self.device_id, self.device_type, self.fleet
         )
-        self.enrolment = Enrolment(Path(state_dir) / ENROLMENT_DIR)
-        self._data = (train, validation)
+        self.enrolment, self._data = Enrolment(Path(state_dir) / ENROLMENT_DIR), (train, validation)
         self.trainer = RoundTrainer(
             *enrolled_data(train, validation, self.enrolment, self.device_type),
             device_id=self.device_id,

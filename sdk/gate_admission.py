@@ -172,7 +172,37 @@ def admission(
     `ties="switch"` is admitted when shown no worse in either view."""
     if vs_served is None:
         return Admission(False, Verdict.NO_EVIDENCE, "nothing was compared")
+    refs = [c for c in (vs_served, vs_baseline) if c is not None]
+    lacking = _lacking_evidence(refs, n_positive, rule)
+    if lacking is not None:
+        return lacking
     who = vs_served.candidate
+    shown = [v for v in VIEWS if all(_within(c.upper(v), rule.upper_bound) for c in refs)]
+    claimed = [v for v in VIEWS if vs_served.better_in(v)]
+    for v in claimed:
+        if v in shown:
+            return Admission(
+                True,
+                Verdict.ADMIT,
+                f"{who} is better than {vs_served.reference} in {v} and shown no worse there",
+            )
+    if claimed:
+        v = claimed[0]
+        worst = next(r for r in refs if not _within(r.upper(v), rule.upper_bound))
+        return Admission(
+            False,
+            Verdict.NOT_SHOWN_NO_WORSE,
+            f"{who} is better than {vs_served.reference} in {v} on the local clips but not "
+            f"shown no worse than {worst.reference} there: {_view_figures(worst, v)}, above "
+            f"the bound {rule.upper_bound:.2f}",
+        )
+    return _no_better(vs_served, bool(shown), rule)
+
+
+def _lacking_evidence(refs: list[Comparison], n_positive: int, rule: GateRule) -> Admission | None:
+    """Why the evidence cannot admit the candidate at all (None: it may): too few wake
+    words, no interval, or worse beyond the noise against a reference."""
+    who = refs[0].candidate
     if n_positive < rule.min_positives:
         return Admission(
             False,
@@ -180,7 +210,6 @@ def admission(
             f"{n_positive} validation wake words, fewer than the {rule.min_positives} the "
             "gate decides on",
         )
-    refs = [c for c in (vs_served, vs_baseline) if c is not None]
     for c in refs:
         if c.replicates == 0:
             return Admission(
@@ -193,27 +222,13 @@ def admission(
             return Admission(
                 False, Verdict.WORSE, f"{who} is worse than {c.reference} {_beyond(c)}"
             )
-    shown = [v for v in VIEWS if all(_within(c.upper(v), rule.upper_bound) for c in refs)]
-    claimed = [v for v in VIEWS if vs_served.better_in(v)]
-    for v in claimed:
-        if v in shown:
-            return Admission(
-                True,
-                Verdict.ADMIT,
-                f"{who} is better than {vs_served.reference} in {v} and shown no worse there",
-            )
-    c = vs_served
-    if claimed:
-        v = claimed[0]
-        worst = next(r for r in refs if not _within(r.upper(v), rule.upper_bound))
-        return Admission(
-            False,
-            Verdict.NOT_SHOWN_NO_WORSE,
-            f"{who} is better than {c.reference} in {v} on the local clips but not shown no "
-            f"worse than {worst.reference} there: {_view_figures(worst, v)}, above the bound "
-            f"{rule.upper_bound:.2f}",
-        )
-    mfa = c.relative_fr_matched_fa
+    return None
+
+
+def _no_better(c: Comparison, shown: bool, rule: GateRule) -> Admission:
+    """The verdict on a candidate better than S in neither view: worse in a point figure,
+    or a tie (admitted only under `ties="switch"`, when shown no worse)."""
+    who, mfa = c.candidate, c.relative_fr_matched_fa
     if not c.no_worse_point or mfa is None or mfa > 1.0:
         return Admission(
             False,
@@ -229,8 +244,7 @@ def admission(
         Verdict.TIE,
         f"{who} is no better than {c.reference} on the local clips ({c.candidate_fa_count} "
         f"against {c.reference_fa_count} false accepts, relative FR {_fmt(c.relative_fr)}, "
-        f"relative FR at matched FA {_fmt(c.relative_fr_matched_fa)}): nothing shows that a "
-        "switch helps",
+        f"relative FR at matched FA {_fmt(mfa)}): nothing shows that a switch helps",
     )
 
 
