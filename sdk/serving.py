@@ -40,13 +40,9 @@ CANDIDATES = ("personalized", "global")
 
 
 class ServingGate:
-    """The served-model gate of one device (n_boot bootstrap replicates at `level`; the
-    seed mixes the device id and the round; `ties` as in `decide_served_model`).
-
-    Where it compares the models: at the device's target FR, or, with
-    `at_shipped_threshold` and a baseline that is a shipped model, at the FR the baseline
-    has on the validation wake words at its shipped threshold: where the device works,
-    since the model it serves is exported with that threshold."""
+    """The served-model gate of one device (n_boot bootstrap replicates at `level`, at the
+    device's target FR; the seed mixes the device id and the round; `ties` as in
+    `decide_served_model`)."""
 
     def __init__(
         self,
@@ -66,7 +62,6 @@ class ServingGate:
         self.seed = int(seed)
         self.n_boot = int(n_boot)
         self.level = float(level)
-        self.at_shipped_threshold = False
 
     def after_round(self, st: DeviceState, global_params: Tensor, round_id: int) -> None:
         """Decide what `st` serves after `round_id` (trained: `st.personal_params` and
@@ -78,7 +73,7 @@ class ServingGate:
         assert st.served_params is not None
         candidates = {"personalized": st.personal_params, "global": global_params}
         try:
-            decision = self._decide(st, candidates, round_id)
+            decision = self._decide(st.served_params, st.baseline_params, candidates, round_id)
         except (WakeflError, ValueError, RuntimeError) as exc:
             log.warning("round %d: served-model gate failed: %s", round_id, exc)
             st.pending.report["gate"] = {"serve": "served", "switched": False, "error": str(exc)}
@@ -98,14 +93,16 @@ class ServingGate:
                 st.pending.scalars[f"gate_served_{name}"] = value
 
     def _decide(
-        self, st: DeviceState, candidates: dict[str, Tensor | None], round_id: int
+        self,
+        served: Tensor,
+        baseline: Tensor,
+        candidates: dict[str, Tensor | None],
+        round_id: int,
     ) -> GateDecision:
-        served, baseline = st.served_params, st.baseline_params
-        assert served is not None and baseline is not None
         seed = zlib.crc32(f"{self.seed}:{self.trainer.device_id}:{round_id}:gate".encode())
         settings: dict[str, Any] = {
             "served_name": "served",
-            "target_fr": self._gate_fr(st),
+            "target_fr": self.target_fr,
             "n_boot": self.n_boot,
             "level": self.level,
             "seed": seed,
@@ -129,22 +126,6 @@ class ServingGate:
             baseline_scores=score(baseline),
             **settings,
         )
-
-    def _gate_fr(self, st: DeviceState) -> float:
-        """The FR the gate compares at (see the class docstring)."""
-        if not self.at_shipped_threshold or not self.trainer.has_validation():
-            return self.target_fr
-        from wakefl.models.kws_cnn.operating_point import for_model
-
-        point = for_model(model_of(st, st.baseline_params, "baseline"))
-        pos = self.trainer.labels() == 1
-        if point is None or not pos.any():
-            return self.target_fr
-        assert st.baseline_params is not None
-        misses = self.trainer.scores(st.baseline_params)[pos] < point.threshold
-        # Below 1: the gate's threshold rule needs an FR it can reach with some wake word
-        # accepted.
-        return min(float(misses.mean()), 0.99)
 
     def _served_figures(self, st: DeviceState) -> dict[str, Any]:
         """The served model and its point relative FA/FR against the baseline on the

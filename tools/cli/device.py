@@ -104,15 +104,6 @@ def _add_protocol_options(p: argparse.ArgumentParser) -> None:
         help="served-model gate on a tie with the served model (the same errors on the "
         "validation clips): keep it (default) or switch to the new model",
     )
-    p.add_argument(
-        "--gate-at",
-        choices=("target-fr", "shipped-threshold"),
-        default="target-fr",
-        help="where the served-model gate compares the models: at --target-fr (default), or "
-        "at the FR the baseline has on the validation wake words at its shipped threshold, "
-        "the threshold the served model is exported with (when the baseline is a shipped "
-        "model; else at --target-fr)",
-    )
 
 
 def _add_export_options(p: argparse.ArgumentParser) -> None:
@@ -178,7 +169,6 @@ def _run(args: argparse.Namespace) -> int:
         progress=say,
         gate_ties=args.gate_ties,
     )
-    client.gate.at_shipped_threshold = args.gate_at == "shipped-threshold"
     if args.enrol:
         _enrol(client, args.enrol, say)
     # SIGTERM leaves cleanly (state is committed at every step anyway).

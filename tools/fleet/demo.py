@@ -66,11 +66,6 @@ class DemoSettings:
     # the gate would compare them at a threshold the device never uses, with many false
     # accepts, and admit models that miss more at the device's own.
     gate_target_fr: float | None = None
-    # Whether each gate compares the models at the baseline's shipped threshold (the FR the
-    # baseline has there on the device's validation wake words) instead of
-    # `gate_target_fr` (None: on the fleet, where that is the device's operating point and
-    # the one the evaluation holds the models to; its FR is 0.2 to 0.7 by device type).
-    gate_at_shipped: bool | None = None
     # Seconds between the windows each device cuts from its training streams as extra
     # negatives (`wakefl device --train-stream-hop`; 0: clips only). The fleet has no
     # training streams: with 4 minutes of them per device type, cut every 1.5 s, the
@@ -103,11 +98,6 @@ class DemoSettings:
         l_max = self.l_max if self.l_max is not None else (40 if fleet else 10)
         warmup = self.warmup_steps if self.warmup_steps is not None else (20 if fleet else 5)
         return l_max, warmup
-
-    def gate_at_shipped_threshold(self) -> bool:
-        if self.gate_at_shipped is not None:
-            return self.gate_at_shipped
-        return self.runs_fleet()
 
     def gate_fr(self) -> float:
         if self.gate_target_fr is not None:
@@ -291,8 +281,6 @@ def _device_args(
         str(served),
         "--idle-timeout",
         str(st.round_timeout + 120),
-        "--gate-at",
-        "shipped-threshold" if st.gate_at_shipped_threshold() else "target-fr",
     ]
 
 
