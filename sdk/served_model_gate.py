@@ -31,13 +31,13 @@ the model the device shipped with, when its scores are given):
    than the noise explains.
 4. C is *admissible* (gate_admission.admission, where the rule is a pure function of
    these figures) when the device has at least `min_positives` validation wake words,
-   C is not worse beyond the noise than S nor than B, C is *shown no worse* than S and
-   than B (the upper end of its relative FR at matched FA interval is at most
-   `upper_bound`, 1 by default: the interval says it misses no more wake words at the same
-   false accepts), and its point figures against S are better: fewer misses at matched
-   FA, or relative FA <= 1 and relative FR <= 1 with one of them < 1. A tie keeps S
-   (`ties="switch"` admits ties too). Checking B as well stops a chain of switches from
-   drifting away from the shipped model.
+   C is not worse beyond the noise than S nor than B, and in one view C is better than S
+   in the point figures and *better beyond the noise* than S and than B: the upper end of
+   that view's interval lies below `upper_bound` (1 by default). The views: fewer misses
+   at matched FA (relative FR at matched FA), or at matched FR relative FA <= 1 and
+   relative FR <= 1 with one of them < 1 (both intervals' upper ends below the bound). A
+   tie keeps S (`ties="switch"` admits a tie whose upper ends are at most the bound).
+   Checking B as well stops a chain of switches from drifting away from the shipped model.
 5. The device serves the admissible candidate with the lowest point relative FA against S,
    then the lowest relative FR at matched FA (ties: the first in the order given, e.g.
    personalized before global); with none, it
@@ -272,8 +272,8 @@ def _decision(
             f"{_fmt_ci(c.relative_fa_ci)}) and relative FR {_fmt(c.relative_fr)} against "
             f"{served_name}; it misses {_fmt(c.relative_fr_matched_fa)} times as many wake "
             f"words at no more false accepts (interval {_fmt_ci(c.relative_fr_matched_fa_ci)}, "
-            f"upper end within the bound {common['rule'].upper_bound:.2f}); shown no worse"
-            + (" than the baseline either" if against_baseline else "")
+            f"upper end below the bound {common['rule'].upper_bound:.2f}); better beyond the "
+            "noise" + (" than the baseline too" if against_baseline else "")
         ),
         comparisons=tuple(comparisons),
         admissible=tuple(admissible),

@@ -109,12 +109,12 @@ CASES = [
     ),
     ("clearly better: admitted", _misses(0.45, 0.2, 0.7), None, ENOUGH, KEEP, Verdict.ADMIT),
     (
-        "upper end exactly at the bound: admitted",
-        _misses(0.8, 0.5, 1.0),
+        "upper end exactly at the bound: kept out (the fleet's E: 0.50 [0.14, 1.00])",
+        _misses(0.5, 0.14, 1.0),
         None,
         ENOUGH,
         KEEP,
-        Verdict.ADMIT,
+        Verdict.NOT_SHOWN_NO_WORSE,
     ),
     (
         "a looser bound admits a wider interval",
@@ -175,7 +175,7 @@ CASES = [
     (
         "shown no worse than both",
         _misses(0.5, 0.3, 0.8),
-        _vs_baseline(_misses(0.7, 0.4, 1.0)),
+        _vs_baseline(_misses(0.7, 0.4, 0.95)),
         ENOUGH,
         KEEP,
         Verdict.ADMIT,
@@ -211,7 +211,7 @@ def test_every_verdict_is_covered_by_the_table():
 
 def test_the_reason_names_the_interval_that_kept_it_out():
     got = admission(_misses(0.93, 0.38, 1.83), None, ENOUGH, KEEP)
-    assert "0.93" in got.why and "[0.38, 1.83]" in got.why and "bound 1.00" in got.why
+    assert "0.93" in got.why and "[0.38, 1.83]" in got.why and "not below the bound 1.00" in got.why
 
 
 @pytest.mark.parametrize(
