@@ -142,7 +142,7 @@ class Verdict(enum.Enum):
     TOO_FEW_WAKE_WORDS = "too_few_wake_words"  # fewer than `min_positives`
     NO_INTERVAL = "no_interval"  # no bootstrap replicate could be evaluated
     WORSE = "worse_beyond_noise"  # an interval lies wholly above 1
-    NOT_SHOWN_NO_WORSE = "not_shown_no_worse"  # relative FR's upper end above the bound
+    NOT_SHOWN_NO_WORSE = "not_shown_no_worse"  # better by its point figure, not beyond the noise
     NOT_BETTER = "not_better"  # worse in a point figure
     TIE = "tie"  # the same errors: nothing shows that a switch helps
 
