@@ -170,3 +170,22 @@ def test_demo_refuses_bad_arguments_cleanly(tmp_path):
     )
     assert proc.returncode == 2
     assert "does not exist" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_demo_results_name_the_command_and_round_the_time(tmp_path):
+    import json
+    from pathlib import Path
+
+    from wakefl.tools.fleet.demo import DemoSettings, write_results
+
+    rows = [{"device_type": "A", "relative_fr": 0.5, "relative_fr_ci": [0.2, 0.9]}]
+    out = write_results(DemoSettings(profile="fleet-enrolled"), rows, 312.4, tmp_path / "r.json")
+    doc = json.loads(out.read_text())
+    assert doc["command"] == "wakefl demo --profile fleet-enrolled --seed 0"
+    assert (doc["elapsed_s"], doc["rounds"], doc["rows"]) == (312, 4, rows)
+    own = DemoSettings(manifest=Path("m.csv"), rounds=2, width=0.125)
+    doc = json.loads(write_results(own, [], 1.0, tmp_path / "s.json").read_text())
+    assert (
+        doc["command"]
+        == "wakefl demo --profile fleet --seed 0 --manifest m.csv --rounds 2 --width 0.125"
+    )

@@ -474,9 +474,17 @@ def write_results(
 
 
 def _command(st: DemoSettings) -> str:
+    """The run's command line, with the options that change what it measures."""
     words = ["wakefl demo", f"--profile {st.profile}", f"--seed {st.seed}"]
-    if st.rounds is not None:
-        words.append(f"--rounds {st.rounds}")
+    for flag, value in (
+        ("--manifest", st.manifest),
+        ("--rounds", st.rounds),
+        ("--width", st.width),
+        ("--baseline", st.baseline),
+        ("--gate-target-fr", st.gate_target_fr),
+    ):
+        if value is not None:
+            words.append(f"{flag} {value}")
     return " ".join(words)
 
 
