@@ -1,21 +1,17 @@
 """The device side of the federation: the Python API a firmware app embeds.
 
-A `DeviceClient` is given the device's local data (training data and a validation set),
-joins a fleet over MQTT and takes part in rounds until the server announces the end of
-the run: a sampled device runs the strategy's `client_update` on its own data, scores the
-new personal model against the baseline on its validation set (relative FA/FR at matched
-FR), lets the served-model gate choose the model it serves (`serving.ServingGate`), and
-commits the new state, the served model and the not-yet-acknowledged update to disk,
-atomically; then it publishes the update and waits for the server's `Ack`, re-sending
-(bounded). A restart re-sends the saved update instead of training the round again,
-which would count the round twice in the running variance.
+A `DeviceClient` is given the device's local data (training and validation sets, and the
+user's enrolment takes: `enrol`), joins a fleet over MQTT and takes part in rounds until
+the server ends the run: a sampled device trains on its own data, lets the served-model
+gate choose the model it serves, commits state, served model and the unacknowledged update
+to disk atomically, then publishes the update and waits for the `Ack`, re-sending
+(bounded). A restart re-sends the saved update instead of training the round again.
 
-This class only wires the parts together: the round policy (`round_policy.plan_round`,
-pure), the transport (`device_link.DeviceLink`), the state folder (`device_state`), local
-training and evaluation (`round_training.RoundTrainer`), the delivery of updates
-(`update_delivery.UpdateDelivery`), the served model (`serving`) and progress lines
-(`device_progress`). A device whose state folder cannot be read still joins: it declines
-the first round it is sampled for (publish only: it cannot save), then raises the error.
+This class only wires the parts together: the round policy (`round_policy`), the transport
+(`device_link`), the state folder (`device_state`), local training (`round_training`),
+enrolment (`enrolment`), delivery (`update_delivery`), the served model (`serving`) and
+progress lines (`device_progress`). A device whose state folder cannot be read still
+joins: it declines the first round it is sampled for, then raises the error.
 """
 
 from __future__ import annotations
@@ -24,16 +20,17 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from torch.utils.data import Dataset
 
 from wakefl.errors import AudioError, ConfigError, NonFiniteError, ProtocolError
 from wakefl.protocol import messages, topics
-from wakefl.sdk import device_progress, serving
+from wakefl.sdk import device_progress, serving, update_delivery
 from wakefl.sdk.device_link import DeviceLink
 from wakefl.sdk.device_state import DeviceState, open_state_folder
+from wakefl.sdk.enrolment import ENROLMENT_DIR, Enrolment, Take, TakeResult, enrolled_data
 from wakefl.sdk.round_policy import RoundPlan, RoundStep, apply_plan, plan_round
 from wakefl.sdk.round_training import RoundTrainer, round_generator
 from wakefl.sdk.selffl.strategy import LocalProblem
@@ -47,23 +44,14 @@ DEFAULT_MAX_SENDS = 4
 Progress = Callable[[str], None]
 
 
-def _check_delivery_settings(max_sends: int, ack_timeout_s: float, wire_dtype: str | None) -> None:
-    """ConfigError for settings under which no update could be delivered."""
-    if max_sends < 1 or ack_timeout_s <= 0:
-        raise ConfigError("need max_sends >= 1 and ack_timeout_s > 0")
-    if wire_dtype is not None and wire_dtype not in messages.WIRE_DTYPES:
-        raise ConfigError(f"wire dtype must be one of {sorted(messages.WIRE_DTYPES)}")
-
-
 class DeviceClient(serving.ModelAccess):
     """One device of a fleet.
 
-    `train` is the device's training data: a dataset of (wave, label) (the client builds
-    the model the server announces and a `TorchLocalProblem` over it) or any
-    `LocalProblem`. `validation` is a dataset of (wave, label) for the local relative
-    FA/FR report and the served-model gate (None: no report, and the device keeps serving
-    the model it was shipped with). State lives in `state_dir`; one process per folder.
-    """
+    `train`: a dataset of (wave, label) (trained through a `TorchLocalProblem` over the
+    model the server announces) or any `LocalProblem`. `validation`: a dataset of (wave,
+    label) for the relative FA/FR report and the served-model gate (None: no report, and
+    the device keeps serving the model it shipped with). State lives in `state_dir`, one
+    process per folder."""
 
     def __init__(
         self,
@@ -88,16 +76,16 @@ class DeviceClient(serving.ModelAccess):
         self.device_id = topics.check_name(device_id, "device id")
         self.device_type = topics.check_name(device_type, "device type")
         self.fleet = topics.check_name(fleet, "fleet")
-        _check_delivery_settings(max_sends, ack_timeout_s, wire_dtype)
+        update_delivery.check_delivery_settings(max_sends, ack_timeout_s, wire_dtype)
         self._progress = progress or (lambda line: log.info("%s", line))
         # A folder in use by another process is an error at once; one that cannot be read
         # is kept as `_state_error` (see `handle_downlink`).
         self._lock_fd, self.store, self.state, self._state_error = open_state_folder(
             Path(state_dir), self.device_id, self.device_type, self.fleet
         )
+        self.enrolment, self._data = Enrolment(Path(state_dir) / ENROLMENT_DIR), (train, validation)
         self.trainer = RoundTrainer(
-            train,
-            validation,
+            *enrolled_data(train, validation, self.enrolment, self.device_type),
             device_id=self.device_id,
             seed=int(seed),
             target_fr=float(target_fr),
@@ -130,6 +118,14 @@ class DeviceClient(serving.ModelAccess):
     @property
     def num_samples(self) -> int:
         return self.trainer.num_samples
+
+    def enrol(self, takes: Sequence[Take]) -> list[TakeResult]:
+        """Keep recordings of the user saying the wake phrase (WAV paths or 16 kHz waves)
+        that pass sdk/take_check.py as local positives for the next rounds' training and
+        gate; each result says whether a take was kept, and why not."""
+        results = self.enrolment.add(takes)
+        self.trainer.replace_data(*enrolled_data(*self._data, self.enrolment, self.device_type))
+        return results
 
     def stop(self) -> None:
         """Ask `run` to return (thread-safe)."""

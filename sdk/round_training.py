@@ -109,6 +109,14 @@ class RoundTrainer:
             return f"{words} ({self._note[1]})"
         return words
 
+    def replace_data(self, train: Dataset | LocalProblem, validation: Dataset | None) -> None:
+        """New local data (enrolment takes joined): the local problem is rebuilt over it,
+        and the validation labels and scores are computed afresh."""
+        self.train_data, self.validation = train, validation
+        self._problem = train if looks_like_problem(train) else None
+        self._scores.clear()
+        self._labels = None
+
     def new_run(self) -> None:
         """A new run brings a new baseline (and a new model, maybe)."""
         self._scores.clear()

@@ -2,9 +2,9 @@
 
 After each round a device holds the model it serves now and new candidates (the new
 personalized model, the global model). It scores all of them on its local validation
-clips and switches only to a candidate that is, on those clips, at least as good as the
-served model and not worse beyond the noise of the comparison; otherwise it keeps serving
-the model it has. docs/SELF_FL.md ("The served-model gate") states the rule; pure numpy,
+clips and switches only to a candidate that is better there and whose bootstrap interval
+shows it no worse than the served model and the shipped baseline; otherwise it keeps
+serving the model it has. docs/SELF_FL.md ("The served-model gate") states the rule; pure numpy,
 no I/O.
 
 Conventions are wake_metrics' (module docstring there): a clip is accepted when
@@ -29,15 +29,15 @@ the model the device shipped with, when its scores are given):
    FA interval, of its relative FR interval or of its relative FR at matched FA interval
    is > 1 (an unbounded lower bound counts as > 1): more false accepts, or more misses,
    than the noise explains.
-4. C is *admissible* when it is not worse beyond the noise than S nor than B, and its
-   point figures against S are better: relative FA <= 1 and relative FR <= 1 with at
-   least one of them < 1, or fewer misses at matched FA (relative FR at matched FA < 1).
-   (Not worse beyond the noise alone would let a model that looks
-   worse on the device's own clips in; checking B as well stops a chain of such switches
-   from drifting away from the shipped model.) A tie, the same errors on every clip
-   (including 0/0, no false accept by either model), keeps S: a switch needs evidence
-   that it helps, and a device whose clips show no error has none. `ties="switch"` admits
-   ties as well (relative FA <= 1 and relative FR <= 1), the rule before this one.
+4. C is *admissible* (gate_admission.admission, where the rule is a pure function of
+   these figures) when the device has at least `min_positives` validation wake words,
+   C is not worse beyond the noise than S nor than B, and in one view C is better than S
+   in the point figures and *better beyond the noise* than S and than B: the upper end of
+   that view's interval lies below `upper_bound` (1 by default). The views: fewer misses
+   at matched FA (relative FR at matched FA), or at matched FR relative FA <= 1 and
+   relative FR <= 1 with one of them < 1 (both intervals' upper ends below the bound). A
+   tie keeps S (`ties="switch"` admits a tie whose upper ends are at most the bound).
+   Checking B as well stops a chain of switches from drifting away from the shipped model.
 5. The device serves the admissible candidate with the lowest point relative FA against S,
    then the lowest relative FR at matched FA (ties: the first in the order given, e.g.
    personalized before global); with none, it
@@ -59,6 +59,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from wakefl.errors import NonFiniteError
+from wakefl.sdk.gate_admission import (
+    MIN_POSITIVES,
+    TIE_RULES,
+    UPPER_BOUND,
+    Admission,
+    Comparison,
+    GateRule,
+    admission,
+)
 from wakefl.sdk.wake_metrics import (
     baseline_threshold,
     clip_fa_curve,
@@ -75,66 +84,7 @@ if TYPE_CHECKING:
     from wakefl.protocol.records import RecordSchema
 
 ArrayLike = Sequence[float] | np.ndarray
-TIE_RULES = ("keep", "switch")
 KEEP_REASON_NO_CLIPS = "no local validation clips: nothing to compare on, the served model is kept"
-
-
-@dataclass(frozen=True)
-class Comparison:
-    """One candidate against one reference model on the device's validation clips.
-
-    Ratios are None where unbounded (the reference makes no such error, the candidate
-    does); an interval bound of None is unbounded too (+inf: ratios are never negative).
-    `replicates` counts the bootstrap replicates that could be evaluated."""
-
-    candidate: str
-    reference: str
-    relative_fa: float | None
-    relative_fa_ci: tuple[float | None, float | None]
-    relative_fr: float | None
-    relative_fr_ci: tuple[float | None, float | None]
-    reference_fa: float
-    candidate_fa: float
-    reference_fr: float
-    candidate_fr: float
-    reference_fa_count: int
-    candidate_fa_count: int
-    replicates: int
-    worse_beyond_noise: bool
-    no_worse_point: bool  # point relative FA <= 1 and relative FR <= 1
-    better_point: bool = False  # no worse, and relative FA < 1 or relative FR < 1
-    # FR(C) / FR(S) with both at the lowest threshold keeping S's FA (None: unbounded)
-    relative_fr_matched_fa: float | None = 1.0
-    relative_fr_matched_fa_ci: tuple[float | None, float | None] = (None, None)
-    fewer_misses: bool = False  # relative FR at matched FA < 1
-
-    def as_dict(self) -> dict:
-        """JSON values: an unbounded figure is "unbounded"; an interval without any
-        evaluable replicate is [null, null]."""
-        fa_ci = _interval(self.relative_fa_ci) if self.replicates else [None, None]
-        fr_ci = _interval(self.relative_fr_ci) if self.replicates else [None, None]
-        mfa_ci = _interval(self.relative_fr_matched_fa_ci) if self.replicates else [None, None]
-        return {
-            "candidate": self.candidate,
-            "reference": self.reference,
-            "relative_fa": _num(self.relative_fa),
-            "relative_fa_ci": fa_ci,
-            "relative_fr": _num(self.relative_fr),
-            "relative_fr_ci": fr_ci,
-            "reference_fa": _num(self.reference_fa),
-            "candidate_fa": _num(self.candidate_fa),
-            "reference_fr": _num(self.reference_fr),
-            "candidate_fr": _num(self.candidate_fr),
-            "reference_fa_count": self.reference_fa_count,
-            "candidate_fa_count": self.candidate_fa_count,
-            "replicates": self.replicates,
-            "worse_beyond_noise": self.worse_beyond_noise,
-            "no_worse_point": self.no_worse_point,
-            "better_point": self.better_point,
-            "relative_fr_matched_fa": _num(self.relative_fr_matched_fa),
-            "relative_fr_matched_fa_ci": mfa_ci,
-            "fewer_misses": self.fewer_misses,
-        }
 
 
 @dataclass(frozen=True)
@@ -154,8 +104,11 @@ class GateDecision:
     n_positive: int
     n_negative: int
     n_units: int
+    rule: GateRule = GateRule()
     comparisons: tuple[Comparison, ...] = ()
     admissible: tuple[str, ...] = ()
+    # (candidate, gate_admission.Verdict value) for every candidate judged, in order
+    verdicts: tuple[tuple[str, str], ...] = ()
 
     def as_dict(self) -> dict:
         """A small JSON-serialisable dict (no NaN or Inf: unbounded figures are
@@ -172,7 +125,13 @@ class GateDecision:
             "n_positive": self.n_positive,
             "n_negative": self.n_negative,
             "n_units": self.n_units,
+            "rule": {
+                "upper_bound": self.rule.upper_bound,
+                "min_positives": self.rule.min_positives,
+                "ties": self.rule.ties,
+            },
             "admissible": list(self.admissible),
+            "verdicts": dict(self.verdicts),
             "comparisons": [c.as_dict() for c in self.comparisons],
         }
 
@@ -217,6 +176,8 @@ def decide_served_model(
     seed: int = 0,
     level: float = 0.95,
     ties: str = "keep",
+    upper_bound: float = UPPER_BOUND,
+    min_positives: int = MIN_POSITIVES,
 ) -> GateDecision:
     """Decide which model a device serves (the rule is in the module docstring).
 
@@ -226,12 +187,11 @@ def decide_served_model(
     "global": ...}), `baseline_scores` of the shipped model (optional; skipped when equal
     to the served model's). `units` gives each clip's bootstrap unit (its speaker); None
     makes each clip its own unit. `ties` is "keep" (a candidate must be better than the
-    served model in the point figures) or "switch" (no worse suffices). Deterministic for
-    a `seed`.
+    served model in the point figures) or "switch" (no worse suffices); `upper_bound` and
+    `min_positives` are `GateRule`'s. Deterministic for a `seed`.
     """
     _check_gate_settings(n_boot, level, target_fr)
-    if ties not in TIE_RULES:
-        raise ValueError(f"ties must be one of {', '.join(TIE_RULES)}, got {ties!r}")
+    rule = GateRule(upper_bound=upper_bound, min_positives=min_positives, ties=ties)
     lab = np.asarray(labels).reshape(-1)
     served, cands, base, grp = _gate_inputs(
         lab, served_scores, candidates, baseline_scores, units, served_name
@@ -246,6 +206,7 @@ def decide_served_model(
         "n_positive": int(pos.sum()),
         "n_negative": int(neg.sum()),
         "n_units": int(np.unique(grp).size),
+        "rule": rule,
     }
     nothing_to_compare = _nothing_to_compare(lab, pos, neg, bool(cands))
     if nothing_to_compare:
@@ -253,10 +214,10 @@ def decide_served_model(
     references = {served_name: served}
     if base is not None and not np.array_equal(base, served):
         references["baseline"] = base
-    draws = list(_unit_draws(np.random.default_rng(seed), grp, pos, neg, n_boot))
+    draws = list(unit_draws(np.random.default_rng(seed), grp, pos, neg, n_boot))
     comparisons = _compare_all(cands, references, pos, neg, float(target_fr), draws, float(level))
-    admissible = _admissible(cands, comparisons, served_name, ties == "switch")
-    return _decision(comparisons, admissible, common)
+    verdicts = _admissions(cands, comparisons, served_name, int(pos.sum()), rule)
+    return _decision(comparisons, verdicts, common)
 
 
 def _compare_all(
@@ -278,19 +239,21 @@ def _compare_all(
 
 
 def _decision(
-    comparisons: list[Comparison], admissible: list[str], common: dict[str, Any]
+    comparisons: list[Comparison], verdicts: dict[str, Admission], common: dict[str, Any]
 ) -> GateDecision:
     """Keep the served model when no candidate is admissible, else switch to the
     admissible candidate with the lowest relative FA against it (first given on ties)."""
     served_name = common["served_name"]
+    admissible = [name for name, v in verdicts.items() if v.admitted]
+    judged = tuple((name, v.verdict.value) for name, v in verdicts.items())
     if not admissible:
         return GateDecision(
             serve=served_name,
             switched=False,
-            reason="the served model is kept: "
-            + "; ".join(_keep_reasons(comparisons, served_name)),
+            reason="the served model is kept: " + "; ".join(v.why for v in verdicts.values()),
             comparisons=tuple(comparisons),
             admissible=(),
+            verdicts=judged,
             **common,
         )
     point = {
@@ -308,9 +271,9 @@ def _decision(
             f"{best} is served: relative FA {_fmt(c.relative_fa)} (interval "
             f"{_fmt_ci(c.relative_fa_ci)}) and relative FR {_fmt(c.relative_fr)} against "
             f"{served_name}; it misses {_fmt(c.relative_fr_matched_fa)} times as many wake "
-            f"words at no more false accepts (interval {_fmt_ci(c.relative_fr_matched_fa_ci)}); "
-            f"not worse beyond the noise"
-            + (" nor against the baseline" if against_baseline else "")
+            f"words at no more false accepts (interval {_fmt_ci(c.relative_fr_matched_fa_ci)}, "
+            f"upper end below the bound {common['rule'].upper_bound:.2f}); better beyond the "
+            "noise" + (" than the baseline too" if against_baseline else "")
         ),
         comparisons=tuple(comparisons),
         admissible=tuple(admissible),
@@ -373,58 +336,25 @@ def _gate_inputs(
     return served, cands, base, grp
 
 
-def _admissible(
+def _admissions(
     cands: Mapping[str, np.ndarray],
     comparisons: list[Comparison],
     served_name: str,
-    switch_on_tie: bool,
-) -> list[str]:
-    """The candidates not worse beyond the noise against any reference and better in
-    the point figures than the served model (no worse, with `switch_on_tie`) or missing
-    fewer wake words at its false-accept rate, in the order given."""
-    admissible = []
+    n_positive: int,
+    rule: GateRule,
+) -> dict[str, Admission]:
+    """Each candidate's verdict under `rule` (gate_admission.admission), in the order
+    given."""
+    out = {}
     for cname in cands:
-        mine = [c for c in comparisons if c.candidate == cname]
-        vs_served = next(c for c in mine if c.reference == served_name)
-        point_ok = vs_served.fewer_misses or (
-            vs_served.no_worse_point if switch_on_tie else vs_served.better_point
+        vs_served = next(
+            c for c in comparisons if c.candidate == cname and c.reference == served_name
         )
-        if all(c.replicates > 0 and not c.worse_beyond_noise for c in mine) and point_ok:
-            admissible.append(cname)
-    return admissible
-
-
-def _keep_reasons(comparisons: list[Comparison], served_name: str) -> list[str]:
-    """Why each candidate was not admitted."""
-    reasons = []
-    for c in comparisons:
-        if c.replicates == 0:
-            reasons.append(
-                f"{c.candidate} vs {c.reference}: no bootstrap replicate could be evaluated"
-            )
-        elif c.worse_beyond_noise:
-            reasons.append(
-                f"{c.candidate} is worse than {c.reference} beyond the noise "
-                f"(relative FA {_fmt(c.relative_fa)}, interval {_fmt_ci(c.relative_fa_ci)}; "
-                f"relative FR {_fmt(c.relative_fr)}, interval {_fmt_ci(c.relative_fr_ci)}; "
-                f"relative FR at matched FA {_fmt(c.relative_fr_matched_fa)}, interval "
-                f"{_fmt_ci(c.relative_fr_matched_fa_ci)})"
-            )
-        elif c.reference != served_name or c.fewer_misses:
-            continue
-        elif not c.no_worse_point:
-            reasons.append(
-                f"{c.candidate} is not as good as {c.reference} on the local clips "
-                f"(relative FA {_fmt(c.relative_fa)}, relative FR {_fmt(c.relative_fr)})"
-            )
-        elif not c.better_point:
-            reasons.append(
-                f"{c.candidate} is no better than {c.reference} on the local clips "
-                f"({c.candidate_fa_count} against {c.reference_fa_count} false accepts, "
-                f"relative FR {_fmt(c.relative_fr)}, relative FR at matched FA "
-                f"{_fmt(c.relative_fr_matched_fa)}): nothing shows that a switch helps"
-            )
-    return reasons
+        vs_base = next(
+            (c for c in comparisons if c.candidate == cname and c.reference == "baseline"), None
+        )
+        out[cname] = admission(vs_served, vs_base, n_positive, rule)
+    return out
 
 
 def gate_uplink_schema(
@@ -472,7 +402,7 @@ def _scores(x: ArrayLike, name: str, size: int) -> np.ndarray:
     return arr
 
 
-def _unit_draws(
+def unit_draws(
     rng: np.random.Generator, units: np.ndarray, pos: np.ndarray, neg: np.ndarray, n_boot: int
 ):
     """(positive indices, negative indices) of each replicate: units drawn with
@@ -567,19 +497,24 @@ def _above_one(lower: float | None) -> bool:
     return lower is None or lower > 1.0
 
 
-def _num(x: float | None) -> float | str | None:
-    if x is None:
-        return "unbounded"
-    return round(float(x), 6)
-
-
-def _interval(ci: tuple[float | None, float | None]) -> list:
-    return [_num(ci[0]), _num(ci[1])]
-
-
 def _fmt(x: float | None) -> str:
     return "unbounded" if x is None else f"{x:.2f}"
 
 
 def _fmt_ci(ci: tuple[float | None, float | None]) -> str:
     return f"[{_fmt(ci[0])}, {_fmt(ci[1])}]"
+
+
+__all__ = [
+    "UPPER_BOUND",
+    "KEEP_REASON_NO_CLIPS",
+    "MIN_POSITIVES",
+    "TIE_RULES",
+    "Comparison",
+    "GateDecision",
+    "GateRule",
+    "decide_served_model",
+    "gate_uplink_schema",
+    "unit_draws",
+    "with_gate_schema",
+]

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from wakefl.errors import ProtocolError
+from wakefl.errors import ConfigError, ProtocolError
 from wakefl.protocol import messages, topics, update_codec
 from wakefl.sdk.device_link import DeviceLink
 from wakefl.sdk.device_state import DeviceState, DeviceStateStore, PendingUpdate
@@ -26,6 +26,14 @@ from wakefl.sdk.round_policy import ack_verdict, answers_update, supersedes
 log = logging.getLogger("wakefl.device")
 
 _SUPERSEDED = "superseded"
+
+
+def check_delivery_settings(max_sends: int, ack_timeout_s: float, wire_dtype: str | None) -> None:
+    """ConfigError for settings under which no update could be delivered."""
+    if max_sends < 1 or ack_timeout_s <= 0:
+        raise ConfigError("need max_sends >= 1 and ack_timeout_s > 0")
+    if wire_dtype is not None and wire_dtype not in messages.WIRE_DTYPES:
+        raise ConfigError(f"wire dtype must be one of {sorted(messages.WIRE_DTYPES)}")
 
 
 @dataclass

@@ -278,7 +278,7 @@ def test_a_short_loud_burst_does_not_pull_the_crop_off_the_phrase(
     ],
 )
 def test_the_window_is_centred_on_the_speech(prob: list[float], total: int, start: int | None):
-    from wakefl.tools.corpus.phrase_locator import window_start
+    from wakefl.sdk.phrase_locator import window_start
 
     assert window_start(np.array(prob), total) == start
 

@@ -49,8 +49,22 @@ def test_demo_smallest_setting_writes_a_report_per_device_type(tmp_path, tiny_co
     assert "sigma0^2=" in out and "local steps" in out
 
     report = workdir / "report"
-    for name in ("report.md", "report.html", "demo_summary.md", "results.json"):
+    for name in (
+        "report.md",
+        "report.html",
+        "demo_summary.md",
+        "results.json",
+        "demo_results.json",
+    ):
         assert (report / name).is_file(), name
+    # The demo's own rows, from which the README's tables are rendered: per device type the
+    # served relative FR with its interval and the gate's decision with its evidence.
+    doc = json.loads((report / "demo_results.json").read_text())
+    assert [r["device_type"] for r in doc["rows"]] == TYPES and doc["elapsed_s"] > 0
+    for r in doc["rows"]:
+        assert "relative_fr" in r and "relative_fr_ci" in r and r["gate_reason"]
+        assert r["gate_switched"] == (r["gate_evidence"] is not None)
+    assert "| type | baseline FRR | served model |" in out and "beyond their interval" in out
     summary = (report / "demo_summary.md").read_text()
     # One row per device type: both models' FRR and FA/h, relative FR, the gate's decision.
     assert "| device | baseline FRR | baseline FA/h | served model | served FRR |" in summary
@@ -156,3 +170,22 @@ def test_demo_refuses_bad_arguments_cleanly(tmp_path):
     )
     assert proc.returncode == 2
     assert "does not exist" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_demo_results_name_the_command_and_round_the_time(tmp_path):
+    import json
+    from pathlib import Path
+
+    from wakefl.tools.fleet.demo import DemoSettings, write_results
+
+    rows = [{"device_type": "A", "relative_fr": 0.5, "relative_fr_ci": [0.2, 0.9]}]
+    out = write_results(DemoSettings(profile="fleet-enrolled"), rows, 312.4, tmp_path / "r.json")
+    doc = json.loads(out.read_text())
+    assert doc["command"] == "wakefl demo --profile fleet-enrolled --seed 0"
+    assert (doc["elapsed_s"], doc["rounds"], doc["rows"]) == (312, 4, rows)
+    own = DemoSettings(manifest=Path("m.csv"), rounds=2, width=0.125)
+    doc = json.loads(write_results(own, [], 1.0, tmp_path / "s.json").read_text())
+    assert (
+        doc["command"]
+        == "wakefl demo --profile fleet --seed 0 --manifest m.csv --rounds 2 --width 0.125"
+    )

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 from wakefl.tools.evaluation.report import markdown_html
 from wakefl.tools.fleet.demo_report import (
+    ci_above_one,
     ci_below_one,
+    counts_line,
+    demo_rows,
     device_summary,
+    readme_table,
     resolution_lines,
     summary_markdown,
 )
@@ -102,3 +106,49 @@ def test_new_users_are_reported_apart_and_the_html_has_no_raw_markdown():
     assert "`" not in html and "**" not in html
     assert "<code>x</code>" in html and "<table>" in html and "<b>A</b>" in html
     assert html.count("<ul>") == 1 and "<h2>" in html and "<h3>" in html
+
+
+def test_the_json_rows_carry_the_served_figures_and_the_gates_evidence():
+    switched = {
+        "reason": "personalized is served: ...",
+        "rule": {"upper_bound": 1.0, "min_positives": 10, "ties": "keep"},
+        "n_positive": 43,
+        "n_negative": 529,
+        "verdicts": {"personalized": "admit", "global": "not_shown_no_worse"},
+        "comparisons": [
+            {
+                "candidate": "personalized",
+                "reference": "served",
+                "relative_fa": 1.0,
+                "relative_fa_ci": [1.0, 1.0],
+                "relative_fr_matched_fa": 0.5,
+                "relative_fr_matched_fa_ci": [0.3, 0.9],
+            },
+            {"candidate": "global", "reference": "served", "relative_fr_matched_fa": 0.9},
+        ],
+    }
+    gates = {"A": {**GATES["A"], "switched_by": switched}, "B": GATES["B"]}
+    rows = [
+        *ROWS,
+        _row("C", "served-C", _record(0.3, 0.5, (1.2, 2.0))),  # worse beyond its interval
+    ]
+    summary = device_summary(rows, ["A", "B", "C"], gates)
+    out = demo_rows(summary, gates)
+    a, b, c = out
+    assert (a["relative_fr"], a["relative_fr_ci"]) == (0.25, [0.1, 0.4])
+    assert a["gain_beyond_interval"] and not a["worse_beyond_interval"] and a["gate_switched"]
+    ev = a["gate_evidence"]
+    assert ev["n_positive"] == 43 and ev["verdicts"]["personalized"] == "admit"
+    assert ev["against"]["served"]["relative_fr_matched_fa_ci"] == [0.3, 0.9]
+    assert not b["gate_switched"] and b["gate_evidence"] is None
+    assert c["worse_beyond_interval"] and not c["gain_beyond_interval"]
+    table = readme_table(out)
+    assert table[2] == (
+        "| A | 0.80 | personalized (round 2) | 0.20 | **0.25 [0.10, 0.40]** | 0.50 [0.30, 0.90] |"
+    )
+    assert table[3] == "| B | 0.50 | baseline (kept) | 0.50 | 1.00 [0.80, 1.30] | n/a |"
+    assert counts_line(out) == (
+        "Served models that miss fewer wake words than the baseline beyond their interval: "
+        "1 of 3 (A); worse beyond their interval: 1 (C)."
+    )
+    assert ci_above_one({"replicates": 10, "relative_fr_ci": [None, None]})  # unbounded

@@ -221,3 +221,49 @@ def test_clients_reconnect_after_a_broker_restart(tmp_path, broker, tiny_corpus)
             assert re.search(rf"as dev{t} \(session resumed\)", out), out
     finally:
         _stop_all(server, devs)
+
+
+def _run_once(folder: Path, manifest: Path) -> tuple[dict[str, DeviceStateStore], Path]:
+    """One whole federation of 2 rounds on its own broker; returns the device state stores
+    and the server's state folder."""
+    from wakefl.server.state_store import StateStore
+
+    folder.mkdir()
+    broker_dir = tempfile.mkdtemp(prefix="wakefl-e2e-broker-")
+    b = ManagedBroker(broker_dir).start()
+    try:
+        server, devs = _federation(folder, b, manifest, rounds=2, round_timeout=60, min_clients=5)
+        try:
+            server.wait_for(r"run finished after 2 rounds", 240)
+            assert server.finish(30) == 0
+            for t in TYPES:
+                assert devs[t].finish(60) == 0, devs[t].text()
+        finally:
+            _stop_all(server, devs)
+    finally:
+        b.stop()
+        shutil.rmtree(broker_dir, ignore_errors=True)
+    store = StateStore(folder / "server")
+    try:
+        state = store.load_server_state()
+    finally:
+        store.close()
+    assert state is not None
+    return {t: DeviceStateStore(folder / f"dev{t}") for t in TYPES}, state.global_params
+
+
+def test_two_runs_with_the_same_seed_serve_the_same_models_bit_for_bit(tmp_path, tiny_corpus):
+    # Updates arrive in whatever order the devices finish; the aggregate and every model a
+    # device trains, personalizes and serves must not depend on it (nor on thread counts).
+    import torch
+
+    first, global_1 = _run_once(tmp_path / "run1", tiny_corpus)
+    second, global_2 = _run_once(tmp_path / "run2", tiny_corpus)
+    assert torch.equal(global_1, global_2)
+    for t in TYPES:
+        a, b = first[t].load(), second[t].load()
+        assert a.participations == b.participations == 2
+        assert a.served_name == b.served_name, t
+        for name in ("personal_params", "served_params", "baseline_params"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert x is not None and y is not None and torch.equal(x, y), (t, name)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-from pathlib import Path
-from typing import Any
 
 from wakefl.protocol import topics
 
@@ -47,6 +45,16 @@ def _add_identity_options(p: argparse.ArgumentParser) -> None:
         help="expected model width; refuse a server that runs another one",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the local minibatches")
+    p.add_argument(
+        "--enrol",
+        nargs="+",
+        default=None,
+        metavar="WAV",
+        help="recordings of the user saying the wake phrase: each is checked (clipping, "
+        "speech, length, likeness to the other takes) and kept in the state folder as a "
+        "local positive for training and the served-model gate; a refused one says why. "
+        "Kept takes never leave the device",
+    )
 
 
 def _add_protocol_options(p: argparse.ArgumentParser) -> None:
@@ -161,6 +169,8 @@ def _run(args: argparse.Namespace) -> int:
         progress=say,
         gate_ties=args.gate_ties,
     )
+    if args.enrol:
+        _enrol(client, args.enrol, say)
     # SIGTERM leaves cleanly (state is committed at every step anyway).
     signal.signal(signal.SIGTERM, lambda *_: client.stop())
     try:
@@ -178,6 +188,20 @@ def _run(args: argparse.Namespace) -> int:
         + ("; run finished" if summary.finished else "")
     )
     return 0
+
+
+def _enrol(client, takes: list[str], say) -> None:
+    """Check and keep the enrolment takes, saying what became of each."""
+    results = client.enrol(takes)
+    for r in results:
+        verdict = f"kept ({'training' if r.split == 'train' else 'validation'})"
+        say(f"enrolment take {r.name}: " + (verdict if r.accepted else f"refused: {r.reason}"))
+    kept = sum(r.accepted for r in results)
+    say(
+        f"{client.device_id}: {kept} of {len(results)} enrolment take(s) kept; the device "
+        f"holds {client.enrolment.count('train')} training and "
+        f"{client.enrolment.count('val')} validation take(s)"
+    )
 
 
 def _load_clips(args: argparse.Namespace, say):
@@ -240,31 +264,11 @@ def _exports(args: argparse.Namespace, client, summary, say) -> None:
         return
     if args.export:
         say(f"served model written to {client.export_served_model(args.export)}")
-        _write_gate_record(args.export, summary)
+        from wakefl.sdk.gate_record import write_gate_record
+
+        write_gate_record(args.export, summary)
     if args.onnx:
         say(f"served model exported to {client.export_onnx(args.onnx)}")
-
-
-def gate_record_path(export: str | Path) -> Path:
-    """Where the served model's gate record is written: beside its export."""
-    return Path(export).with_suffix(".gate.json")
-
-
-def _write_gate_record(export: str | Path, summary: Any) -> None:
-    """The served model, the gate's last decision and the decision that switched to the
-    served model (None while the device serves its baseline), reasons included, as JSON
-    beside the exported model, for a report on what the device serves and why."""
-    import json
-
-    from wakefl.sdk.round_training import json_safe
-
-    switched = [o.gate for o in summary.outcomes if o.gate and o.gate.get("switched")]
-    record = {
-        "served": summary.served,
-        "gate": summary.gate,
-        "switched_by": switched[-1] if switched else None,
-    }
-    gate_record_path(export).write_text(json.dumps(json_safe(record), indent=1) + "\n")
 
 
 if __name__ == "__main__":

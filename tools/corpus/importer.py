@@ -10,7 +10,7 @@ Length rule (documented in tools/CORPUS.md):
 - up to 1.5 s: a clip, padded on both sides to 1.5 s with the file's own background
   (noise shaped like its quietest part, at its measured floor), never digital zeros;
 - longer than 1.5 s: a clip cropped to 1.5 s around the phrase: the onset/offset columns
-  when given, else the speech a voice-activity model finds (tools/corpus/phrase_locator.py), which
+  when given, else the speech a voice-activity model finds (sdk/phrase_locator.py), which
   tells the phrase from louder music, alarms, beeps and knocks;
 - `stream_min_s` or longer: a negative becomes a stream (kept whole); a positive needs
   onset/offset columns, as no rule locates a phrase in minutes of audio reliably.
@@ -53,8 +53,8 @@ from wakefl.sdk.manifest import (
     ManifestRow,
     write_manifest,
 )
-from wakefl.tools.corpus.phrase_locator import frames as frame_view
-from wakefl.tools.corpus.phrase_locator import locate_phrase
+from wakefl.sdk.phrase_locator import frames as frame_view
+from wakefl.sdk.phrase_locator import locate_phrase
 
 REQUIRED = ("path", "label", "device_type")
 OPTIONAL = ("state", "speaker", "split", "onset_s", "offset_s")

@@ -120,6 +120,7 @@ def parse_args() -> argparse.Namespace:
         default=Path("runs/device-app/served.onnx"),
         help="where the served model is exported, and kept (default runs/device-app/served.onnx)",
     )
+    add_enrolment_option(ap)
     args = ap.parse_args()
     if not args.data.is_file():
         sys.exit(
@@ -130,6 +131,34 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+# ----------------------------------------------------------------------------- enrolment
+def add_enrolment_option(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument(
+        "--enrol",
+        nargs="+",
+        type=Path,
+        default=None,
+        metavar="WAV",
+        help="recordings of the user saying the wake phrase, taken at set-up: the good ones "
+        "become the device's own positives (they never leave it)",
+    )
+
+
+def enrol_user(device: DeviceClient, takes: list[Path]) -> None:
+    """Set-up: "say the wake word three times". Each take is checked (clipping, speech,
+    length, likeness to the other takes); a refused one says why, so the app can ask the
+    user again. Kept takes stay in the device's state folder and join its training and
+    validation data from the next round on."""
+    for r in device.enrol(takes):
+        if r.accepted:
+            print(
+                f"  enrolment: {r.name} kept for {'training' if r.split == 'train' else 'validation'}"
+            )
+        else:
+            print(f"  enrolment: {r.name} refused: {r.reason}; please say the phrase again")
+
+
+# ----------------------------------------------------------------------------- reporting
 def gate_line(gate: dict, served: str) -> str:
     """The served-model gate's last decision in words. The gate names the model served
     before the decision "served"; here it is named."""
@@ -188,6 +217,9 @@ def main() -> None:
             broker_url=url,
             progress=lambda line: print(f"  [device] {line}"),
         ) as device:
+            # 2a. Enrolment (optional): the user's own takes of the phrase.
+            if args.enrol:
+                enrol_user(device, args.enrol)
             summary = device.run()
             print_rounds(summary)
 

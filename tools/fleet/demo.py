@@ -378,15 +378,13 @@ def to_onnx(checkpoint: Path, baseline: Path | None = None) -> Path:
 def _gate_records(served: dict[str, Path]) -> dict[str, dict[str, Any]]:
     """Each device's served model and its gate's last decision (written by `wakefl device`
     beside the export)."""
-    import json
-
-    from wakefl.tools.cli.device import gate_record_path
+    from wakefl.sdk.gate_record import read_gate_record
 
     out = {}
     for t, path in served.items():
-        rec = gate_record_path(path)
-        if rec.is_file():
-            out[t] = json.loads(rec.read_text())
+        rec = read_gate_record(path)
+        if rec is not None:
+            out[t] = rec
     return out
 
 
@@ -433,14 +431,14 @@ def evaluate_and_report(
     global_ckpt: Path,
     served: dict[str, Path],
     run_dir: Path,
-) -> tuple[Path, list[str]]:
+) -> tuple[Path, list[str], list[dict[str, Any]]]:
     """Scores the baseline, the global model and each served model (on its own device type)
     on the test clips and streams, and writes the report with the summary on top. Returns
-    the report folder and the summary's Markdown lines."""
+    the report folder, the summary's Markdown lines and the rows of `demo_results.json`."""
     from wakefl.tools.evaluation.evaluate import run_evaluation
     from wakefl.tools.evaluation.inputs import card_threshold
     from wakefl.tools.evaluation.report import write_report
-    from wakefl.tools.fleet.demo_report import device_summary, summary_markdown
+    from wakefl.tools.fleet.demo_report import demo_rows, device_summary, summary_markdown
 
     # At the shipped threshold only when the baseline has one (not one trained from scratch).
     shipped = st.shipped_threshold() and card_threshold(baseline) is not None
@@ -454,14 +452,49 @@ def evaluate_and_report(
         base_onnx, [*scored_global, *paired], manifest, _eval_settings(st, shipped)
     )
     new_rows = _evaluate_new_users(st, manifest, base_onnx, paired, shipped)
-    summary = device_summary(result.rows, device_types, _gate_records(served))
+    gates = _gate_records(served)
+    summary = device_summary(result.rows, device_types, gates)
     md = summary_markdown(summary, new_rows, device_types, _baseline_note(st, shipped))
     report_dir = run_dir / "report"
     write_report(result, report_dir, summary=md)
     (report_dir / "demo_summary.md").write_text(
         "# wakefl demo: the served models against the shipped baseline\n\n" + "\n".join(md)
     )
-    return report_dir, md
+    return report_dir, md, demo_rows(summary, gates)
+
+
+def write_results(
+    st: DemoSettings, rows: list[dict[str, Any]], elapsed_s: float, out: Path
+) -> Path:
+    """The run's settings, its wall time and one row per device type, as JSON: what the
+    README's demo tables are rendered from (tools/fleet/demo_readme.py)."""
+    import json
+
+    doc = {
+        "command": _command(st),
+        "profile": st.profile,
+        "seed": st.seed,
+        "rounds": st.round_count(),
+        "elapsed_s": round(elapsed_s),
+        "rows": rows,
+    }
+    out.write_text(json.dumps(doc, indent=1, allow_nan=False) + "\n")
+    return out
+
+
+def _command(st: DemoSettings) -> str:
+    """The run's command line, with the options that change what it measures."""
+    words = ["wakefl demo", f"--profile {st.profile}", f"--seed {st.seed}"]
+    for flag, value in (
+        ("--manifest", st.manifest),
+        ("--rounds", st.rounds),
+        ("--width", st.width),
+        ("--baseline", st.baseline),
+        ("--gate-target-fr", st.gate_target_fr),
+    ):
+        if value is not None:
+            words.append(f"{flag} {value}")
+    return " ".join(words)
 
 
 def run_demo(st: DemoSettings) -> Path:
@@ -496,11 +529,14 @@ def run_demo(st: DemoSettings) -> Path:
     )
     served = run_federation(st, manifest, baseline, run_dir, device_types)
     global_ckpt = export_global(run_dir, baseline)
-    report_dir, md = evaluate_and_report(st, manifest, baseline, global_ckpt, served, run_dir)
+    report_dir, md, rows = evaluate_and_report(st, manifest, baseline, global_ckpt, served, run_dir)
+    from wakefl.tools.fleet.demo_report import counts_line, readme_table
+
     print()
-    print("\n".join(md))
+    print("\n".join([*md, *readme_table(rows), "", counts_line(rows)]))
+    write_results(st, rows, time.monotonic() - t0, report_dir / "demo_results.json")
     _say(
         f"done in {time.monotonic() - t0:.0f} s; report: {report_dir / 'report.html'} "
-        f"(also report.md, demo_summary.md)"
+        f"(also report.md, demo_summary.md, demo_results.json)"
     )
     return report_dir

@@ -26,6 +26,15 @@ def _interval(rec: dict[str, Any]) -> str:
     return f"[{_fmt(lo)}, {_fmt(hi)}]"
 
 
+def ci_above_one(rec: dict[str, Any] | None) -> bool:
+    """Whether a relative-FR record's interval lies wholly above 1 (an unbounded lower
+    end counts as above)."""
+    if rec is None or not rec.get("replicates"):
+        return False
+    lo = rec["relative_fr_ci"][0]
+    return not isinstance(lo, float | int) or lo > 1.0
+
+
 def ci_below_one(rec: dict[str, Any] | None) -> bool:
     """Whether a relative-FR record's interval lies wholly below 1."""
     if rec is None or not rec.get("replicates"):
@@ -212,3 +221,111 @@ def summary_markdown(
             "",
         ]
     return md
+
+
+# ----------------------------------------------------------------------------- the rows
+def gate_evidence(decision: dict[str, Any] | None, serves: str) -> dict[str, Any] | None:
+    """What the gate saw when it chose the served model: its rule, the validation counts,
+    each candidate's verdict, and the served model's relative FR at matched FA (with its
+    interval) against the model served before and against the baseline. None while the
+    device serves its baseline (no decision chose it)."""
+    if not decision or serves in ("baseline", "n/a"):
+        return None
+    against = {
+        c["reference"]: {
+            "relative_fr_matched_fa": c.get("relative_fr_matched_fa"),
+            "relative_fr_matched_fa_ci": c.get("relative_fr_matched_fa_ci"),
+            "relative_fa": c.get("relative_fa"),
+            "relative_fa_ci": c.get("relative_fa_ci"),
+        }
+        for c in decision.get("comparisons", [])
+        if c.get("candidate") == serves
+    }
+    return {
+        "rule": decision.get("rule"),
+        "n_positive": decision.get("n_positive"),
+        "n_negative": decision.get("n_negative"),
+        "verdicts": decision.get("verdicts"),
+        "against": against,
+    }
+
+
+def demo_rows(summary: list[dict[str, Any]], gates: dict[str, dict[str, Any]]) -> list[dict]:
+    """One JSON row per device type: the served model's relative FR against the baseline
+    on the test data with its interval, whether that interval lies wholly below or above
+    1, and the gate's decision with its evidence."""
+    rows = []
+    for s in summary:
+        rec = s["record"] or {}
+        gate = gates.get(s["device_type"]) or {}
+        decision = gate.get("switched_by") or gate.get("gate")
+        rows.append(
+            {
+                "device_type": s["device_type"],
+                "matched_on": s["matched_on"],
+                "baseline_fr": rec.get("baseline_fr"),
+                "served_fr": rec.get("candidate_fr"),
+                "baseline_fa": rec.get("baseline_fa"),
+                "served_fa": rec.get("candidate_fa"),
+                "relative_fr": rec.get("relative_fr"),
+                "relative_fr_ci": rec.get("relative_fr_ci") if rec.get("replicates") else None,
+                "gain_beyond_interval": ci_below_one(rec),
+                "worse_beyond_interval": ci_above_one(rec),
+                "serves": s["serves"],
+                "since_round": s.get("since_round"),
+                "gate_switched": s["serves"] not in ("baseline", "n/a"),
+                "gate_reason": s["reason"],
+                "gate_evidence": gate_evidence(decision, s["serves"]),
+            }
+        )
+    return rows
+
+
+def _ratio_ci(point: Any, ci: Any) -> str:
+    if not ci:
+        return f"{_fmt(point)} (no interval)"
+    return f"{_fmt(point)} [{_fmt(ci[0])}, {_fmt(ci[1])}]"
+
+
+def readme_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The README's table of a demo run: per device type the baseline's and the served
+    model's FRR at the baseline's false-accept rate, the relative FR with its interval
+    (bold: wholly below 1), and the gate's validation evidence for the model it serves."""
+    lines = [
+        "| type | baseline FRR | served model | served FRR | relative FR [95 % CI] "
+        "| gate's evidence: relative FR at matched FA on validation |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        rel = _ratio_ci(r["relative_fr"], r["relative_fr_ci"])
+        if r["gain_beyond_interval"]:
+            rel = f"**{rel}**"
+        served = (
+            f"{r['serves']} (round {_fmt(r['since_round'], '{:.0f}')})"
+            if r["gate_switched"]
+            else "baseline (kept)"
+        )
+        ev = r.get("gate_evidence") or {}
+        vs = (ev.get("against") or {}).get("served") or {}
+        evidence = (
+            _ratio_ci(vs.get("relative_fr_matched_fa"), vs.get("relative_fr_matched_fa_ci"))
+            if vs
+            else "n/a"
+        )
+        lines.append(
+            f"| {r['device_type']} | {_fmt(r['baseline_fr'])} | {served} | "
+            f"{_fmt(r['served_fr'])} | {rel} | {evidence} |"
+        )
+    return lines
+
+
+def counts_line(rows: list[dict[str, Any]]) -> str:
+    """How many served models gain, and how many are worse, beyond their test interval."""
+    gains = [r["device_type"] for r in rows if r["gain_beyond_interval"]]
+    worse = [r["device_type"] for r in rows if r["worse_beyond_interval"]]
+    return (
+        f"Served models that miss fewer wake words than the baseline beyond their interval: "
+        f"{len(gains)} of {len(rows)}{' (' + ', '.join(gains) + ')' if gains else ''}; "
+        f"worse beyond their interval: {len(worse)}"
+        f"{' (' + ', '.join(worse) + ')' if worse else ''}."
+    )

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from wakefl.sdk.served_model_gate import unit_draws
 from wakefl.sdk.wake_metrics import (
     baseline_threshold,
     clip_fa_curve,
@@ -231,17 +232,12 @@ def _paired(
     if pos_idx.size == 0 or neg_idx.size == 0:
         return {"ratio": None, "ci": [None, None]}
     point = ratio(pos_idx, neg_idx)
-    keys = np.unique(ev.speakers)
-    members = [np.flatnonzero(ev.speakers == k) for k in keys]
-    is_pos = labels == 1
-    rng = np.random.default_rng([seed, 17])
-    values: list[float] = []
-    for _ in range(n_boot):
-        drawn = np.concatenate([members[i] for i in rng.integers(0, keys.size, keys.size)])
-        ip, ineg = drawn[is_pos[drawn]], drawn[~is_pos[drawn]]
-        if ip.size and ineg.size:
-            values.append(ratio(ip, ineg))
-    lo, hi = percentile_interval(values, level)
+    # The served-model gate's own draws (whole speakers, replicates without a wake word or
+    # without another clip skipped), so the study's intervals are the gate's.
+    draws = unit_draws(
+        np.random.default_rng([seed, 17]), np.asarray(ev.speakers), labels == 1, labels == 0, n_boot
+    )
+    lo, hi = percentile_interval([ratio(ip, ineg) for ip, ineg in draws], level)
     return {"ratio": _finite_or_none(point), "ci": [stable_round(lo), stable_round(hi)]}
 
 

@@ -1,4 +1,4 @@
-"""Where the wake phrase lies in a long positive recording, for `wakefl corpus import`.
+"""Where the wake phrase lies in a recording: for `wakefl corpus import` and enrolment.
 
 The rule: a voice-activity model (Silero VAD, from the pinned `silero-vad` package, run with
 onnxruntime) gives each 32 ms frame a speech probability; the 1.5 s window with the most

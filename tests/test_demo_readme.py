@@ -1,0 +1,58 @@
+"""The README's demo tables are what the demo's committed results render
+(tools/fleet/demo_readme.py): a change that moves a figure changes a JSON under
+tools/results/ and the table with it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from wakefl.tools.fleet.demo_readme import BLOCK, main, render, rewrite
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_every_demo_table_in_the_readme_is_what_its_json_renders():
+    readme = (ROOT / "README.md").read_text()
+    blocks = list(BLOCK.finditer(readme))
+    assert blocks, "the README has no demo table"
+    for m in blocks:
+        doc = json.loads((ROOT / m.group("path")).read_text())
+        assert m.group("body") == "\n".join(render(doc)) + "\n", m.group("path")
+        # The rows carry what the checks on the demo need.
+        for row in doc["rows"]:
+            for key in ("relative_fr", "relative_fr_ci", "gate_switched", "gate_evidence"):
+                assert key in row
+    assert main(["--check", "--readme", str(ROOT / "README.md")]) == 0
+
+
+def test_rewrite_replaces_a_stale_table_and_check_says_so(tmp_path):
+    doc = {
+        "command": "wakefl demo --profile fleet --seed 0",
+        "elapsed_s": 300,
+        "rows": [
+            {
+                "device_type": "A",
+                "baseline_fr": 0.5,
+                "served_fr": 0.25,
+                "relative_fr": 0.5,
+                "relative_fr_ci": [0.3, 0.8],
+                "gain_beyond_interval": True,
+                "worse_beyond_interval": False,
+                "serves": "personalized",
+                "since_round": 2,
+                "gate_switched": True,
+                "gate_evidence": None,
+            }
+        ],
+    }
+    (tmp_path / "r.json").write_text(json.dumps(doc))
+    stale = "intro\n<!-- demo-table: r.json -->\nold table\n<!-- /demo-table -->\nafter\n"
+    readme = tmp_path / "README.md"
+    readme.write_text(stale)
+    assert main(["--check", "--readme", str(readme)]) == 1
+    assert main(["--readme", str(readme)]) == 0
+    new = readme.read_text()
+    assert new == rewrite(stale, tmp_path) and new.startswith("intro\n") and "after" in new
+    assert "| A | 0.50 | personalized (round 2) | 0.25 | **0.50 [0.30, 0.80]** | n/a |" in new
+    assert main(["--check", "--readme", str(readme)]) == 0
