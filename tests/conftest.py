@@ -127,6 +127,7 @@ SLOW_MODULES = frozenset(
     {
         "test_broker_security.py",  # a TLS-configured mosquitto per test
         "test_device_client.py",  # devices training the CNN against a real broker
+        "test_device_serving.py",  # the same, under faults
     }
 )
 # Fixtures slow only in their own module: test_pretrain.py's `corpus` and `voices_corpus`

@@ -1,5 +1,5 @@
 """The README's demo tables are what the demo's committed results render
-(tools/fleet/demo_readme.py): a change that moves a figure changes a JSON under
+(tools/studies/demo_readme.py): a change that moves a figure changes a JSON under
 tools/results/ and the table with it."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from wakefl.tools.fleet.demo_readme import BLOCK, main, render, rewrite
+from wakefl.tools.studies.demo_readme import BLOCK, main, render, rewrite
 
 ROOT = Path(__file__).resolve().parents[1]
 

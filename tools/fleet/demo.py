@@ -467,7 +467,7 @@ def write_results(
     st: DemoSettings, rows: list[dict[str, Any]], elapsed_s: float, out: Path
 ) -> Path:
     """The run's settings, its wall time and one row per device type, as JSON: what the
-    README's demo tables are rendered from (tools/fleet/demo_readme.py)."""
+    README's demo tables are rendered from (tools/studies/demo_readme.py)."""
     import json
 
     doc = {

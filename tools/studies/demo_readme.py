@@ -7,7 +7,7 @@ README reports is committed under tools/results/, and the README holds its table
     ...
     <!-- /demo-table -->
 
-`python -m wakefl.tools.fleet.demo_readme` rewrites every such block from its JSON;
+`python -m wakefl.tools.studies.demo_readme` rewrites every such block from its JSON;
 `--check` exits 1 when a block differs from what its JSON renders (tests/test_demo_readme.py
 runs the check), so a change that moves the figures shows in review as a changed JSON and
 a changed table, never as a table edited by hand.
