@@ -32,7 +32,7 @@ from wakefl.tools.acoustics.device_acoustics import (
     scale_to,
 )
 from wakefl.tools.acoustics.room_impulse import exponential_rir
-from wakefl.tools.corpus.build import place_in_window
+from wakefl.tools.corpus.rendering import place_in_window
 from wakefl.tools.corpus.speech_synthesis import Voice, synthesize
 
 SEED = 50
