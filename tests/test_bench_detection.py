@@ -279,6 +279,18 @@ def test_phrases_in_running_speech_are_reported_beside_isolated_ones(tmp_path) -
     )
     with pytest.raises(ConfigError, match="--carrier: .* has no val wake-phrase clips"):
         score_addon_clips(EnergyScorer(), tmp_path / "manifest.csv", "val", 0.5, "--carrier")
+    # At each held-out condition's threshold for 0.5 FA/h: a higher one misses more.
+    from wakefl.tools.bench.detection import carrier_at_conditions
+
+    conds = {
+        "held-out speakers": {"all types": {"threshold_at_0.5_fa_h": 0.5}},
+        "held-out acoustics": {"all types": {"threshold_at_0.5_fa_h": 2.0}},
+        "unseen voices": {"all types": {}},
+    }
+    at = carrier_at_conditions(EnergyScorer(), tmp_path / "manifest.csv", "test", conds)
+    assert set(at) == {"held-out speakers", "held-out acoustics"}
+    assert at["held-out speakers"]["by_type"] == out
+    assert at["held-out acoustics"]["by_type"]["A"]["frr_at_shipped_threshold"] == 1.0
 
 
 def test_held_out_conditions_pool_the_types_by_their_positives_and_stream_hours() -> None:

@@ -59,6 +59,7 @@ from wakefl.tools.bench.detection_conditions import (
     addon_phrases,
     extra_stream_manifests,
     held_out_conditions,
+    score_addon_clips,
     scored_splits,
 )
 from wakefl.tools.bench.detection_report import format_table, plot
@@ -183,8 +184,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if args.plots:
                 args.plots.mkdir(parents=True, exist_ok=True)
                 plot(curves, f"DET, {split}", args.plots / f"det-{split.replace(' ', '-')}.png")
-    result["conditions"] = held_out_conditions(result.get("fp32", {}))
+        result["conditions"] = held_out_conditions(result.get("fp32", {}))
+        if getattr(args, "carrier", None) is not None:
+            result["carrier_phrases_at_0.5_fa_h"] = carrier_at_conditions(
+                scorers["fp32"], args.carrier / "manifest.csv", args.split, result["conditions"]
+            )
     return result
+
+
+def carrier_at_conditions(
+    scorer: Any, manifest: Path, split: str, conditions: dict[str, Any]
+) -> dict[str, Any]:
+    """The running-speech add-on's clips at each held-out condition's one-for-all threshold
+    at <= 0.5 FA/h: phrases said in one breath against isolated ones at the same
+    false-accept rate, for a model whose card (if any) was set elsewhere."""
+    out: dict[str, Any] = {}
+    for name, cond in conditions.items():
+        thr = (cond.get("all types") or {}).get("threshold_at_0.5_fa_h")
+        if thr is not None:
+            cells = score_addon_clips(scorer, manifest, split, thr, "--carrier")
+            out[name] = {"threshold": thr, "by_type": cells}
+    return out
 
 
 def _score_devices(
