@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_device_client import FakeServer, ToneDataset, _start, _wait
+from device_sim import FakeServer, ToneDataset, start_run, wait_until
 
 from wakefl.protocol import topics
 from wakefl.sdk.device_client import DeviceClient
@@ -127,13 +127,13 @@ def test_takes_train_and_validate_in_the_next_round_and_never_leave_the_device(
     )
     assert [r.accepted for r in results] == [True, False, True, True]
     assert client.num_samples == 8 + 2  # two takes train
-    th, out = _start(client)
+    th, out = start_run(client)
     try:
         server.downlink(1, ["dev1"])
         up = server.next_uplink()
         assert up.num_samples == 10  # the round trained on the takes too
         server.ack("dev1", 1)
-        assert _wait(lambda: DeviceStateStore(tmp_path / "dev1").load().last_acked_round == 1)
+        assert wait_until(lambda: DeviceStateStore(tmp_path / "dev1").load().last_acked_round == 1)
         server.downlink(1, [], final=True)
         th.join(30)
         summary = out["summary"]
