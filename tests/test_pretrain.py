@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from micro_training import SETTINGS
 
 from wakefl.edge_runtime.detection_rule import count_events, smoothed
 from wakefl.errors import ConfigError
@@ -23,16 +24,6 @@ from wakefl.tools.training.pretrain import distill_loss, pretrain
 from wakefl.tools.training.publish import publish
 from wakefl.tools.training.settings import BEST, BEST_CARD, STATE_INFO, PretrainSettings, lr_at
 from wakefl.tools.training.validation import score_batches, threshold_for_fa
-
-SETTINGS = PretrainSettings(
-    width=0.25,
-    samples=16 * 6,
-    batch_size=16,
-    eval_every_steps=3,
-    warmup_steps=2,
-    threads=1,
-    val_stream_seconds=6.0,
-)
 
 
 @pytest.fixture(scope="module")

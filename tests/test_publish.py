@@ -9,23 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from micro_training import SETTINGS
 
 from wakefl.errors import ConfigError
 from wakefl.models.kws_cnn import load_model, weights_digest
 from wakefl.tools.corpus.build import build_corpus
 from wakefl.tools.training.pretrain import pretrain
 from wakefl.tools.training.publish import publish, publish_blend, publish_soup, set_stream_threshold
-from wakefl.tools.training.settings import BEST, PretrainSettings
-
-SETTINGS = PretrainSettings(
-    width=0.25,
-    samples=16 * 6,
-    batch_size=16,
-    eval_every_steps=3,
-    warmup_steps=2,
-    threads=1,
-    val_stream_seconds=6.0,
-)
+from wakefl.tools.training.settings import BEST
 
 
 @pytest.fixture(scope="module")
