@@ -68,7 +68,10 @@ def test_the_shipped_calibration_set_is_small_varied_and_remade_by_its_command(
     # The command in its docstring remakes the file byte for byte, speech rendered afresh.
     monkeypatch.setenv("WAKEFL_TTS_CACHE", str(tmp_path / "tts"))
     remade, _ = write_calibration_set(tmp_path)
-    assert remade.read_bytes() == audio.read_bytes()
+    import soundfile as sf
+
+    # The samples, not the container: the FLAC encoder's framing may differ between builds.
+    np.testing.assert_array_equal(sf.read(str(remade))[0], sf.read(str(audio))[0])
 
 
 @pytest.fixture(scope="module")

@@ -20,10 +20,9 @@ SUPPORTED_VERSIONS = (1, 2)
 NORMS = ("group", "frame")  # GroupNorm over the whole window, or per frame
 TIME_POOLS = ("mean", "lse", "max")  # features averaged, or frame decisions pooled
 GAIN_NORMS = ("none", "pcen")  # log-mel as is, or per-channel energy normalization
-# What the model trained for speech around the phrase uses (models/kws_cnn/model.py).
+# What the model trained for speech around the phrase uses (models/kws_cnn/model.py), and
+# what every version-1 model is.
 CONTEXT_ROBUST = {"norm": "frame", "time_pool": "lse", "gain_norm": "pcen", "first_time_pool": 2}
-
-
 V1_CHOICES = {"norm": "group", "time_pool": "mean", "gain_norm": "none", "first_time_pool": 3}
 
 
