@@ -70,8 +70,13 @@ def test_the_shipped_calibration_set_is_small_varied_and_remade_by_its_command(
     remade, _ = write_calibration_set(tmp_path)
     import soundfile as sf
 
-    # The samples, not the container: the FLAC encoder's framing may differ between builds.
-    np.testing.assert_array_equal(sf.read(str(remade))[0], sf.read(str(audio))[0])
+    # The samples, not the container; a speech engine run afresh may round a few samples
+    # the other way (seen: 38 of 672,000 by one 12-bit step), nothing more.
+    a, b = sf.read(str(remade))[0], sf.read(str(audio))[0]
+    assert a.shape == b.shape
+    step = 2.0 / 4096
+    assert np.abs(a - b).max() <= step + 1e-9
+    assert np.mean(a != b) < 1e-3
 
 
 @pytest.fixture(scope="module")
