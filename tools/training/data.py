@@ -145,11 +145,11 @@ def _set_groups(data: PretrainData, rows: Sequence[tuple[Any, Path]]) -> None:
     labels = np.array([r.label for r, _ in rows])
     data.pos_speakers = np.array([w for w, y in zip(who, labels, strict=True) if y == 1], object)
     data.neg_speakers = np.array([w for w, y in zip(who, labels, strict=True) if y == 0], object)
-    data.neg_by_speaker = {
-        name: np.flatnonzero(data.neg_speakers == name)
-        for name in set(data.neg_speakers.tolist())
-        if name
-    }
+    mine_by: dict[str, list[int]] = {}
+    for i, name in enumerate(data.neg_speakers):
+        if name:
+            mine_by.setdefault(name, []).append(i)
+    data.neg_by_speaker = {name: np.array(idx) for name, idx in mine_by.items()}
 
 
 def _validation_audio(
