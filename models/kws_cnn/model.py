@@ -60,10 +60,13 @@ class FrameGroupNorm(nn.GroupNorm):
     (a per-channel scale and shift), so the two load each other's weights."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Reduced over a view, not a transposed copy: the exported graph has no Transpose.
         b, c, f, t = x.shape
-        frames = x.permute(0, 3, 1, 2).reshape(b * t, c, f)
-        y = nn.functional.group_norm(frames, self.num_groups, self.weight, self.bias, self.eps)
-        return y.reshape(b, t, c, f).permute(0, 2, 3, 1)
+        g = x.reshape(b, self.num_groups, c // self.num_groups * f, t)
+        centred = g - g.mean(dim=2, keepdim=True)
+        var = centred.pow(2).mean(dim=2, keepdim=True)
+        y = (centred / torch.sqrt(var + self.eps)).reshape(b, c, f, t)
+        return y * self.weight.view(1, c, 1, 1) + self.bias.view(1, c, 1, 1)
 
 
 def pooled_frame_logits(frame_logits: torch.Tensor, how: str) -> torch.Tensor:
