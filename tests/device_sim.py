@@ -24,11 +24,12 @@ ARGS = {"lr": 0.05, "batch_size": 4, "l_max": 3, "warmup_steps": 2}
 
 
 class ToneDataset(Dataset):
-    """Wake word = a 440 Hz tone in noise, other = noise: a learnable local task."""
+    """Wake word = a 440 Hz tone in noise, other = noise: a learnable local task, in
+    clips of `samples` (the model's window by default)."""
 
-    def __init__(self, n: int, seed: int) -> None:
+    def __init__(self, n: int, seed: int, samples: int = CFG.window_samples) -> None:
         g = np.random.default_rng(seed)
-        t = np.arange(CFG.window_samples) / CFG.sample_rate
+        t = np.arange(samples) / CFG.sample_rate
         self.labels = np.array([i % 2 for i in range(n)], dtype=np.int64)
         self.waves = [
             (0.05 * g.standard_normal(t.size) + 0.3 * lab * np.sin(2 * np.pi * 440 * t)).astype(

@@ -14,10 +14,8 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
-from torch.utils.data import Dataset
+from device_sim import ToneDataset
 
 from wakefl.errors import ConfigError, ProtocolError
 from wakefl.protocol import topics
@@ -27,27 +25,6 @@ from wakefl.server.embedded_fleet import provision_embedded
 
 FLEET = "embedded"
 WINDOW = 16000
-
-
-class ToneClips(Dataset):
-    """Wake word: a 440 Hz tone in noise; other: noise alone."""
-
-    def __init__(self, n: int, seed: int) -> None:
-        g = np.random.default_rng(seed)
-        t = np.arange(WINDOW) / 16000
-        self.labels = [i % 2 for i in range(n)]
-        self.waves = [
-            (0.05 * g.standard_normal(t.size) + 0.3 * lab * np.sin(2 * np.pi * 440 * t)).astype(
-                np.float32
-            )
-            for lab in self.labels
-        ]
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i: int):
-        return torch.from_numpy(self.waves[i]), int(self.labels[i])
 
 
 def _server(state: Path) -> tuple[subprocess.Popen, list[str]]:
@@ -111,9 +88,9 @@ def test_the_embedded_broker_admits_each_device_as_itself_only(tmp_path):
         client = DeviceClient(
             "d1",
             "A",
-            ToneClips(8, 1),
+            ToneDataset(8, 1, samples=WINDOW),
             tmp_path / "d1",
-            validation=ToneClips(8, 2),
+            validation=ToneDataset(8, 2, samples=WINDOW),
             broker_url=d1["broker"],
             fleet=FLEET,
             ack_timeout_s=2.0,

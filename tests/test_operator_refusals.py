@@ -8,9 +8,7 @@ import contextlib
 import threading
 import time
 
-import numpy as np
-import torch
-from torch.utils.data import Dataset
+from device_sim import ToneDataset
 
 from wakefl.errors import ConfigError, ProtocolError
 from wakefl.models.kws_cnn import KwsCnn, ModelConfig, get_flat_params
@@ -24,34 +22,13 @@ ARGS = {"lr": 0.05, "batch_size": 4, "l_max": 2, "warmup_steps": 1}
 FLEET = "refusals"
 
 
-class ToneClips(Dataset):
-    """Wake word: a 440 Hz tone in noise; other: noise alone."""
-
-    def __init__(self, n: int, seed: int) -> None:
-        g = np.random.default_rng(seed)
-        t = np.arange(CFG.window_samples) / CFG.sample_rate
-        self.labels = [i % 2 for i in range(n)]
-        self.waves = [
-            (0.05 * g.standard_normal(t.size) + 0.3 * lab * np.sin(2 * np.pi * 440 * t)).astype(
-                np.float32
-            )
-            for lab in self.labels
-        ]
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i: int):
-        return torch.from_numpy(self.waves[i]), int(self.labels[i])
-
-
 def _device(tmp_path, url: str, device_type: str, folder: str) -> DeviceClient:
     return DeviceClient(
         "dev1",
         device_type,
-        ToneClips(8, 1),
+        ToneDataset(8, 1),
         tmp_path / folder,
-        validation=ToneClips(8, 2),
+        validation=ToneDataset(8, 2),
         broker_url=url,
         fleet=FLEET,
         ack_timeout_s=1.0,
