@@ -327,3 +327,18 @@ def test_held_out_conditions_pool_the_types_by_their_positives_and_stream_hours(
     assert "held-out acoustics | B | 1.000 | " in "\n".join(lines)
     assert any(line.startswith("held-out acoustics | all | 0.500 |") for line in lines)
     assert held_out_conditions({"x": {"_seconds": 1.0}}) == {}
+
+
+@pytest.mark.slow  # two int8 exports
+def test_layouts_are_compared_on_their_int8_graphs(capsys):
+    from wakefl.tools.bench.edge import compare_layouts, main
+
+    rows = compare_layouts(["v1", "v2,first_time_pool=3"], width=0.25, hop=0.2, rounds=2)
+    assert [r["arch"] for r in rows] == ["v1", "v2,first_time_pool=3"]
+    assert rows[0]["ratio"] == 1.0 and all(r["int8_ms_per_window"] > 0 for r in rows)
+    for r in rows:
+        assert r["core_share"] == pytest.approx(r["int8_ms_per_window"] / 1e3 / 0.2)
+    with pytest.raises(ConfigError, match="--arch"):
+        compare_layouts(["v3"], width=0.25, hop=0.1, rounds=1)
+    assert main(["--layouts", "v1", "--width", "0.25"]) == 0
+    assert "v1" in capsys.readouterr().out

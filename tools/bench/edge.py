@@ -5,6 +5,11 @@ with an operating-point card, the int8 detector's detection delay after "hey nov
 voices) at hop 0.1 s and 0.2 s.
 
     .venv/bin/python tools/bench/edge.py [--width 1.0 | --weights W.safetensors]
+
+`--layouts ARCH ARCH ...` instead compares the int8 graphs of model layouts (`--arch` of
+`wakefl model pretrain`) at `--width`: the cost does not depend on the weights, so each is
+an untrained model; their windows are timed in turns, the fastest of several rounds kept,
+so that another process's load moves every layout alike.
 """
 
 from __future__ import annotations
@@ -286,6 +291,40 @@ def _agreement(s32: Any, s8: Any, windows: np.ndarray, trained: bool) -> dict[st
     }
 
 
+def compare_layouts(archs: list[str], width: float, hop: float, rounds: int = 40) -> list[dict]:
+    """int8 milliseconds a window for each layout, the fastest of `rounds` turns of 10
+    windows, and the share of one core that scoring a window every `hop` takes."""
+    import onnxruntime as ort
+    import torch
+
+    from wakefl.models.kws_cnn import KwsCnn, export_onnx
+    from wakefl.tools.training.settings import model_config
+
+    sessions = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, arch in enumerate(archs):
+            torch.manual_seed(0)
+            model = KwsCnn(model_config(arch, width)).eval()
+            path = export_onnx(model, Path(tmp) / f"layout{i}.onnx", int8=True)
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = 1
+            sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+            with torch.no_grad():
+                x = model.frontend(0.1 * torch.randn(1, model.cfg.window_samples)).numpy()
+            sessions.append((sess, {sess.get_inputs()[0].name: x}))
+    best = [float("inf")] * len(archs)
+    for _ in tqdm(range(rounds), desc="layouts", leave=False, file=sys.stderr):
+        for i, (sess, feed) in enumerate(sessions):
+            t0 = time.perf_counter()
+            for _ in range(10):
+                sess.run(None, feed)
+            best[i] = min(best[i], (time.perf_counter() - t0) / 10 * 1e3)
+    return [
+        {"arch": a, "int8_ms_per_window": ms, "ratio": ms / best[0], "core_share": ms / 1e3 / hop}
+        for a, ms in zip(archs, best, strict=True)
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     src = ap.add_mutually_exclusive_group()
@@ -295,7 +334,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stream-s", type=float, default=60.0, help="seconds of streamed audio")
     ap.add_argument("--hop", type=float, default=0.1, help="detector hop (default 0.1 s)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--layouts", nargs="+", metavar="ARCH", help="compare these layouts' int8 cost")
     args = ap.parse_args(argv)
+    if args.layouts:
+        rows = compare_layouts(args.layouts, args.width, args.hop)
+        for r in rows:
+            print(
+                f"{r['arch']:28s} int8 {r['int8_ms_per_window']:5.2f} ms a window "
+                f"({r['ratio']:.2f}x the first), {100 * r['core_share']:.2f} % of a core "
+                f"at hop {args.hop} s (the model alone)"
+            )
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        return 0
 
     import torch
 
