@@ -17,7 +17,8 @@ ARCHITECTURE = "kws_cnn"
 # values, which are the dataclass defaults, so every version-1 file still loads as it was.
 ARCH_VERSION = 1
 SUPPORTED_VERSIONS = (1, 2)
-NORMS = ("group", "frame")  # GroupNorm over the whole window, or per frame
+# GroupNorm over the whole window, per frame, or over a causal decaying average of frames
+NORMS = ("group", "frame", "causal")
 TIME_POOLS = ("mean", "lse", "max")  # features averaged, or frame decisions pooled
 GAIN_NORMS = ("none", "pcen")  # log-mel as is, or per-channel energy normalization
 # What the model trained for speech around the phrase uses (models/kws_cnn/model.py), and

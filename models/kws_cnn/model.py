@@ -47,6 +47,9 @@ LAYOUT: tuple[tuple[str, int | tuple[int, int]], ...] = (
 )
 HEAD_HIDDEN = 64
 GROUPS = 8
+# The causal norm's memory: a frame's statistics weight the frames before it by
+# exp(-age / CAUSAL_NORM_S), so speech more than a second before the phrase barely counts.
+CAUSAL_NORM_S = 0.5
 
 
 def scaled_channels(base: int, width: float) -> int:
@@ -66,6 +69,39 @@ class FrameGroupNorm(nn.GroupNorm):
         centred = g - g.mean(dim=2, keepdim=True)
         var = centred.pow(2).mean(dim=2, keepdim=True)
         y = (centred / torch.sqrt(var + self.eps)).reshape(b, c, f, t)
+        return y * self.weight.view(1, c, 1, 1) + self.bias.view(1, c, 1, 1)
+
+
+def causal_average_matrix(frames: int, decay: float) -> torch.Tensor:
+    """W [frames, frames] float64 with W[k, t] = decay^(t-k) for k <= t (0 after t), each
+    column summing to 1: `stats @ W` is, at each frame, a decaying average of it and the
+    frames before it (decay 0: that frame alone; decay 1: the mean from the window's start)."""
+    t = torch.arange(frames, dtype=torch.float64)
+    lag = t[None, :] - t[:, None]
+    w = torch.where(lag >= 0, decay ** lag.clamp(min=0), torch.zeros((), dtype=torch.float64))
+    return w / w.sum(dim=0, keepdim=True)
+
+
+class CausalGroupNorm(nn.GroupNorm):
+    """GroupNorm whose statistics at each time frame are a causal decaying average of the
+    per-frame group statistics ([B, C, F, T], time constant CAUSAL_NORM_S): sound after a
+    frame never changes it, sound long before it hardly does, and unlike a per-frame norm a
+    frame keeps its level against the frames just before it (a word after a pause stays
+    louder than the pause). The same parameters as GroupNorm."""
+
+    def __init__(self, num_groups: int, num_channels: int, frames: int, frame_s: float) -> None:
+        super().__init__(num_groups, num_channels)
+        w = causal_average_matrix(frames, math.exp(-frame_s / CAUSAL_NORM_S))
+        # Not persistent: checkpoints hold the trainable parameters only.
+        self.register_buffer("average", w.float(), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, c, f, t = x.shape
+        g = x.reshape(b, self.num_groups, c // self.num_groups * f, t)
+        w = self.get_buffer("average")
+        mean = torch.matmul(g.mean(dim=2, keepdim=True), w)
+        var = (torch.matmul(g.pow(2).mean(dim=2, keepdim=True), w) - mean.pow(2)).clamp_min(0)
+        y = ((g - mean) / torch.sqrt(var + self.eps)).reshape(b, c, f, t)
         return y * self.weight.view(1, c, 1, 1) + self.bias.view(1, c, 1, 1)
 
 
@@ -89,9 +125,9 @@ class KwsCnn(nn.Module):
         self.cfg = cfg if cfg is not None else ModelConfig()
         self.frontend = LogMelFrontend(self.cfg)
         self.gain_norm = Pcen(self.cfg.n_frames) if self.cfg.gain_norm == "pcen" else None
-        norm = FrameGroupNorm if self.cfg.norm == "frame" else nn.GroupNorm
         layers: list[nn.Module] = []
         cin = 1
+        frames, frame_s = self.cfg.n_frames, self.cfg.hop_ms / 1000.0
         for i, (kind, arg) in enumerate(LAYOUT):
             if kind == "conv":
                 assert isinstance(arg, int)
@@ -99,14 +135,16 @@ class KwsCnn(nn.Module):
                 # No conv bias: GroupNorm's shift makes it redundant.
                 layers += [
                     nn.Conv2d(cin, cout, 3, padding=1, bias=False),
-                    norm(GROUPS, cout),
+                    self._norm(cout, frames, frame_s),
                     nn.ReLU(inplace=True),
                 ]
                 cin = cout
             else:
                 assert isinstance(arg, tuple)
                 first = i == 1  # the first pool sets the last map's frame rate
-                layers.append(nn.MaxPool2d((arg[0], self.cfg.first_time_pool) if first else arg))
+                kernel = (arg[0], self.cfg.first_time_pool) if first else arg
+                layers.append(nn.MaxPool2d(kernel))
+                frames, frame_s = frames // kernel[1], frame_s * kernel[1]
         self.features = nn.Sequential(*layers)
         # Registered last so the head's parameters come last in `parameters()` order.
         self.head = nn.Sequential(
@@ -115,6 +153,11 @@ class KwsCnn(nn.Module):
             nn.ReLU(inplace=True),
             nn.Linear(HEAD_HIDDEN, self.cfg.n_classes),
         )
+
+    def _norm(self, channels: int, frames: int, frame_s: float) -> nn.Module:
+        if self.cfg.norm == "causal":
+            return CausalGroupNorm(GROUPS, channels, frames, frame_s)
+        return (FrameGroupNorm if self.cfg.norm == "frame" else nn.GroupNorm)(GROUPS, channels)
 
     def forward(self, wave: torch.Tensor) -> torch.Tensor:
         return self.classify(self.frontend(wave))
