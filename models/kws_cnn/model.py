@@ -15,7 +15,11 @@ frames. Version 2 (`ModelConfig.context_robust()`) keeps a phrase's score its ow
 - a first pool of 2 frames instead of 3, so a last-map frame sees about 1.0 s (102
   frames) rather than the whole window, with a frame every 160 ms.
 Every choice keeps the parameter shapes, so a version-1 checkpoint initializes a
-version-2 model (`--init-from`) and the federation's vector is the same length."""
+version-2 model (`--init-from`) and the federation's vector is the same length. Each can be
+changed alone (`norm="group"` or `"causal"`, `time_pool="mean"`, ...): the ablation in
+models/kws_cnn/pretrained/MODEL_CARD.md found that norms over a short span of time (per
+frame, or `CausalGroupNorm`) train slower and end worse than the window's GroupNorm, and
+that the pooled frame decisions are the choice that carries over from version-1 weights."""
 
 from __future__ import annotations
 
