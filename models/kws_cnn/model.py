@@ -52,7 +52,8 @@ LAYOUT: tuple[tuple[str, int | tuple[int, int]], ...] = (
 HEAD_HIDDEN = 64
 GROUPS = 8
 # The causal norm's memory: a frame's statistics weight the frames before it by
-# exp(-age / CAUSAL_NORM_S), so speech more than a second before the phrase barely counts.
+# exp(-age / CAUSAL_NORM_S), so speech a second before the phrase weighs a seventh as much
+# as the phrase's own frames.
 CAUSAL_NORM_S = 0.5
 
 
