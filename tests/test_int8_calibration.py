@@ -65,7 +65,7 @@ def test_the_shipped_calibration_set_is_small_varied_and_remade_by_its_command(
     assert {"espeak-ng", "flite", "festival", "pico"} <= engines
     assert {r["device_type"] for r in rows if r["role"] == "calibration"} == set("ABCDE")
     assert {r["state"] for r in rows} == {"normal", "playback", "alarm"}
-    # The command in its docstring remakes the file byte for byte, speech rendered afresh.
+    # The command in its docstring remakes the file, speech rendered afresh.
     monkeypatch.setenv("WAKEFL_TTS_CACHE", str(tmp_path / "tts"))
     remade, _ = write_calibration_set(tmp_path)
     import soundfile as sf

@@ -4,7 +4,8 @@ some under playback or alarm, plus windows of background alone. `wakefl model ex
 --int8` calibrates on its calibration windows unless given recordings, and checks the
 int8 model against fp32 on its held-out windows, whose voices calibration never hears.
 
-Remade (byte for byte, given the same speech engines) by
+Remade (the same audio, given the same speech engines: another machine's engines may round
+some samples a few 12-bit steps apart) by
 
     .venv/bin/python -m wakefl.tools.corpus.calibration_set
 
