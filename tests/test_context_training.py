@@ -10,26 +10,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from micro_training import SETTINGS as MICRO_SETTINGS
 from safetensors.torch import load_file
 
 from wakefl.errors import ConfigError
 from wakefl.models.kws_cnn import KwsCnn, ModelConfig, load_model, save_model
 from wakefl.tools.training.data import load_pretrain_data, make_batch
 from wakefl.tools.training.pretrain import pretrain
-from wakefl.tools.training.settings import BEST, LAST, STATE_WEIGHTS, PretrainSettings, model_config
+from wakefl.tools.training.settings import BEST, LAST, STATE_WEIGHTS, model_config
 from wakefl.tools.training.window_cache import WindowCache
 
 pytestmark = pytest.mark.slow
 
-SETTINGS = PretrainSettings(
-    width=0.25,
-    samples=16 * 4,
-    batch_size=16,
-    eval_every_steps=2,
-    warmup_steps=1,
-    threads=1,
-    val_stream_seconds=6.0,
-    workers=0,
+# The micro settings, four batches long, validated every second step.
+SETTINGS = dataclasses.replace(
+    MICRO_SETTINGS, samples=16 * 4, eval_every_steps=2, warmup_steps=1, workers=0
 )
 
 
