@@ -340,5 +340,7 @@ def test_layouts_are_compared_on_their_int8_graphs(capsys):
         assert r["core_share"] == pytest.approx(r["int8_ms_per_window"] / 1e3 / 0.2)
     with pytest.raises(ConfigError, match="--arch"):
         compare_layouts(["v3"], width=0.25, hop=0.1, rounds=1)
+    with pytest.raises(SystemExit):  # the cost of untrained layouts: weights would be ignored
+        main(["--layouts", "v1", "--weights", "w.safetensors"])
     assert main(["--layouts", "v1", "--width", "0.25"]) == 0
     assert "v1" in capsys.readouterr().out

@@ -336,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--layouts", nargs="+", metavar="ARCH", help="compare these layouts' int8 cost")
     args = ap.parse_args(argv)
+    if args.layouts and args.weights is not None:
+        ap.error("--layouts times untrained layouts at --width; it takes no --weights")
     if args.layouts:
         rows = compare_layouts(args.layouts, args.width, args.hop)
         for r in rows:
