@@ -30,6 +30,12 @@ the held-out speakers (the corpus's test split) and the unseen-voices corpus (or
   speakers (the training simulator), held-out acoustics and unseen voices, each with FRR at
   the shipped threshold, FRR at <= 0.5 FA/h (one threshold for all types), FA/h at the
   shipped threshold and its resolution (one false accept in the condition's stream hours).
+- with `--breakdown N`, where the misses come from: the context probe's recordings
+  (tools/probes/context_probe.py) of N held-out speakers of the corpus's recipe, scored with
+  the same streaming rule, FRR by background kind (quiet, babble, one talker, TV, music,
+  fan), active-speech ratio, placement (over the phrase or only outside it), AGC and noise
+  suppression on or off, RT60, distance, and carrier sentences against isolated phrases, at
+  the shipped threshold and at each held-out condition's threshold for <= 0.5 FA/h.
 
     python -m wakefl.tools.bench.detection --pretrained small --corpus DIR [--int8] [--json]
 """
@@ -54,11 +60,13 @@ from wakefl.edge_runtime.detection_rule import (
 from wakefl.edge_runtime.detection_rule import (
     DEFAULT_SMOOTHING as SMOOTHING,
 )
+from wakefl.errors import ConfigError
 from wakefl.recorded_paths import recorded_path
 from wakefl.tools.bench.detection_conditions import (
     addon_phrases,
     extra_stream_manifests,
     held_out_conditions,
+    probe_breakdown,
     score_addon_clips,
     scored_splits,
 )
@@ -185,11 +193,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 args.plots.mkdir(parents=True, exist_ok=True)
                 plot(curves, f"DET, {split}", args.plots / f"det-{split.replace(' ', '-')}.png")
         result["conditions"] = held_out_conditions(result.get("fp32", {}))
-        if getattr(args, "carrier", None) is not None:
-            result["carrier_phrases_at_0.5_fa_h"] = carrier_at_conditions(
-                scorers["fp32"], args.carrier / "manifest.csv", args.split, result["conditions"]
-            )
+        _at_conditions(args, scorers["fp32"], result)
     return result
+
+
+def _at_conditions(args: argparse.Namespace, scorer: Any, result: dict[str, Any]) -> None:
+    """What is scored at the held-out conditions' thresholds: the running-speech add-on
+    and the context probe's breakdown of the misses."""
+    if getattr(args, "carrier", None) is not None:
+        result["carrier_phrases_at_0.5_fa_h"] = carrier_at_conditions(
+            scorer, args.carrier / "manifest.csv", args.split, result["conditions"]
+        )
+    if getattr(args, "breakdown", 0):
+        result["miss_breakdown"] = probe_breakdown(
+            args.corpus, args.breakdown, scorer, result["shipped_threshold"], result["conditions"]
+        )
 
 
 def carrier_at_conditions(
@@ -314,10 +332,22 @@ def main(argv: list[str] | None = None) -> int:
         f"hops are multiples of {HOP_S} s, scored once",
     )
     _add_addon_arguments(p)
+    p.add_argument(
+        "--breakdown",
+        type=int,
+        default=0,
+        metavar="SPEAKERS",
+        help="also where the misses come from: FRR of the context probe's recordings "
+        "(SPEAKERS of --corpus's held-out speakers, 1-60) by background kind, ratio, "
+        "placement, AGC, noise suppression, RT60, distance and carrier sentences, at the "
+        "shipped threshold and each held-out condition's threshold for <= 0.5 FA/h",
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--plots", type=Path, default=None, help="folder for DET curve PNGs")
     p.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
     args = p.parse_args(argv)
+    if not 0 <= args.breakdown <= 60:
+        raise ConfigError(f"--breakdown takes 1-60 speakers, got {args.breakdown}")
     result = run(args)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")

@@ -253,3 +253,39 @@ def _condition_cell(r: dict[str, Any]) -> dict[str, Any]:
         "stream_hours": r["stream_hours"],
         "fa_h_resolution": 1.0 / r["stream_hours"] if r["stream_hours"] else None,
     }
+
+
+def probe_breakdown(
+    corpus: Path, speakers: int, scorer: Any, shipped: float | None, conditions: dict[str, Any]
+) -> dict[str, Any]:
+    """Where the misses come from: the context probe's recordings (tools/probes/) of
+    `speakers` held-out speakers of `corpus`'s own recipe (its profile, seed and phrase),
+    FRR broken down by background kind, ratio, placement, AGC, noise suppression, RT60,
+    distance and carrier sentences, at the shipped threshold and at each held-out
+    condition's one threshold for <= 0.5 FA/h."""
+    from wakefl.tools.corpus.build import read_corpus_info
+    from wakefl.tools.probes.context_probe import (
+        miss_breakdown,
+        probe_recordings,
+        recording_scores,
+    )
+
+    info = read_corpus_info(corpus)
+    prof = info.get("profile") if isinstance(info, dict) else None
+    if not isinstance(info, dict) or not isinstance(prof, dict) or not prof.get("name"):
+        raise ConfigError(f"--breakdown: {corpus} names no corpus profile to draw speakers from")
+    thresholds = {} if shipped is None else {"shipped threshold": float(shipped)}
+    for name, cond in conditions.items():
+        t = (cond.get("all types") or {}).get("threshold_at_0.5_fa_h")
+        if t is not None:
+            thresholds[f"{name}, <= 0.5 FA/h"] = float(t)
+    recordings = probe_recordings(
+        speakers, int(info.get("seed", 0)), str(prof["name"]), str(info.get("phrase"))
+    )
+    peaks = recording_scores(scorer, recordings)
+    return {
+        "speakers": speakers,
+        "recordings": len(recordings),
+        "thresholds": thresholds,
+        "frr": miss_breakdown(recordings, peaks, thresholds),
+    }

@@ -17,6 +17,7 @@ def format_table(result: dict[str, Any]) -> str:
     lines += _voice_lines(result.get("fp32", {}))
     lines += _retimed_lines(result.get("retimed_phrases", {}))
     lines += carrier_lines(result.get("carrier_phrases", {}), result)
+    lines += breakdown_lines(result.get("miss_breakdown"))
     lines += _event_lines(result.get("fp32", {}))
     for split, ag in result.get("int8_agreement", {}).items():
         lines.append(
@@ -49,6 +50,24 @@ def condition_lines(conditions: dict[str, Any]) -> list[str]:
                 f"{fmt(r.get('fa_h_at_shipped_threshold'), '.2f')} | "
                 f"{r['stream_hours']} ({fmt(r.get('fa_h_resolution'), '.2f')})"
             )
+    return lines
+
+
+def breakdown_lines(b: dict[str, Any] | None) -> list[str]:
+    """fp32 FRR of the context probe's recordings per group of conditions (a table per
+    group), one column per threshold."""
+    if not b or not b["frr"]:
+        return []
+    names = list(b["frr"])
+    lines = [
+        f"\nfp32, where the misses come from: FRR of the context probe's {b['recordings']} "
+        f"recordings ({b['speakers']} held-out speakers), at "
+        + "; ".join(f"{n} {b['thresholds'][n]:.4f}" for n in names)
+    ]
+    for group, rates in b["frr"][names[0]].items():
+        lines.append(f"{group} | " + " | ".join(names))
+        for key in rates:
+            lines.append(f"{key} | " + " | ".join(f"{b['frr'][n][group][key]:.3f}" for n in names))
     return lines
 
 

@@ -53,16 +53,24 @@ class Recording:
     wave: np.ndarray
 
 
-def probe_recordings(speakers: int, seed: int) -> list[Recording]:
+def probe_recordings(
+    speakers: int, seed: int, profile: str = "pretrain", phrase: str = PHRASE
+) -> list[Recording]:
     """Every (speaker, condition) recording: `speakers` held-out (test-split) speakers of
-    the pretraining corpus's recipe, each in a held-out room of its own."""
+    the corpus recipe `profile` with `seed`, each in a held-out room of its own, saying
+    `phrase` (alone, and in the carrier sentences in its place)."""
     from wakefl.tools.corpus.plan import OTHER_SPEECH, PROFILES
     from wakefl.tools.corpus.speakers import make_pretrain_speakers
     from wakefl.tools.corpus.speech_synthesis import synthesize
 
-    pool = [
-        s for s in make_pretrain_speakers(seed, PROFILES["pretrain"], PHRASE) if s.split == "test"
-    ]
+    if profile not in PROFILES:
+        raise ConfigError(f"no corpus profile {profile!r} to draw the probe's speakers from")
+    pool = [s for s in make_pretrain_speakers(seed, PROFILES[profile], phrase) if s.split == "test"]
+    if len(pool) < speakers:
+        raise ConfigError(
+            f"the probe asks for {speakers} held-out speakers; {profile} with seed {seed} "
+            f"has {len(pool)}"
+        )
     rng = np.random.default_rng([seed, 6061])
     order = rng.permutation(len(pool))
     chosen = [pool[i] for i in order[:speakers]]
@@ -71,11 +79,11 @@ def probe_recordings(speakers: int, seed: int) -> list[Recording]:
     rooms = held_out_rooms(seed, len(chosen))
     out = []
     for k, (spk, room) in enumerate(zip(chosen, rooms, strict=True)):
-        phrase = synthesize(spk.voice, PHRASE)
-        carrier = synthesize(spk.voice, CARRIERS[k % len(CARRIERS)])
+        said = synthesize(spk.voice, phrase)
+        carrier = synthesize(spk.voice, CARRIERS[k % len(CARRIERS)].replace(PHRASE, phrase))
         for c, cond in enumerate(probe_conditions()):
             r = np.random.default_rng([seed, 6062, k, c])
-            wave = render(carrier if cond.carrier else phrase, room, cond, r, babble_speech)
+            wave = render(carrier if cond.carrier else said, room, cond, r, babble_speech)
             out.append(Recording(spk.speaker_id, cond, room.rt60_s, room.distance_m, wave))
     return out
 
@@ -155,6 +163,20 @@ def breakdown(recordings: list[Recording], detected: np.ndarray) -> dict[str, di
             bool(hit)
         )
     return {g: {k: float(np.mean(v)) for k, v in rows.items()} for g, rows in groups.items()}
+
+
+def miss_breakdown(
+    recordings: list[Recording], peaks: np.ndarray, thresholds: dict[str, float]
+) -> dict[str, dict[str, dict[str, float]]]:
+    """FRR (the share of recordings not detected) per group of conditions at each named
+    threshold: `peaks` are the recordings' highest smoothed posteriors."""
+    return {
+        name: {
+            group: {key: 1.0 - rate for key, rate in rates.items()}
+            for group, rates in breakdown(recordings, peaks >= t).items()
+        }
+        for name, t in thresholds.items()
+    }
 
 
 def _model_arg(text: str) -> tuple[str, tuple[Path, float | None]]:
