@@ -56,3 +56,38 @@ def test_rewrite_replaces_a_stale_table_and_check_says_so(tmp_path):
     assert new == rewrite(stale, tmp_path) and new.startswith("intro\n") and "after" in new
     assert "| A | 0.50 | personalized (round 2) | 0.25 | **0.50 [0.30, 0.80]** | n/a |" in new
     assert main(["--check", "--readme", str(readme)]) == 0
+
+
+def test_a_spread_block_sets_the_seeds_side_by_side(tmp_path):
+    def row(dt, switched, rel, ci, gain=False, worse=False):
+        return {
+            "device_type": dt,
+            "gate_switched": switched,
+            "serves": "personalized" if switched else "baseline",
+            "relative_fr": rel,
+            "relative_fr_ci": ci,
+            "gain_beyond_interval": gain,
+            "worse_beyond_interval": worse,
+        }
+
+    runs = {
+        "s0.json": {"seed": 0, "rows": [row("A", True, 0.5, [0.3, 0.8], gain=True)]},
+        "s1.json": {"seed": 1, "rows": [row("A", False, 1.0, [1.0, 1.0])]},
+        "s2.json": {"seed": 2, "rows": [row("A", True, 1.4, [1.1, 1.9], worse=True)]},
+    }
+    for name, doc in runs.items():
+        (tmp_path / name).write_text(json.dumps(doc))
+    text = "<!-- demo-spread: s0.json s1.json s2.json -->\nold\n<!-- /demo-spread -->\n"
+    readme = tmp_path / "README.md"
+    readme.write_text(text)
+    assert main(["--check", "--readme", str(readme)]) == 1
+    assert main(["--readme", str(readme)]) == 0
+    new = readme.read_text()
+    assert "| type | seed 0 | seed 1 | seed 2 |" in new
+    assert (
+        "| A | **0.50 [0.30, 0.80] personalized** | kept | 1.40 [1.10, 1.90] personalized "
+        "(worse) |" in new
+    )
+    assert "| gain beyond the interval | 1 of 1 | 0 of 1 | 0 of 1 |" in new
+    assert "| worse beyond the interval | 0 of 1 | 0 of 1 | 1 of 1 |" in new
+    assert main(["--check", "--readme", str(readme)]) == 0

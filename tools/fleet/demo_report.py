@@ -329,3 +329,34 @@ def counts_line(rows: list[dict[str, Any]]) -> str:
         f"worse beyond their interval: {len(worse)}"
         f"{' (' + ', '.join(worse) + ')' if worse else ''}."
     )
+
+
+def spread_table(docs: list[dict[str, Any]]) -> list[str]:
+    """The README's table of one profile over seeds: per device type and seed the served
+    model's relative FR with its interval (bold: wholly below 1, marked "worse": wholly
+    above), or "kept" where the gate kept the baseline; then the counts per seed."""
+    seeds = [f"seed {d['seed']}" for d in docs]
+    lines = ["| type | " + " | ".join(seeds) + " |", "|---|" + "---|" * len(docs)]
+    by_seed = [{r["device_type"]: r for r in d["rows"]} for d in docs]
+    for dt in sorted({t for rows in by_seed for t in rows}):
+        cells = []
+        for rows in by_seed:
+            r = rows.get(dt)
+            if r is None:
+                cells.append("n/a")
+            elif not r["gate_switched"]:
+                cells.append("kept")
+            else:
+                rel = f"{_ratio_ci(r['relative_fr'], r['relative_fr_ci'])} {r['serves']}"
+                if r["gain_beyond_interval"]:
+                    rel = f"**{rel}**"
+                cells.append(f"{rel} (worse)" if r["worse_beyond_interval"] else rel)
+        lines.append(f"| {dt} | " + " | ".join(cells) + " |")
+    for label, key in (("gain", "gain_beyond_interval"), ("worse", "worse_beyond_interval")):
+        counts = [sum(bool(r[key]) for r in d["rows"]) for d in docs]
+        lines.append(
+            f"| {label} beyond the interval | "
+            + " | ".join(f"{c} of {len(d['rows'])}" for c, d in zip(counts, docs, strict=True))
+            + " |"
+        )
+    return lines

@@ -7,10 +7,11 @@ README reports is committed under tools/results/, and the README holds its table
     ...
     <!-- /demo-table -->
 
-`python -m wakefl.tools.studies.demo_readme` rewrites every such block from its JSON;
-`--check` exits 1 when a block differs from what its JSON renders (tests/test_demo_readme.py
-runs the check), so a change that moves the figures shows in review as a changed JSON and
-a changed table, never as a table edited by hand.
+and a profile's runs over seeds side by side between `<!-- demo-spread: PATH PATH ... -->`
+and `<!-- /demo-spread -->`. `python -m wakefl.tools.studies.demo_readme` rewrites every
+such block from its JSON; `--check` exits 1 when a block differs from what its JSON renders
+(tests/test_demo_readme.py runs the check), so a change that moves the figures shows in
+review as a changed JSON and a changed table, never as a table edited by hand.
 """
 
 from __future__ import annotations
@@ -22,10 +23,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from wakefl.tools.fleet.demo_report import counts_line, readme_table
+from wakefl.tools.fleet.demo_report import counts_line, readme_table, spread_table
 
 BLOCK = re.compile(
     r"(<!-- demo-table: (?P<path>[^ ]+) -->\n)(?P<body>.*?)(<!-- /demo-table -->)", re.DOTALL
+)
+# One profile over seeds: `<!-- demo-spread: PATH PATH ... -->`, the runs' JSON files.
+SPREAD = re.compile(
+    r"(<!-- demo-spread: (?P<paths>[^>]+?) -->\n)(?P<body>.*?)(<!-- /demo-spread -->)",
+    re.DOTALL,
 )
 
 
@@ -48,7 +54,11 @@ def rewrite(readme: str, root: Path) -> str:
         doc = json.loads((root / m.group("path")).read_text())
         return m.group(1) + "\n".join(render(doc)) + "\n" + m.group(4)
 
-    return BLOCK.sub(block, readme)
+    def spread(m: re.Match) -> str:
+        docs = [json.loads((root / p).read_text()) for p in m.group("paths").split()]
+        return m.group(1) + "\n".join(spread_table(docs)) + "\n" + m.group(4)
+
+    return SPREAD.sub(spread, BLOCK.sub(block, readme))
 
 
 def main(argv: list[str] | None = None) -> int:
