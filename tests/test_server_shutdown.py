@@ -41,6 +41,10 @@ def _wait(pred, timeout: float) -> bool:
     return pred()
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_server(state: Path) -> tuple[subprocess.Popen, list[str]]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "wakefl.tools.cli", "server", "--broker", "embedded"]
@@ -50,6 +54,9 @@ def _start_server(state: Path) -> tuple[subprocess.Popen, list[str]]:
         stderr=subprocess.STDOUT,
         text=True,
         env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        # SIGINT as a terminal's Ctrl-C delivers it: a suite started in the background
+        # (`cmd &` in a script) hands its children SIGINT ignored, which Python keeps.
+        preexec_fn=_sigint_default,
     )
     lines: list[str] = []
 
