@@ -64,6 +64,7 @@ from wakefl.errors import ConfigError
 from wakefl.recorded_paths import recorded_path
 from wakefl.tools.bench.detection_conditions import (
     addon_phrases,
+    condition_thresholds,
     extra_stream_manifests,
     held_out_conditions,
     probe_breakdown,
@@ -217,11 +218,9 @@ def carrier_at_conditions(
     at <= 0.5 FA/h: phrases said in one breath against isolated ones at the same
     false-accept rate, for a model whose card (if any) was set elsewhere."""
     out: dict[str, Any] = {}
-    for name, cond in conditions.items():
-        thr = (cond.get("all types") or {}).get("threshold_at_0.5_fa_h")
-        if thr is not None:
-            cells = score_addon_clips(scorer, manifest, split, thr, "--carrier")
-            out[name] = {"threshold": thr, "by_type": cells}
+    for name, thr in condition_thresholds(conditions).items():
+        cells = score_addon_clips(scorer, manifest, split, thr, "--carrier")
+        out[name] = {"threshold": thr, "by_type": cells}
     return out
 
 

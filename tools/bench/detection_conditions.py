@@ -234,6 +234,17 @@ def held_out_conditions(splits: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def condition_thresholds(conditions: dict[str, Any]) -> dict[str, float]:
+    """Each held-out condition's one threshold for all types at <= 0.5 FA/h, by name
+    (conditions without one left out)."""
+    out = {}
+    for name, cond in conditions.items():
+        t = (cond.get("all types") or {}).get("threshold_at_0.5_fa_h")
+        if t is not None:
+            out[name] = float(t)
+    return out
+
+
 def _weighted(types: dict[str, Any], frr: dict[str, float]) -> float | None:
     """FRR over all types' positives from each type's FRR."""
     if set(frr) != set(types):
@@ -275,10 +286,8 @@ def probe_breakdown(
     if not isinstance(info, dict) or not isinstance(prof, dict) or not prof.get("name"):
         raise ConfigError(f"--breakdown: {corpus} names no corpus profile to draw speakers from")
     thresholds = {} if shipped is None else {"shipped threshold": float(shipped)}
-    for name, cond in conditions.items():
-        t = (cond.get("all types") or {}).get("threshold_at_0.5_fa_h")
-        if t is not None:
-            thresholds[f"{name}, <= 0.5 FA/h"] = float(t)
+    for name, t in condition_thresholds(conditions).items():
+        thresholds[f"{name}, <= 0.5 FA/h"] = t
     recordings = probe_recordings(
         speakers, int(info.get("seed", 0)), str(prof["name"]), str(info.get("phrase"))
     )
