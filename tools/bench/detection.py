@@ -81,6 +81,7 @@ from wakefl.tools.bench.detection_scoring import (
     score_split,
     summarize,
 )
+from wakefl.tools.probes.context_probe import MAX_SPEAKERS
 
 # The peers benchmark reads these from here.
 
@@ -337,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         metavar="SPEAKERS",
         help="also where the misses come from: FRR of the context probe's recordings "
-        "(SPEAKERS of --corpus's held-out speakers, 1-60) by background kind, ratio, "
+        f"(SPEAKERS of --corpus's held-out speakers, 1-{MAX_SPEAKERS}) by background kind, ratio, "
         "placement, AGC, noise suppression, RT60, distance and carrier sentences, at the "
         "shipped threshold and each held-out condition's threshold for <= 0.5 FA/h",
     )
@@ -345,8 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plots", type=Path, default=None, help="folder for DET curve PNGs")
     p.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
     args = p.parse_args(argv)
-    if not 0 <= args.breakdown <= 60:
-        raise ConfigError(f"--breakdown takes 1-60 speakers, got {args.breakdown}")
+    if not 0 <= args.breakdown <= MAX_SPEAKERS:
+        raise ConfigError(f"--breakdown takes 1-{MAX_SPEAKERS} speakers, got {args.breakdown}")
     result = run(args)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")

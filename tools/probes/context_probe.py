@@ -36,6 +36,7 @@ from wakefl.tools.probes.context_conditions import (
 )
 
 PHRASE = "hey nova"
+MAX_SPEAKERS = 60  # a probe of 60 speakers is 2,280 recordings of 3.5 s
 RT60_BINS = (
     (0.0, 0.45, "RT60 < 0.45 s"),
     (0.45, 0.7, "RT60 0.45-0.7 s"),
@@ -231,8 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fa-per-hour", type=float, default=0.5)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
-    if not 1 <= args.speakers <= 60:
-        raise ConfigError(f"--speakers must be 1-60, got {args.speakers}")
+    if not 1 <= args.speakers <= MAX_SPEAKERS:
+        raise ConfigError(f"--speakers must be 1-{MAX_SPEAKERS}, got {args.speakers}")
     if not 0.0 <= args.fa_per_hour <= 100.0:
         raise ConfigError(f"--fa-per-hour must be in [0, 100], got {args.fa_per_hour}")
     models = dict(_model_arg(m) for m in args.model)
