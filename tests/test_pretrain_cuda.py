@@ -11,10 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from wakefl.models.kws_cnn import KwsCnn, ModelConfig
+from wakefl.models.kws_cnn import KwsCnn
 from wakefl.tools.training.checkpoints import load_state, save_state
 from wakefl.tools.training.pretrain import augmented_log_mel, seeded_model, train_step
-from wakefl.tools.training.settings import PretrainSettings
+from wakefl.tools.training.settings import PretrainSettings, model_config
+
+# Today's layout, the one the width-1.0 legs train (pooled frame decisions), and the one
+# with every context-robust choice (per-frame norm, PCEN, first pool 2).
+ARCHS = ("v1", "v2,norm=group,gain_norm=none,first_time_pool=3", "v2")
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 
@@ -33,9 +37,10 @@ def _batch(n: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     return 0.1 * torch.randn(n, 24000, generator=g), torch.arange(n) % 2
 
 
-def test_training_forward_on_cuda_is_the_cpu_forward() -> None:
+@pytest.mark.parametrize("arch", ARCHS)
+def test_training_forward_on_cuda_is_the_cpu_forward(arch: str) -> None:
     torch.manual_seed(0)
-    model = KwsCnn(ModelConfig(width=0.25)).train()
+    model = KwsCnn(model_config(arch, 0.25)).train()
     wave, _ = _batch()
     logits = []
     for device in ("cpu", "cuda"):
@@ -49,12 +54,17 @@ def test_training_forward_on_cuda_is_the_cpu_forward() -> None:
     assert not torch.allclose(no_masks, logits[0], atol=1e-4)  # the masks took effect
 
 
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("first,second", [("cpu", "cuda"), ("cuda", "cpu")])
-def test_a_checkpoint_resumes_on_the_other_device(first: str, second: str, tmp_path: Path) -> None:
+def test_a_checkpoint_resumes_on_the_other_device(
+    first: str, second: str, arch: str, tmp_path: Path
+) -> None:
     x, y = _batch()
     runs = {}
     for device in (first, second):
-        s = PretrainSettings(width=0.25, batch_size=8, samples=64, warmup_steps=1, device=device)
+        s = PretrainSettings(
+            width=0.25, batch_size=8, samples=64, warmup_steps=1, device=device, arch=arch
+        )
         runs[device] = (*seeded_model(s), s)
     model, opt, s = runs[first]
     train_step(model, opt, x, y, 0, torch.Generator(), s)

@@ -11,7 +11,7 @@ run on both devices, and the largest weight difference and the loss trajectories
 printed: the two runs see the same batches and masks, so they differ by rounding only.
 
     python -m wakefl.tools.bench.pretrain --corpus CORPUS/manifest.csv [--width 1.0]
-        [--steps 60] [--workers 8] [--devices cpu,cuda] [--json FILE]
+        [--arch v2,norm=group,...] [--steps 60] [--workers 8] [--devices cpu,cuda] [--json FILE]
 """
 
 from __future__ import annotations
@@ -140,6 +140,7 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--corpus", type=Path, required=True, help="a corpus manifest")
     ap.add_argument("--width", type=float, default=1.0)
+    ap.add_argument("--arch", default="v1", help="as `wakefl model pretrain --arch`")
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--workers", type=int, default=4)
@@ -152,9 +153,8 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from wakefl.models.kws_cnn import ModelConfig
     from wakefl.tools.training.data import load_pretrain_data
-    from wakefl.tools.training.settings import PretrainSettings
+    from wakefl.tools.training.settings import PretrainSettings, model_config
 
     a = _args(argv)
     devices = [d for d in a.devices.split(",") if d == "cpu" or torch.cuda.is_available()]
@@ -162,12 +162,19 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError("--devices must start with cpu; --steps >= 2 and --workers >= 1")
     torch.set_num_threads(a.threads)
     base = PretrainSettings(
-        width=a.width, batch_size=a.batch_size, mel_warp=0.1, workers=a.workers, threads=a.threads
+        width=a.width,
+        arch=a.arch,
+        batch_size=a.batch_size,
+        mel_warp=0.1,
+        workers=a.workers,
+        threads=a.threads,
     )
-    window = ModelConfig(width=a.width).window_samples
+    window = model_config(a.arch, a.width).window_samples
     data = load_pretrain_data(a.corpus, window, 6.0, progress=False, seed=base.seed)
     results = [measure(data, dataclasses.replace(base, device=d), a.steps) for d in devices]
-    print(f"width {a.width}, batch {a.batch_size}, {a.steps} steps, torch threads {a.threads}")
+    print(
+        f"width {a.width}, arch {a.arch}, batch {a.batch_size}, {a.steps} steps, torch threads {a.threads}"
+    )
     print(_table(results, a.workers))
     report: dict[str, Any] = {
         "settings": vars(a) | {"corpus": recorded_path(a.corpus)},
