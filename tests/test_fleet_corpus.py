@@ -113,6 +113,16 @@ def test_the_enrolled_fleet_has_the_same_users_and_tests_and_four_times_the_trai
     assert stream_counts(more) == stream_counts(base)
 
 
+def test_the_validation_streams_addon_has_the_fleets_users_and_streams_only():
+    # gate_hindsight --extra-streams adds it to a fleet run's validation: the same users
+    # (so the same voices and rooms), no clips, 8 validation streams per device type.
+    base, addon = PROFILES["fleet"], PROFILES["fleet-valstreams"]
+    assert make_speakers(2, addon, "hey nova") == make_speakers(2, base, "hey nova")
+    assert clip_recipes(2, addon) == []
+    assert stream_counts(addon) == {"train": 0, "val": 8, "test": 0}
+    assert addon.draw_offset != base.draw_offset  # draws of its own, not the fleet's streams
+
+
 @pytest.mark.slow  # three builds, the first with the speech engines
 def test_micro_fleet_build_is_deterministic_per_seed(tmp_path: Path):
     # One speech cache for all: Pico's output can depend on what the engine said before in

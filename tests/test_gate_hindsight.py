@@ -13,7 +13,7 @@ import pytest
 
 from wakefl.errors import ConfigError
 from wakefl.models.kws_cnn.pretrained import pretrained_path
-from wakefl.tools.studies.gate_hindsight import VIEWS, Scores, Units, main, views
+from wakefl.tools.studies.gate_hindsight import VIEWS, Scores, Units, device_scores, main, views
 
 
 def _units(s: Scores) -> Units:
@@ -101,3 +101,27 @@ def test_the_study_on_a_demo_run(tmp_path: Path, tiny_corpus: Path, capsys) -> N
 def test_a_folder_that_is_not_a_demo_run_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not a `wakefl demo` run"):
         main(["--run", str(tmp_path)])
+
+
+def test_an_addons_validation_streams_join_the_devices(tmp_path: Path, tiny_corpus: Path) -> None:
+    run, manifest = _demo_run(tmp_path, tiny_corpus)
+    models = {"base": run / "models" / "baseline.safetensors"}
+    alone, alone_units = device_scores(manifest, "A", models)
+    addon = tmp_path / "addon"
+    addon.mkdir()
+    with manifest.open(newline="") as f:
+        streams = [r for r in csv.DictReader(f) if r["kind"] == "stream"]
+    for r in streams:
+        (addon / r["path"]).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(tmp_path / r["path"], addon / r["path"])
+    with (addon / "manifest.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(streams[0]))
+        w.writeheader()
+        w.writerows(streams)
+    both, both_units = device_scores(manifest, "A", models, addon / "manifest.csv")
+    for field in ("gate_windows", "detector_windows"):
+        one = getattr(alone["base"], field)
+        np.testing.assert_array_equal(getattr(both["base"], field), np.concatenate([one, one]))
+        # The add-on's copy of a stream is a bootstrap unit apart from the corpus's.
+        assert len(set(getattr(both_units, field))) == 2 * len(set(getattr(alone_units, field)))
+    np.testing.assert_array_equal(both["base"].pos, alone["base"].pos)

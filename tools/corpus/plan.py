@@ -382,6 +382,12 @@ PROFILES["fleet"] = CorpusProfile(
 # the phrase per user on E): what more enrolment gives a device (`wakefl demo --profile
 # fleet-enrolled`; tools/CORPUS.md). Only `train_unit` differs: the name seeds nothing.
 PROFILES["fleet-enrolled"] = replace(PROFILES["fleet"], name="fleet-enrolled", train_unit=240)
+# Sixteen more minutes of validation stream per device type (the fleet has four), spoken by
+# the same users in the same rooms with draws of their own (build it with the fleet's seed;
+# it serves `fleet-enrolled` too, whose users and validation set are the fleet's): how much
+# more a device's served-model gate would see with more of its own negative audio
+# (tools/studies/gate_hindsight.py --extra-streams).
+PROFILES["fleet-valstreams"] = _streams_addon("fleet", "fleet-valstreams", 8, split="val")
 # The same recipe at a size a test builds in seconds.
 PROFILES["fleet-micro"] = CorpusProfile(
     "fleet-micro", 0, 2, 3, 3, 1, 6.0, 1, 1, 2, "fleet",

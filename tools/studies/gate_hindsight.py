@@ -21,8 +21,13 @@ Beside them, the test figure from the run's `demo_results.json`. A model that ev
 calls better and the test calls worse is one no admission rule over this validation
 evidence would have kept out: the validation audio lacks what the test audio holds.
 
+`--extra-streams ADDON` adds a streams add-on's validation streams (`wakefl corpus build
+--profile fleet-valstreams --seed S`: 16 more minutes per device type) to each device
+type's: what the same views say with more of the device's own negative audio.
+
     python -m wakefl.tools.studies.gate_hindsight --run runs/demo [--manifest M]
-        [--gate-target-fr 0.5] [--n-boot 300] [--json FILE]
+        [--extra-streams ADDON/manifest.csv] [--gate-target-fr 0.5] [--n-boot 300]
+        [--json FILE]
 """
 
 from __future__ import annotations
@@ -101,10 +106,11 @@ def _stream_units(path: str, n: int, hop_s: float) -> np.ndarray:
 
 
 def device_scores(
-    manifest: Path, device_type: str, models: dict[str, Path]
+    manifest: Path, device_type: str, models: dict[str, Path], extra: Path | None = None
 ) -> tuple[dict[str, Scores], Units]:
     """Every model's validation `Scores` on `device_type` (models: name -> weights), and
-    their bootstrap units (speakers; a stream's 30 s stretches, as the gate's)."""
+    their bootstrap units (speakers; a stream's 30 s stretches, as the gate's). `extra`: a
+    streams add-on whose validation streams of `device_type` join the corpus's."""
     from wakefl.edge_runtime import load_audio
     from wakefl.edge_runtime.detection_rule import smoothed, stream_windows
     from wakefl.operating_point import DEFAULT_HOP_S, DEFAULT_SMOOTHING
@@ -113,7 +119,13 @@ def device_scores(
 
     rows = [r for r in read_manifest(manifest) if r.device_type == device_type and r.split == "val"]
     clips = [r for r in rows if r.kind == "clip"]
-    streams = [r for r in rows if r.kind == "stream" and r.label == 0]
+    streams = [(r, manifest) for r in rows if r.kind == "stream" and r.label == 0]
+    if extra is not None:
+        streams += [
+            (r, extra)
+            for r in read_manifest(extra)
+            if (r.device_type, r.split, r.kind, r.label) == (device_type, "val", "stream", 0)
+        ]
     if not any(r.label == 1 for r in clips) or not streams:
         raise ConfigError(f"{manifest}: {device_type} has no validation wake words or streams")
     scorers = {name: TorchScorer(path) for name, path in models.items()}
@@ -122,8 +134,8 @@ def device_scores(
     waves = load_clip_windows(clips, manifest.parent, SAMPLE_RATE, window, progress=False)
     hops = {"gate": GATE_HOP_S, "detector": DEFAULT_HOP_S}
     cuts = {  # every stream's windows at each hop (views, no copies)
-        k: [stream_windows(load_audio(r.resolve(manifest), SAMPLE_RATE), window,
-                           round(h * SAMPLE_RATE)) for r in streams]
+        k: [stream_windows(load_audio(r.resolve(m), SAMPLE_RATE), window,
+                           round(h * SAMPLE_RATE)) for r, m in streams]
         for k, h in hops.items()
     }  # fmt: skip
     out = {}
@@ -137,7 +149,8 @@ def device_scores(
         )
     speakers = np.array([r.speaker for r in clips])
     stream_units = {
-        k: np.concatenate([_stream_units(r.path, len(w), hops[k]) for r, w in zip(streams, ws, strict=True)])
+        k: np.concatenate([_stream_units(f"{m}:{r.path}", len(w), hops[k])
+                           for (r, m), w in zip(streams, ws, strict=True)])
         for k, ws in cuts.items()
     }  # fmt: skip
     units = Units(
@@ -147,10 +160,10 @@ def device_scores(
 
 
 def hindsight(
-    run: Path, manifest: Path, gate_target_fr: float, n_boot: int = 300
+    run: Path, manifest: Path, gate_target_fr: float, n_boot: int = 300, extra: Path | None = None
 ) -> list[dict[str, Any]]:
     """One record per device type whose gate switched in the demo run at `run`: the test
-    figure and the validation views."""
+    figure and the validation views (with `extra`'s validation streams added)."""
     from wakefl.operating_point import shipped_threshold_in
 
     results = json.loads((run / "report" / "demo_results.json").read_text(encoding="utf-8"))
@@ -165,7 +178,9 @@ def hindsight(
             continue
         t = row["device_type"]
         served_path = run / "models" / f"served-{t}.safetensors"
-        scores, units = device_scores(manifest, t, {"base": base_path, "served": served_path})
+        scores, units = device_scores(
+            manifest, t, {"base": base_path, "served": served_path}, extra
+        )
         out.append(
             {
                 "device_type": t,
@@ -206,6 +221,13 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--run", type=Path, required=True, help="a `wakefl demo --workdir`")
     ap.add_argument("--manifest", type=Path, default=None, help="default: the run's corpus")
+    ap.add_argument(
+        "--extra-streams",
+        type=Path,
+        default=None,
+        help="a streams add-on manifest (e.g. --profile fleet-valstreams, the run's seed) "
+        "whose validation streams join each device type's",
+    )
     ap.add_argument("--gate-target-fr", type=float, default=0.5)
     ap.add_argument("--n-boot", type=int, default=300)
     ap.add_argument("--json", type=Path, default=None)
@@ -226,7 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     manifest = a.manifest or _run_manifest(a.run)
     if not manifest.is_file():
         raise ConfigError(f"{manifest}: no such corpus manifest (give --manifest)")
-    records = hindsight(a.run, manifest, a.gate_target_fr, a.n_boot)
+    if a.extra_streams is not None and not a.extra_streams.is_file():
+        raise ConfigError(f"{a.extra_streams}: no such streams add-on manifest")
+    records = hindsight(a.run, manifest, a.gate_target_fr, a.n_boot, a.extra_streams)
     print("\n".join(table(records)) if records else f"{a.run}: no gate switched")
     if a.json is not None:
         a.json.write_text(json.dumps(records, indent=1) + "\n", encoding="utf-8")
