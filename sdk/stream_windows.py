@@ -30,8 +30,9 @@ UNIT_SECONDS = 30.0
 class StreamWindows(Dataset):
     """(window float32 [window_samples], 0) for every `hop_s` of each negative stream of
     `device_type` and `split` (none when the manifest has no such stream). `rows` holds one
-    row per window, its speaker the window's bootstrap unit "<stream path>@<k>" (the k-th
-    `UNIT_SECONDS` of the stream); `labels` are all 0."""
+    row per window, its speaker the window's bootstrap unit "<unit_prefix><stream path>@<k>"
+    (the k-th `UNIT_SECONDS` of the stream; the prefix keeps two manifests' streams of the
+    same name apart); `labels` are all 0."""
 
     def __init__(
         self,
@@ -40,6 +41,7 @@ class StreamWindows(Dataset):
         split: str,
         window_samples: int,
         hop_s: float,
+        unit_prefix: str = "",
     ) -> None:
         if window_samples <= 0 or not hop_s > 0.0:
             raise ConfigError(
@@ -66,7 +68,7 @@ class StreamWindows(Dataset):
                 self.rows.append(
                     replace(
                         row,
-                        speaker=f"{row.path}@{unit}",
+                        speaker=f"{unit_prefix}{row.path}@{unit}",
                         duration_s=self.window_samples / SAMPLE_RATE,
                     )
                 )
@@ -93,6 +95,8 @@ class JoinedDataset(Dataset):
         self.rows: list[ManifestRow] = [*first.rows, *second.rows]  # type: ignore[attr-defined]
         self.labels = np.concatenate([first.labels, second.labels])  # type: ignore[attr-defined]
         self._split = len(first.rows)  # type: ignore[attr-defined]
+        # The first part's window length, so that a joined dataset can be joined again.
+        self.window_samples = getattr(first, "window_samples", None)
 
     def __len__(self) -> int:
         return len(self.rows)

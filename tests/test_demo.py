@@ -189,3 +189,20 @@ def test_demo_results_name_the_command_and_round_the_time(tmp_path):
         doc["command"]
         == "wakefl demo --profile fleet --seed 0 --manifest m.csv --rounds 2 --width 0.125"
     )
+
+
+def test_the_demo_hands_every_device_its_addon_validation_streams(tmp_path):
+    import json
+    from pathlib import Path
+
+    from wakefl.tools.fleet.demo import DemoSettings, _device_args, write_results
+
+    addon = Path("/data/fleet-valstreams-seed2/manifest.csv")
+    st = DemoSettings(profile="fleet-enrolled", seed=2, val_streams=addon)
+    args = _device_args(st, "mqtt://127.0.0.1:1", tmp_path, Path("m.csv"), "devA", "A", Path("s"))
+    assert args[args.index("--val-streams") + 1] == str(addon)
+    plain = _device_args(DemoSettings(), "mqtt://127.0.0.1:1", tmp_path, Path("m.csv"), "devA",
+                         "A", Path("s"))  # fmt: skip
+    assert "--val-streams" not in plain
+    doc = json.loads(write_results(st, [], 1.0, tmp_path / "r.json").read_text())
+    assert doc["command"] == f"wakefl demo --profile fleet-enrolled --seed 2 --val-streams {addon}"

@@ -24,7 +24,7 @@ def _corpus(tmp_path: Path, stream_s: float = 70.0) -> Path:
     type B, and one of each other split of A."""
     rng = np.random.default_rng(0)
     rows = []
-    (tmp_path / "clips").mkdir()
+    (tmp_path / "clips").mkdir(parents=True)
     for split in ("train", "val"):
         for i, label in enumerate((1, 0)):
             rel = f"clips/A_{split}_{i}.wav"
@@ -106,3 +106,34 @@ def test_device_gate_sees_the_validation_stream_windows(tmp_path):
     assert isinstance(train, JoinedDataset) and train.labels.sum() == 1
     assert len(train) == 2 + (int(70.0 * SAMPLE_RATE) - WINDOW) // int(1.5 * SAMPLE_RATE) + 1
     assert {r.split for r in train.rows} == {"train"}
+
+
+def test_a_devices_gate_takes_more_validation_streams_from_an_addon(tmp_path):
+    from wakefl.tools.cli.device import _load_clips
+
+    manifest = _corpus(tmp_path / "corpus")
+    addon = _corpus(tmp_path / "addon", stream_s=40.0)  # the same stream names, shorter
+    said: list[str] = []
+
+    def args(**kw) -> argparse.Namespace:
+        return argparse.Namespace(
+            data=manifest, device_type="A", device_id="devA", width=0.25, fleet="f",
+            val_stream_hop=0.5, train_stream_hop=0.0, **kw,
+        )  # fmt: skip
+
+    _, own = _load_clips(args(), said.append)
+    _, more = _load_clips(args(val_streams=addon), said.append)
+    extra = StreamWindows(addon, "A", "val", WINDOW, hop_s=0.5)
+    assert len(more) == len(own) + len(extra)
+    assert more.labels.tolist() == own.labels.tolist() + [0] * len(extra)
+    assert f"{len(extra)} windows of 1 stream(s) of {addon}" in said[-1]
+    # The add-on's stream is its own bootstrap unit, though its file has the corpus's name.
+    own_units = {r.speaker for r in own.rows}
+    addon_units = {r.speaker for r in more.rows[len(own) :]}
+    assert addon_units and not addon_units & own_units
+    assert all(u.startswith(f"{addon}:streams/a_val.wav@") for u in addon_units)
+    # Training is untouched, and a missing add-on is refused with its name.
+    train, _ = _load_clips(args(val_streams=addon), said.append)
+    assert isinstance(train, WakeWordDataset) and len(train) == 2
+    with pytest.raises(ConfigError, match="no such manifest"):
+        _load_clips(args(val_streams=tmp_path / "missing.csv"), said.append)

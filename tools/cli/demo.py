@@ -87,16 +87,28 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="use this corpus manifest instead of the synthetic one",
     )
+    p.add_argument(
+        "--val-streams",
+        type=Path,
+        default=None,
+        metavar="MANIFEST",
+        help="a streams add-on whose validation streams every device adds to its served-model "
+        "gate's evidence (`wakefl device --val-streams`), e.g. `wakefl corpus build --profile "
+        "fleet-valstreams --seed S`",
+    )
     p.add_argument("--round-timeout", type=float, default=300.0)
 
 
 def _run(args: argparse.Namespace) -> int:
+    from wakefl.errors import ConfigError
     from wakefl.tools.fleet.demo import DemoSettings, run_demo
 
     if args.rounds is not None and args.rounds < 1:
-        from wakefl.errors import ConfigError
-
         raise ConfigError("--rounds must be at least 1")
+    if args.val_streams is not None:
+        if not args.val_streams.is_file():
+            raise ConfigError(f"--val-streams {args.val_streams}: no such manifest")
+        args.val_streams = args.val_streams.resolve()  # the devices run in other folders
     run_demo(
         DemoSettings(
             profile=args.profile,
@@ -111,6 +123,7 @@ def _run(args: argparse.Namespace) -> int:
             round_timeout=args.round_timeout,
             target_fr=args.target_fr,
             gate_target_fr=args.gate_target_fr,
+            val_streams=args.val_streams,
         )
     )
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from pathlib import Path
 
 from wakefl.protocol import topics
 
@@ -80,6 +81,16 @@ def _add_protocol_options(p: argparse.ArgumentParser) -> None:
         type=float,
         default=0.05,
         help="baseline operating point for the relative FA/FR report (default 0.05)",
+    )
+    p.add_argument(
+        "--val-streams",
+        type=Path,
+        default=None,
+        metavar="MANIFEST",
+        help="more of the device's own negative audio for the served-model gate: this "
+        "manifest's validation streams of the device type join the validation data, cut "
+        "every --val-stream-hop seconds (e.g. a `corpus build --profile fleet-valstreams` "
+        "add-on)",
     )
     p.add_argument(
         "--val-stream-hop",
@@ -225,6 +236,13 @@ def _load_clips(args: argparse.Namespace, say):
     val_note = ""
     if val is not None and args.val_stream_hop != 0:
         val, val_note = _with_stream_windows(args, val, "val", args.val_stream_hop)
+        if getattr(args, "val_streams", None) is not None:
+            val, more = _with_stream_windows(
+                args, val, "val", args.val_stream_hop, source=args.val_streams
+            )
+            val_note = (
+                val_note[:-1] + more + ")" if val_note else f" ({more.removeprefix(' and ')})"
+            )
     say(
         f"{args.device_id} ({args.device_type}): {len(train)} training examples{train_note}, "
         f"{0 if val is None else len(val)} validation examples{val_note}; joining fleet "
@@ -233,17 +251,28 @@ def _load_clips(args: argparse.Namespace, say):
     return train, val
 
 
-def _with_stream_windows(args: argparse.Namespace, clips, split: str, hop: float):
-    """`clips` joined by the windows of the device type's `split` streams every `hop`
-    seconds (as they are when it has none), and the words saying so."""
+def _with_stream_windows(
+    args: argparse.Namespace, clips, split: str, hop: float, source: Path | None = None
+):
+    """`clips` joined by the windows of the device type's `split` streams (of `--data`, or
+    of `source`) every `hop` seconds (as they are when it has none), and the words saying
+    so."""
     from wakefl.errors import ConfigError
     from wakefl.sdk.stream_windows import JoinedDataset, StreamWindows
 
     if hop < 0:
         raise ConfigError(f"--{split}-stream-hop must be >= 0, got {hop}")
-    windows = StreamWindows(args.data, args.device_type, split, clips.window_samples, hop)
+    if source is not None and not Path(source).is_file():
+        raise ConfigError(f"--val-streams {source}: no such manifest")
+    windows = StreamWindows(
+        source or args.data, args.device_type, split, clips.window_samples, hop,
+        unit_prefix="" if source is None else f"{source}:",
+    )  # fmt: skip
     if not len(windows):
         return clips, ""
+    if source is not None:
+        note = f" and {len(windows)} windows of {windows.streams} stream(s) of {source}"
+        return JoinedDataset(clips, windows), note
     note = f" ({len(clips)} clips and {len(windows)} windows of {windows.streams} stream(s))"
     return JoinedDataset(clips, windows), note
 

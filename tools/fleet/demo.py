@@ -71,6 +71,9 @@ class DemoSettings:
     # training streams: with 4 minutes of them per device type, cut every 1.5 s, the
     # served models did no better at the baseline's false-accept rate (README).
     train_stream_hop: float = 0.0
+    # A streams add-on whose validation streams every device adds to its gate's evidence
+    # (`wakefl device --val-streams`; e.g. `--profile fleet-valstreams` with the run's seed).
+    val_streams: Path | None = None
     manifest: Path | None = None
     # Bounds every wait, so a broken process can never hang the demo.
     max_run_s: float = 1800.0
@@ -290,6 +293,7 @@ def _device_args(
         str(served),
         "--idle-timeout",
         str(st.round_timeout + 120),
+        *(["--val-streams", str(st.val_streams)] if st.val_streams is not None else []),
     ]
 
 
@@ -491,6 +495,7 @@ def _command(st: DemoSettings) -> str:
         ("--width", st.width),
         ("--baseline", st.baseline),
         ("--gate-target-fr", st.gate_target_fr),
+        ("--val-streams", st.val_streams),
     ):
         if value is not None:
             words.append(f"{flag} {value}")
