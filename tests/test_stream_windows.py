@@ -116,10 +116,9 @@ def test_a_devices_gate_takes_more_validation_streams_from_an_addon(tmp_path):
     said: list[str] = []
 
     def args(**kw) -> argparse.Namespace:
-        return argparse.Namespace(
-            data=manifest, device_type="A", device_id="devA", width=0.25, fleet="f",
-            val_stream_hop=0.5, train_stream_hop=0.0, **kw,
-        )  # fmt: skip
+        base = {"data": manifest, "device_type": "A", "device_id": "devA", "width": 0.25,
+                "fleet": "f", "val_stream_hop": 0.5, "train_stream_hop": 0.0}  # fmt: skip
+        return argparse.Namespace(**(base | kw))
 
     _, own = _load_clips(args(), said.append)
     _, more = _load_clips(args(val_streams=addon), said.append)
@@ -137,3 +136,5 @@ def test_a_devices_gate_takes_more_validation_streams_from_an_addon(tmp_path):
     assert isinstance(train, WakeWordDataset) and len(train) == 2
     with pytest.raises(ConfigError, match="no such manifest"):
         _load_clips(args(val_streams=tmp_path / "missing.csv"), said.append)
+    with pytest.raises(ConfigError, match="needs --val-stream-hop"):
+        _load_clips(args(val_streams=addon, val_stream_hop=0.0), said.append)

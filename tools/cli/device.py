@@ -234,6 +234,8 @@ def _load_clips(args: argparse.Namespace, say):
         say(f"{args.device_id}: no validation clips ({exc}); no relative FA/FR report")
         val = None
     val_note = ""
+    if getattr(args, "val_streams", None) is not None and args.val_stream_hop == 0:
+        raise ConfigError("--val-streams needs --val-stream-hop > 0 to cut its streams")
     if val is not None and args.val_stream_hop != 0:
         val, val_note = _with_stream_windows(args, val, "val", args.val_stream_hop)
         if getattr(args, "val_streams", None) is not None:

@@ -385,8 +385,8 @@ PROFILES["fleet-enrolled"] = replace(PROFILES["fleet"], name="fleet-enrolled", t
 # Sixteen more minutes of validation stream per device type (the fleet has four), spoken by
 # the same users in the same rooms with draws of their own (build it with the fleet's seed;
 # it serves `fleet-enrolled` too, whose users and validation set are the fleet's): how much
-# more a device's served-model gate would see with more of its own negative audio
-# (tools/studies/gate_hindsight.py --extra-streams).
+# more a device's served-model gate sees with more of its own negative audio (`wakefl demo
+# --val-streams`, tools/studies/gate_hindsight.py --extra-streams).
 PROFILES["fleet-valstreams"] = _streams_addon("fleet", "fleet-valstreams", 8, split="val")
 # The same recipe at a size a test builds in seconds.
 PROFILES["fleet-micro"] = CorpusProfile(
