@@ -205,4 +205,6 @@ def test_the_demo_hands_every_device_its_addon_validation_streams(tmp_path):
                          "A", Path("s"))  # fmt: skip
     assert "--val-streams" not in plain
     doc = json.loads(write_results(st, [], 1.0, tmp_path / "r.json").read_text())
-    assert doc["command"] == f"wakefl demo --profile fleet-enrolled --seed 2 --val-streams {addon}"
+    # Recorded as results record paths: without the folders of the machine that ran it.
+    want = "wakefl demo --profile fleet-enrolled --seed 2 --val-streams fleet-valstreams-seed2/manifest.csv"
+    assert doc["command"] == want

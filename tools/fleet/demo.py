@@ -25,6 +25,7 @@ from typing import Any
 
 from wakefl.cache_location import cache_root
 from wakefl.errors import WakeflError
+from wakefl.recorded_paths import recorded_path
 
 # The profile `wakefl demo` runs unless told otherwise: users the shipped model serves badly.
 DEFAULT_PROFILE = "fleet"
@@ -497,6 +498,8 @@ def _command(st: DemoSettings) -> str:
         ("--gate-target-fr", st.gate_target_fr),
         ("--val-streams", st.val_streams),
     ):
+        if isinstance(value, Path):  # as results record paths: no folders of this machine
+            value = recorded_path(value)
         if value is not None:
             words.append(f"{flag} {value}")
     return " ".join(words)
