@@ -27,6 +27,12 @@ from wakefl.sdk.manifest import SAMPLE_RATE, ManifestRow, read_manifest
 UNIT_SECONDS = 30.0
 
 
+def bootstrap_unit(stream: str, start_s: float) -> str:
+    """The gate's bootstrap unit of a window starting `start_s` seconds into `stream`:
+    "<stream>@<k>", the k-th `UNIT_SECONDS` stretch of it."""
+    return f"{stream}@{int(start_s // UNIT_SECONDS)}"
+
+
 class StreamWindows(Dataset):
     """(window float32 [window_samples], 0) for every `hop_s` of each negative stream of
     `device_type` and `split` (none when the manifest has no such stream). `rows` holds one
@@ -63,12 +69,11 @@ class StreamWindows(Dataset):
         self.rows: list[ManifestRow] = []
         for k, (row, wave) in enumerate(zip(streams, self.waves, strict=True)):
             for start in range(0, max(wave.size - self.window_samples, 0) + 1, hop):
-                unit = int(start / SAMPLE_RATE // UNIT_SECONDS)
                 self.index.append((k, start))
                 self.rows.append(
                     replace(
                         row,
-                        speaker=f"{unit_prefix}{row.path}@{unit}",
+                        speaker=bootstrap_unit(f"{unit_prefix}{row.path}", start / SAMPLE_RATE),
                         duration_s=self.window_samples / SAMPLE_RATE,
                     )
                 )

@@ -45,7 +45,6 @@ from wakefl.errors import ConfigError
 from wakefl.sdk.matched_fa import relative_fr_at_matched_clip_fa
 
 GATE_HOP_S = 0.5  # `wakefl device --val-stream-hop`'s default
-UNIT_SECONDS = 30.0  # a stream's bootstrap unit, as the gate's (sdk/stream_windows.py)
 VIEWS = ("gate", "gate, shipped threshold", "detector", "detector, streams only")
 
 
@@ -101,8 +100,13 @@ def views(
     return out
 
 
-def _stream_units(path: str, n: int, hop_s: float) -> np.ndarray:
-    return np.array([f"{path}@{int(k * hop_s // UNIT_SECONDS)}" for k in range(n)])
+def _stream_units(stream: str, n: int, hop: int) -> np.ndarray:
+    """The bootstrap units of a stream's `n` windows every `hop` samples, as the device's
+    gate names them (sdk/stream_windows.py)."""
+    from wakefl.sdk.manifest import SAMPLE_RATE
+    from wakefl.sdk.stream_windows import bootstrap_unit
+
+    return np.array([bootstrap_unit(stream, k * hop / SAMPLE_RATE) for k in range(n)])
 
 
 def device_scores(
@@ -119,10 +123,12 @@ def device_scores(
 
     rows = [r for r in read_manifest(manifest) if r.device_type == device_type and r.split == "val"]
     clips = [r for r in rows if r.kind == "clip"]
-    streams = [(r, manifest) for r in rows if r.kind == "stream" and r.label == 0]
+    # (row, its manifest, its units' prefix): as `wakefl device --val-streams` names them,
+    # an add-on's streams prefixed by the add-on, the corpus's own as they are.
+    streams = [(r, manifest, "") for r in rows if r.kind == "stream" and r.label == 0]
     if extra is not None:
         streams += [
-            (r, extra)
+            (r, extra, f"{extra}:")
             for r in read_manifest(extra)
             if (r.device_type, r.split, r.kind, r.label) == (device_type, "val", "stream", 0)
         ]
@@ -132,12 +138,11 @@ def device_scores(
     window = next(iter(scorers.values())).window_samples
     labels = np.array([r.label for r in clips])
     waves = load_clip_windows(clips, manifest.parent, SAMPLE_RATE, window, progress=False)
-    hops = {"gate": GATE_HOP_S, "detector": DEFAULT_HOP_S}
+    hops = {"gate": round(GATE_HOP_S * SAMPLE_RATE), "detector": round(DEFAULT_HOP_S * SAMPLE_RATE)}
     cuts = {  # every stream's windows at each hop (views, no copies)
-        k: [stream_windows(load_audio(r.resolve(m), SAMPLE_RATE), window,
-                           round(h * SAMPLE_RATE)) for r, m in streams]
+        k: [stream_windows(load_audio(r.resolve(m), SAMPLE_RATE), window, h) for r, m, _ in streams]
         for k, h in hops.items()
-    }  # fmt: skip
+    }
     out = {}
     for name, scorer in scorers.items():
         c = score_windows(scorer, waves, progress=False)
@@ -149,8 +154,8 @@ def device_scores(
         )
     speakers = np.array([r.speaker for r in clips])
     stream_units = {
-        k: np.concatenate([_stream_units(f"{m}:{r.path}", len(w), hops[k])
-                           for (r, m), w in zip(streams, ws, strict=True)])
+        k: np.concatenate([_stream_units(f"{prefix}{r.path}", len(w), hops[k])
+                           for (r, _, prefix), w in zip(streams, ws, strict=True)])
         for k, ws in cuts.items()
     }  # fmt: skip
     units = Units(
