@@ -25,6 +25,12 @@ from wakefl.sdk.dataset import load_audio
 from wakefl.sdk.manifest import SAMPLE_RATE, ManifestRow, read_manifest
 
 UNIT_SECONDS = 30.0
+# The prefix of the bootstrap units of an add-on's streams (`wakefl device --val-streams`):
+# it keeps them apart from the corpus's own streams of the same name, and it is the same
+# wherever the add-on lies, so that a device's gate decides the same from the same audio.
+# '+' sorts before the letters that begin the corpus's speakers and stream paths, so the
+# add-on's units keep their place in the bootstrap's sorted units.
+ADDON_UNIT_PREFIX = "+val-streams:"
 
 
 def bootstrap_unit(stream: str, start_s: float) -> str:

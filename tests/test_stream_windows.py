@@ -4,6 +4,7 @@ served-model gate (sdk/stream_windows.py, `wakefl device --val-stream-hop`)."""
 from __future__ import annotations
 
 import argparse
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,12 @@ import soundfile as sf
 from wakefl.errors import ConfigError
 from wakefl.sdk.dataset import WakeWordDataset
 from wakefl.sdk.manifest import SAMPLE_RATE, ManifestRow, write_manifest
-from wakefl.sdk.stream_windows import UNIT_SECONDS, JoinedDataset, StreamWindows
+from wakefl.sdk.stream_windows import (
+    ADDON_UNIT_PREFIX,
+    UNIT_SECONDS,
+    JoinedDataset,
+    StreamWindows,
+)
 
 WINDOW = 24000
 
@@ -130,7 +136,14 @@ def test_a_devices_gate_takes_more_validation_streams_from_an_addon(tmp_path):
     own_units = {r.speaker for r in own.rows}
     addon_units = {r.speaker for r in more.rows[len(own) :]}
     assert addon_units and not addon_units & own_units
-    assert all(u.startswith(f"{addon}:streams/a_val.wav@") for u in addon_units)
+    assert all(u.startswith(f"{ADDON_UNIT_PREFIX}streams/a_val.wav@") for u in addon_units)
+    # The same add-on elsewhere: the same units, so the gate draws the same bootstrap.
+    moved = tmp_path / "moved"
+    shutil.copytree(addon.parent, moved)
+    _, there = _load_clips(args(val_streams=moved / addon.name), said.append)
+    assert [r.speaker for r in there.rows] == [r.speaker for r in more.rows]
+    # ... and they sort before the corpus's own units, where the bootstrap counts them first.
+    assert max(addon_units) < min(own_units)
     # Training is untouched, and a missing add-on is refused with its name.
     train, _ = _load_clips(args(val_streams=addon), said.append)
     assert isinstance(train, WakeWordDataset) and len(train) == 2

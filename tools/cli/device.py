@@ -260,7 +260,7 @@ def _with_stream_windows(
     of `source`) every `hop` seconds (as they are when it has none), and the words saying
     so."""
     from wakefl.errors import ConfigError
-    from wakefl.sdk.stream_windows import JoinedDataset, StreamWindows
+    from wakefl.sdk.stream_windows import ADDON_UNIT_PREFIX, JoinedDataset, StreamWindows
 
     if hop < 0:
         raise ConfigError(f"--{split}-stream-hop must be >= 0, got {hop}")
@@ -268,7 +268,7 @@ def _with_stream_windows(
         raise ConfigError(f"--val-streams {source}: no such manifest")
     windows = StreamWindows(
         source or args.data, args.device_type, split, clips.window_samples, hop,
-        unit_prefix="" if source is None else f"{source}:",
+        unit_prefix="" if source is None else ADDON_UNIT_PREFIX,
     )  # fmt: skip
     if not len(windows):
         return clips, ""

@@ -119,16 +119,17 @@ def device_scores(
     from wakefl.edge_runtime.detection_rule import smoothed, stream_windows
     from wakefl.operating_point import DEFAULT_HOP_S, DEFAULT_SMOOTHING
     from wakefl.sdk.manifest import SAMPLE_RATE, read_manifest
+    from wakefl.sdk.stream_windows import ADDON_UNIT_PREFIX
     from wakefl.tools.evaluation.model_scoring import TorchScorer, load_clip_windows, score_windows
 
     rows = [r for r in read_manifest(manifest) if r.device_type == device_type and r.split == "val"]
     clips = [r for r in rows if r.kind == "clip"]
     # (row, its manifest, its units' prefix): as `wakefl device --val-streams` names them,
-    # an add-on's streams prefixed by the add-on, the corpus's own as they are.
+    # an add-on's streams under the add-on prefix, the corpus's own as they are.
     streams = [(r, manifest, "") for r in rows if r.kind == "stream" and r.label == 0]
     if extra is not None:
         streams += [
-            (r, extra, f"{extra}:")
+            (r, extra, ADDON_UNIT_PREFIX)
             for r in read_manifest(extra)
             if (r.device_type, r.split, r.kind, r.label) == (device_type, "val", "stream", 0)
         ]
