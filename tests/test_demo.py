@@ -130,6 +130,26 @@ def test_demo_defaults_suit_the_fleet_and_keep_the_other_profiles():
     assert not DemoSettings(profile="fleet-enrolled", manifest=Path("m.csv")).runs_fleet()
 
 
+def test_the_fleet_gate_adds_the_validation_streams_add_on_unless_told_otherwise():
+    from pathlib import Path
+
+    from wakefl.tools.fleet.demo import DemoSettings, _command, _val_streams_label
+
+    for profile in ("fleet", "fleet-enrolled"):
+        st = DemoSettings(profile=profile, seed=2)
+        assert st.adds_val_streams()
+        assert _val_streams_label(st) == "fleet-valstreams seed 2 (the default add-on)"
+        assert "--val-streams" not in _command(st) and "--no-val-streams" not in _command(st)
+        own = DemoSettings(profile=profile, val_streams_addon=False)
+        assert not own.adds_val_streams() and _val_streams_label(own) is None
+        assert _command(own).endswith("--no-val-streams")
+    # A manifest of one's own, an add-on of one's own or another profile: no default add-on.
+    assert not DemoSettings(manifest=Path("m.csv")).adds_val_streams()
+    assert not DemoSettings(profile="demo").adds_val_streams()
+    given = DemoSettings(val_streams=Path("v/manifest.csv"))
+    assert not given.adds_val_streams() and "--val-streams" in _command(given)
+
+
 def test_demo_corpus_folder_keeps_a_build_of_another_recipe(tmp_path, monkeypatch):
     import json
     from dataclasses import asdict
@@ -208,3 +228,22 @@ def test_the_demo_hands_every_device_its_addon_validation_streams(tmp_path):
     # Recorded as results record paths: without the folders of the machine that ran it.
     want = "wakefl demo --profile fleet-enrolled --seed 2 --val-streams fleet-valstreams-seed2/manifest.csv"
     assert doc["command"] == want
+
+
+def test_the_demo_refuses_an_add_on_of_its_own_beside_no_val_streams(tmp_path):
+    import argparse
+
+    import pytest
+
+    from wakefl.errors import ConfigError
+    from wakefl.tools.cli import demo as demo_cli
+
+    parser = argparse.ArgumentParser()
+    demo_cli.register(parser.add_subparsers())
+    addon = tmp_path / "manifest.csv"
+    addon.write_text("path,label\n")
+    args = parser.parse_args(["demo", "--val-streams", str(addon), "--no-val-streams"])
+    with pytest.raises(ConfigError, match="contradict"):
+        args.func(args)
+    args = parser.parse_args(["demo", "--no-val-streams"])
+    assert args.no_val_streams and args.val_streams is None

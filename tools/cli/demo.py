@@ -96,6 +96,13 @@ def _add_run_options(p: argparse.ArgumentParser) -> None:
         "gate's evidence (`wakefl device --val-streams`), e.g. `wakefl corpus build --profile "
         "fleet-valstreams --seed S`",
     )
+    p.add_argument(
+        "--no-val-streams",
+        action="store_true",
+        help="on the fleet profiles, judge the served-model gate on the corpus's own validation "
+        "clips and 4 minutes of stream per device type only (default: add the fleet-valstreams "
+        "add-on of --seed, 16 minutes more, built once and cached)",
+    )
     p.add_argument("--round-timeout", type=float, default=300.0)
 
 
@@ -105,6 +112,8 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.rounds is not None and args.rounds < 1:
         raise ConfigError("--rounds must be at least 1")
+    if args.val_streams is not None and args.no_val_streams:
+        raise ConfigError("--val-streams and --no-val-streams contradict each other")
     if args.val_streams is not None:
         if not args.val_streams.is_file():
             raise ConfigError(f"--val-streams {args.val_streams}: no such manifest")
@@ -124,6 +133,7 @@ def _run(args: argparse.Namespace) -> int:
             target_fr=args.target_fr,
             gate_target_fr=args.gate_target_fr,
             val_streams=args.val_streams,
+            val_streams_addon=not args.no_val_streams,
         )
     )
     return 0
