@@ -203,6 +203,30 @@ def test_the_bench_scores_all_three_detectors_and_writes_relative_json(
     assert "held-out speakers (jarvis" in capsys.readouterr().out
 
 
+@needs_espeak
+def test_recordings_give_each_detector_its_highest_score_on_real_speech(tmp_path, capsys):
+    from conftest import espeak_wav
+
+    model = Path(__file__).resolve().parents[1] / "models/kws_cnn/pretrained/hey-jarvis-small"
+    said = espeak_wav(tmp_path / "said.wav", "hey jarvis, turn on the lights")
+    other = espeak_wav(tmp_path / "other.wav", "turn on the lights")
+    out = tmp_path / "rec.json"
+    argv = ["--wakefl", str(model.with_suffix(".safetensors")), "--peers", "--recordings"]
+    assert bp.main([*argv, str(said), str(other), "--json", str(out)]) == 0
+    res = json.loads(out.read_text(encoding="utf-8"))
+    assert set(res["detectors"]) == {"wakefl"} and "conditions" not in res
+    rec = res["recordings"]
+    assert rec["said.wav"]["wakefl"]["detected"] and not rec["other.wav"]["wakefl"]["detected"]
+    assert rec["other.wav"]["wakefl"]["max_score"] < res["detectors"]["wakefl"]["threshold"]
+    assert " fires\nother.wav | " in capsys.readouterr().out
+    broken = tmp_path / "broken.wav"
+    broken.write_bytes(b"RIFF not audio")
+    assert bp.main([*argv, str(broken)]) == 2
+    assert "cannot decode" in capsys.readouterr().err
+    assert bp.main([*argv, str(said), "--corpus", str(tmp_path)]) == 2
+    assert "instead of the conditions" in capsys.readouterr().err
+
+
 def test_the_compact_corpus_resolves_half_a_false_accept_an_hour_per_condition():
     from wakefl.tools.acoustics.device_acoustics import DEVICE_PROFILES
     from wakefl.tools.corpus.plan import PROFILES

@@ -8,7 +8,13 @@ from dataclasses import replace
 import pytest
 
 from wakefl.errors import ConfigError
-from wakefl.tools.corpus.plan import PROFILES, clip_recipes, texts_for
+from wakefl.tools.corpus.plan import (
+    PROFILES,
+    addon_confusables,
+    clip_recipes,
+    near_rhymes,
+    texts_for,
+)
 from wakefl.tools.corpus.speakers import make_speakers
 
 
@@ -56,6 +62,40 @@ def test_the_add_on_builds_training_clips_of_the_training_speakers(tmp_path) -> 
     with (main.parent / "speakers.csv").open(encoding="utf-8") as f:
         train = {r["speaker"] for r in csv.DictReader(f) if r["split"] == "train"}
     assert {r.speaker for r in rows} <= train
+
+
+@pytest.mark.parametrize("phrase", ["hey jarvis", "ok google", "alexa", "Hey  Nova"])
+def test_near_rhymes_are_close_to_the_phrase_and_never_hold_it(phrase: str) -> None:
+    rhymes = near_rhymes(phrase)
+    whole = " ".join(phrase.lower().split())
+    assert rhymes and rhymes == near_rhymes(phrase)
+    assert len(set(rhymes)) == len(rhymes)
+    assert not [r for r in rhymes if whole in r]
+
+
+def test_near_rhymes_change_the_onset_the_vowel_and_the_first_word() -> None:
+    rhymes = near_rhymes("hey jarvis")
+    assert {"hey marvis", "hey tarvis", "hey jorvis", "hey jar", "play jarvis"} <= set(rhymes)
+    # "okay" is another spelling of "ok": a negative "okay google" would be the phrase itself
+    assert "okay google" not in near_rhymes("ok google") and "play google" in near_rhymes(
+        "ok google"
+    )
+    assert near_rhymes("") == ()
+
+
+def test_the_compact_add_on_of_another_phrase_draws_near_rhymes_and_hey_nova_keeps_its_list() -> (
+    None
+):
+    addon = PROFILES["pretrain-compact-confusables"]
+    assert addon_confusables(addon, "hey nova") == texts_for(addon, "hey nova")[0]
+    pool = addon_confusables(addon, "hey jarvis")
+    assert set(texts_for(addon, "hey jarvis")[0]) < set(pool)
+    drawn = {c for s in make_speakers(0, addon, "hey jarvis") for c in s.confusables}
+    assert drawn <= set(pool) and drawn & set(near_rhymes("hey jarvis"))
+    main = make_speakers(0, PROFILES["pretrain-compact"], "hey jarvis")
+    assert [(s.speaker_id, s.split) for s in main] == [
+        (s.speaker_id, s.split) for s in make_speakers(0, addon, "hey jarvis")
+    ]
 
 
 def test_a_streams_add_on_holds_test_or_val_streams_only() -> None:

@@ -30,8 +30,13 @@ acoustic simulator) and unseen voices (`DIR/unseen`). Per condition and device t
 An event is a score at or above the threshold at least 1 s (`REFRACTORY_S`) after the
 previous event, the rule wakefl's streaming detector applies; the same for every detector.
 
+`--recordings WAV...` scores single recordings instead (a sentence holding the phrase, a
+near miss): each detector's highest score on each, streamed whole after faint noise, and
+whether it reaches the detector's threshold.
+
     python -m wakefl.tools.bench.peers --wakefl run/best.safetensors --corpus DIR \\
         [--held-out-acoustics DIR] [--json peers.json]
+    python -m wakefl.tools.bench.peers --wakefl M.safetensors --recordings *.wav [--json F]
 """
 
 from __future__ import annotations
@@ -287,6 +292,30 @@ def _describe_corpus(folder: Path) -> dict[str, Any]:
     return out
 
 
+def score_recordings(dets: list[Detector], paths: list[Path]) -> dict[str, Any]:
+    """Each recording (one utterance: a sentence holding the phrase, or a near miss) streamed
+    whole through each detector, with `LEAD_S` of faint noise before it and `AFTER_S` after,
+    so that every detector's streaming state is warm when the speech starts: its highest
+    score and whether that reaches the detector's shipped threshold."""
+    import librosa
+
+    noise = np.random.default_rng(0).standard_normal(int((LEAD_S + AFTER_S) * SAMPLE_RATE))
+    noise = (noise * 3e-4).astype(np.float32)  # -70 dBFS: nothing a detector could hear
+    lead = int(LEAD_S * SAMPLE_RATE)
+    out: dict[str, Any] = {}
+    for path in paths:
+        try:
+            wave, _ = librosa.load(str(path), sr=SAMPLE_RATE, mono=True)
+        except Exception as exc:  # noqa: BLE001 - any decoder failure is the file's
+            raise ConfigError(f"cannot decode {path}: {exc}") from None
+        padded = to_int16(np.concatenate([noise[:lead], wave, noise[lead:]]))
+        out[path.name] = {}
+        for d in dets:
+            top = float(np.max(d.track(padded).scores, initial=0.0))
+            out[path.name][d.name] = {"max_score": top, "detected": top >= d.threshold}
+    return out
+
+
 def _conditions(args: argparse.Namespace) -> dict[str, Path | None]:
     """Each condition's corpus folder (None: not given). `--corpus DIR` stands for the held-out
     speakers of DIR and, when DIR/unseen exists, its unseen voices."""
@@ -320,7 +349,11 @@ def _detectors(args: argparse.Namespace, tmp: Path) -> list[Detector]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import tempfile
 
-    conditions = _conditions(args)
+    if args.recordings and any(
+        (args.corpus, args.held_out_speakers, args.held_out_acoustics, args.unseen_voices)
+    ):
+        raise ConfigError("--recordings scores recordings instead of the conditions: give one")
+    conditions = {} if args.recordings else _conditions(args)
     result: dict[str, Any] = {
         "fa_per_hour_target": FA_TARGET,
         "refractory_s": REFRACTORY_S,
@@ -333,6 +366,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["detectors"] = {d.name: {"threshold": d.threshold, "hop_s": d.hop_s} for d in dets}
         if args.wakefl is not None:
             result["detectors"]["wakefl"].update(_wakefl_identity(args.wakefl))
+        if args.recordings:
+            result["recordings"] = score_recordings(dets, args.recordings)
+            return result
         result["conditions"] = {}
         for name, folder in conditions.items():
             if folder is None:
@@ -412,6 +448,18 @@ def format_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def format_recordings(result: dict[str, Any]) -> str:
+    names = list(result["detectors"])
+    lines = [
+        "recording | "
+        + " | ".join(f"{n} ({result['detectors'][n]['threshold']:.4g})" for n in names)
+    ]
+    for rec, by in result["recordings"].items():
+        cells = [f"{by[n]['max_score']:.3f}{' fires' if by[n]['detected'] else ''}" for n in names]
+        lines.append(f"{rec} | " + " | ".join(cells))
+    return "\n".join(lines)
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     try:
         out = json.loads(path.read_text(encoding="utf-8"))
@@ -449,6 +497,14 @@ def main(argv: list[str] | None = None) -> int:
         help="a build of the phrase by the second acoustic simulator",
     )
     p.add_argument("--unseen-voices", type=Path, default=None, metavar="DIR")
+    p.add_argument(
+        "--recordings",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="WAV",
+        help="instead of the conditions: each recording's highest score per detector",
+    )
     p.add_argument("--max-clips", type=int, default=None, help="the first N clips per device type")
     p.add_argument("--max-stream-seconds", type=float, default=None)
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
@@ -470,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    print(format_table(result))
+    print(format_recordings(result) if "recordings" in result else format_table(result))
     return 0
 
 

@@ -306,6 +306,12 @@ PROFILES["pretrain-confusables"] = _confusables_addon("pretrain", "pretrain-conf
 PROFILES["pretrain-confusables-micro"] = _confusables_addon(
     "pretrain-micro", "pretrain-confusables-micro", 4, 3
 )
+# The same for the compact corpus (build it with that corpus's seed and phrase): about
+# 1,650 training clips. For a phrase other than "hey nova" its pool adds the near-rhymes
+# written from the phrase's spelling (`addon_confusables`).
+PROFILES["pretrain-compact-confusables"] = _confusables_addon(
+    "pretrain-compact", "pretrain-compact-confusables", 150, 8
+)
 
 
 def _acoustics_addon(
@@ -464,6 +470,66 @@ def texts_for(profile: CorpusProfile, phrase: str) -> tuple[tuple[str, ...], tup
             confusables = tuple(dict.fromkeys(confusables + PRETRAIN_CONFUSABLES))
         others = tuple(dict.fromkeys(others + PRETRAIN_OTHER_SPEECH))
     return confusables, others
+
+
+# Near-rhymes of any wake phrase, written from its spelling. "hey nova" has near-rhymes
+# written by hand (above); another phrase gets only confusables made of its own words
+# (`confusables_for`), and a model trained on those learns "the first word, then
+# anything": a "hey jarvis" model trained that way fired on "hey java", "hey harvest" and
+# "hey travis" (MODEL_CARD.md). The synthesisers read a spelling by their letter-to-sound
+# rules, so changing letters of the last word changes its sounds.
+# Onsets put before the last word's rhyme: single consonants and a few clusters.
+NEAR_RHYME_ONSETS = ("b", "c", "d", "g", "h", "l", "m", "n", "p", "r", "s", "t", "tr", "st", "bl")
+# Words said where the phrase's first word is.
+NEAR_RHYME_LEADS = ("okay", "play", "hay", "a", "the", "say")
+_VOWELS = "aeiou"
+
+
+def _first_vowel(word: str) -> int:
+    """Index of the first vowel letter of `word` (a leading 'y' is a consonant, a later one
+    a vowel); len(word) when it has none."""
+    for i, ch in enumerate(word):
+        if ch in _VOWELS or (ch == "y" and i > 0):
+            return i
+    return len(word)
+
+
+def near_rhymes(phrase: str) -> tuple[str, ...]:
+    """Phrases that sound close to `phrase` without being it, in a fixed order: the last
+    word with another onset, with another vowel in its first syllable, the phrase with
+    another first word, and the last word cut after its first syllable. None equals the
+    phrase or holds it (cut to a window, such a negative could hold a whole positive)."""
+    words = phrase.lower().split()
+    if not words:
+        return ()
+    *head, last = words
+    v = _first_vowel(last)
+    out: list[str] = []
+    if v < len(last):
+        out += [" ".join([*head, onset + last[v:]]) for onset in NEAR_RHYME_ONSETS]
+        out += [" ".join([*head, last[:v] + x + last[v + 1 :]]) for x in _VOWELS if x != last[v]]
+        if v + 2 < len(last):  # its first vowel and one consonant: "jarvis" -> "jar"
+            out.append(" ".join([*head, last[: v + 2]]))
+    if head:
+        # not a spelling of the same word ("ok" and "okay"): that would be the phrase itself
+        first = words[0]
+        out += [
+            " ".join([lead, *words[1:]])
+            for lead in NEAR_RHYME_LEADS
+            if not (lead.startswith(first) or first.startswith(lead))
+        ]
+    whole = " ".join(words)
+    return tuple(p for p in dict.fromkeys(out) if p != whole and whole not in p)
+
+
+def addon_confusables(profile: CorpusProfile, phrase: str) -> tuple[str, ...]:
+    """The pool a confusables add-on's speakers draw their new confusables from: the
+    profile's confusables, and for a phrase without near-rhymes written by hand ("hey
+    nova" has them) the near-rhymes written from its spelling (`near_rhymes`)."""
+    confusables, _ = texts_for(profile, phrase)
+    if phrase.strip().lower() == "hey nova":
+        return confusables
+    return tuple(dict.fromkeys(confusables + near_rhymes(phrase)))
 
 
 def clip_counts(profile: CorpusProfile) -> dict[str, dict[str, int]]:

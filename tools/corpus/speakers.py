@@ -17,6 +17,7 @@ from wakefl.tools.corpus.plan import (
     SPLITS,
     CorpusProfile,
     Speaker,
+    addon_confusables,
     allocate,
     confusables_for,
     texts_for,
@@ -179,7 +180,7 @@ def _with_new_confusables(
 ) -> list[Speaker]:
     """Each speaker with `profile.new_confusables` confusables it was not given, drawn from
     a generator of their own, so the speakers' voices and splits are the base draw's."""
-    confusables, _ = texts_for(profile, phrase)
+    confusables = addon_confusables(profile, phrase)
     rng = np.random.default_rng([seed, 9005])
     out = []
     for s in speakers:
