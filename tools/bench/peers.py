@@ -51,8 +51,9 @@ from typing import Any
 
 import numpy as np
 
+from wakefl.edge_runtime.audio_input import load_audio
 from wakefl.edge_runtime.detection_rule import count_events, refractory_hops
-from wakefl.errors import ConfigError, WakeflError
+from wakefl.errors import AudioError, ConfigError, WakeflError
 from wakefl.tools.bench.detection_scoring import SplitScores, frr_at_fa, lowest_threshold
 from wakefl.tools.bench.peer_detectors import (
     SAMPLE_RATE,
@@ -297,17 +298,15 @@ def score_recordings(dets: list[Detector], paths: list[Path]) -> dict[str, Any]:
     whole through each detector, with `LEAD_S` of faint noise before it and `AFTER_S` after,
     so that every detector's streaming state is warm when the speech starts: its highest
     score and whether that reaches the detector's shipped threshold."""
-    import librosa
-
     noise = np.random.default_rng(0).standard_normal(int((LEAD_S + AFTER_S) * SAMPLE_RATE))
     noise = (noise * 3e-4).astype(np.float32)  # -70 dBFS: nothing a detector could hear
     lead = int(LEAD_S * SAMPLE_RATE)
     out: dict[str, Any] = {}
     for path in paths:
-        try:
-            wave, _ = librosa.load(str(path), sr=SAMPLE_RATE, mono=True)
-        except Exception as exc:  # noqa: BLE001 - any decoder failure is the file's
-            raise ConfigError(f"cannot decode {path}: {exc}") from None
+        try:  # the edge runtime's decoder: the recording is heard as `wakefl edge detect` hears it
+            wave = load_audio(path, SAMPLE_RATE)
+        except AudioError as exc:
+            raise ConfigError(f"cannot decode {exc}") from None
         padded = to_int16(np.concatenate([noise[:lead], wave, noise[lead:]]))
         out[path.name] = {}
         for d in dets:
