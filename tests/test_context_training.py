@@ -18,7 +18,7 @@ from wakefl.models.kws_cnn import KwsCnn, ModelConfig, load_model, save_model
 from wakefl.tools.training.data import load_pretrain_data, make_batch
 from wakefl.tools.training.pretrain import pretrain
 from wakefl.tools.training.settings import BEST, LAST, STATE_WEIGHTS, model_config
-from wakefl.tools.training.window_cache import WindowCache
+from wakefl.tools.training.window_cache import WindowCache, render_settings
 
 pytestmark = pytest.mark.slow
 
@@ -54,6 +54,22 @@ def test_context_speech_changes_some_windows_deterministically(corpus: Path) -> 
     np.testing.assert_array_equal(a, b)
     changed = [not np.allclose(x, y) for x, y in zip(plain, a, strict=True)]
     assert 0 < sum(changed) < len(changed)
+
+
+def test_low_snr_noise_changes_only_the_windows_given_noise_and_names_its_cache(
+    corpus: Path,
+) -> None:
+    data = load_pretrain_data(corpus, 24000, 6.0, progress=False)
+    plain = make_batch(data, 5, SETTINGS)[0]
+    low = dataclasses.replace(SETTINGS, noise_snr_floor=-5.0)
+    a, b = make_batch(data, 5, low)[0], make_batch(data, 5, low)[0]
+    np.testing.assert_array_equal(a, b)
+    changed = [not np.array_equal(x, y) for x, y in zip(plain, a, strict=True)]
+    # Only the background's level moves (the same draws otherwise): about half the windows.
+    assert 0 < sum(changed) < len(changed)
+    frontend: dict[str, str] = {}
+    assert "noise_snr_floor" not in render_settings(SETTINGS, corpus, [], frontend)
+    assert render_settings(low, corpus, [], frontend)["noise_snr_floor"] == -5.0
 
 
 def test_a_version_2_run_starts_from_version_1_weights_over_a_window_cache(

@@ -555,6 +555,12 @@ def test_mining_and_warp_resume_equals_uninterrupted_run(corpus: Path, tmp_path:
         ["--field-augment", "nan"],
         ["--speech-backgrounds", "-0.1"],
         ["--speech-backgrounds", "nan"],
+        ["--noise-snr-floor", "nan"],
+        ["--noise-snr-floor", "-40"],
+        ["--noise-snr-floor", "30"],
+        ["--logit-margin", "-1"],
+        ["--logit-margin", "nan"],
+        ["--logit-margin", "40"],
         ["--val-corpus", "no-such-corpus/manifest.csv"],
     ],
 )

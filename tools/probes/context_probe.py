@@ -180,7 +180,7 @@ def miss_breakdown(
     }
 
 
-def _model_arg(text: str) -> tuple[str, tuple[Path, float | None]]:
+def model_arg(text: str) -> tuple[str, tuple[Path, float | None]]:
     """LABEL=WEIGHTS or LABEL=pretrained:NAME, with @THRESHOLD to score at that threshold."""
     label, sep, where = text.partition("=")
     if not sep or not label:
@@ -204,12 +204,14 @@ def _model_arg(text: str) -> tuple[str, tuple[Path, float | None]]:
     return label, (path, threshold)
 
 
-def _card_threshold(path: Path) -> float:
+def card_threshold(path: Path) -> float:
     from wakefl.models.kws_cnn.pretrained import card_beside
 
     card = card_beside(path)
     if card is None or "threshold" not in card:
-        raise ConfigError(f"{path}: no card with a threshold beside it; give --fa-streams")
+        raise ConfigError(
+            f"{path}: no card with a threshold beside it; give one as LABEL=WEIGHTS@T (or --fa-streams)"
+        )
     return float(card["threshold"])
 
 
@@ -236,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         raise ConfigError(f"--speakers must be 1-{MAX_SPEAKERS}, got {args.speakers}")
     if not 0.0 <= args.fa_per_hour <= 100.0:
         raise ConfigError(f"--fa-per-hour must be in [0, 100], got {args.fa_per_hour}")
-    models = dict(_model_arg(m) for m in args.model)
+    models = dict(model_arg(m) for m in args.model)
     from wakefl.tools.evaluation.model_scoring import TorchScorer
 
     recordings = probe_recordings(args.speakers, args.seed)
@@ -249,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
             thr, hours = stream_threshold(scorer, args.fa_streams, args.fa_per_hour)
             source = f"<= {args.fa_per_hour:g} FA/h on {hours:.2f} h of held-out streams"
         else:
-            thr, source = _card_threshold(path), "its card"
+            thr, source = card_threshold(path), "its card"
         peaks = recording_scores(scorer, recordings)
         detected = peaks >= thr
         results[label] = {

@@ -319,7 +319,7 @@ def make_batch(data: PretrainData, step: int, s: PretrainSettings) -> tuple[np.n
     labels[: plan.n_pos] = 1
     for i in range(s.batch_size):
         src, speaker = _source(data, i, plan, rng, s.balance_by)
-        out[i] = augment_window(src, int(labels[i]), rng, data.bank)
+        out[i] = augment_window(src, int(labels[i]), rng, data.bank, s.augment_settings())
         # Each drawn only when asked for, so runs without them keep their batches.
         if s.context_speech > 0 and rng.random() < s.context_speech:
             floor = snr_floor(step / s.total_steps)

@@ -41,6 +41,7 @@ from wakefl.errors import ConfigError
 from wakefl.progress_bars import bar_disabled
 from wakefl.tools.training.checkpoints import load_state, save_best, save_last, save_state
 from wakefl.tools.training.data import PretrainData, batch_stream, load_pretrain_data
+from wakefl.tools.training.logit_margin import logit_margin_loss
 from wakefl.tools.training.settings import (
     BALANCE_KEYS,
     HISTORY,
@@ -205,6 +206,8 @@ def train_step(
     feats = augmented_log_mel(model, x.to(s.device), gen, s.spec_masks, s.mel_warp, s.time_warp)
     logits = model.classify(feats)
     loss = F.cross_entropy(logits, y.to(s.device))
+    if s.logit_margin > 0:
+        loss = loss + logit_margin_loss(logits, y.to(s.device), s.logit_margin)
     if teacher is not None and s.distill_weight > 0:
         # The teacher's frontend is the student's (load_teacher checks), so it is given the
         # very same augmented view rather than computing it again.

@@ -206,6 +206,24 @@ def _add_pretrain_context_options(pre: argparse.ArgumentParser) -> None:
         "outside the foreground or over it, -5 to 15 dB (default 0)",
     )
     pre.add_argument(
+        "--logit-margin",
+        type=float,
+        default=0.0,
+        metavar="M",
+        help="add a hinge asking each phrase window for a logit difference of at least M and "
+        "each other window for at most -M (e.g. 6: score 0.9975), where cross-entropy barely "
+        "pulls a phrase that scores 0.98 under a threshold of 0.99; 0 = off",
+    )
+    pre.add_argument(
+        "--noise-snr-floor",
+        type=float,
+        default=None,
+        metavar="DB",
+        help="draw the background noise (music, alarms, coloured noise) at DB to 30 dB of "
+        "the foreground's active speech instead of 3 to 30 dB over the whole window, e.g. -5 "
+        "(the held-out acoustics' fans and babble reach -3 dB)",
+    )
+    pre.add_argument(
         "--field-preset",
         choices=("default", "context"),
         default="default",

@@ -12,6 +12,13 @@ from wakefl.errors import ConfigError
 from wakefl.models.kws_cnn.config import V1_CHOICES, ModelConfig
 from wakefl.tools.acoustics.field_acoustics import FieldAugmentSettings
 from wakefl.tools.augmentation.time_warp import MAX_WARP
+from wakefl.tools.augmentation.wave_augment import (
+    DEFAULT_AUGMENT,
+    NOISE_SNR_TOP_DB,
+    AugmentSettings,
+    low_snr_augment,
+)
+from wakefl.tools.training.logit_margin import MAX_MARGIN
 
 STATE_WEIGHTS = "state.safetensors"
 STATE_INFO = "state.json"
@@ -24,6 +31,8 @@ HISTORY = "history.jsonl"
 WIDEN_NOISE = 0.02
 # What `balance_by` may group training clips by.
 BALANCE_KEYS = ("device_type", "engine")
+# Below -20 dB of active speech the phrase is gone: a window labelled positive would lie.
+NOISE_SNR_FLOOR_RANGE = (-20.0, NOISE_SNR_TOP_DB)
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,10 @@ class PretrainSettings:
     distill_from: str = ""
     distill_weight: float = 0.0
     distill_temperature: float = 2.0
+    # A hinge on the window's logit beside cross-entropy (tools/training/logit_margin.py):
+    # positives asked for a logit difference of at least this, negatives at most its
+    # negative; 0 = off.
+    logit_margin: float = 0.0
     # Share of the training windows also passed through the second acoustic simulation's
     # training stages (tools/acoustics/field_acoustics.py field_augment: image-source rooms apart from
     # the held-out ones, noise suppression, AGC, clipping, a narrowband link, a coarse
@@ -83,6 +96,9 @@ class PretrainSettings:
     # narrowband link, clipping and coarse converters rarely (they cost CPU and the held-out
     # figures barely move with them).
     field_preset: str = "default"
+    # The background stage's (wave_augment.py) lowest ratio in dB of the foreground's active
+    # speech, drawn up to 30 dB; None: the shipped models' 3-30 dB over the whole window.
+    noise_snr_floor: float | None = None
     # The model: "v1" (every shipped model) or "v2" (ModelConfig.context_robust), with
     # optional overrides of its choices, e.g. "v2,gain_norm=none" (an ablation).
     arch: str = "v1"
@@ -113,6 +129,11 @@ class PretrainSettings:
 
     def field_settings(self) -> FieldAugmentSettings:
         return FIELD_PRESETS[self.field_preset]
+
+    def augment_settings(self) -> AugmentSettings:
+        if self.noise_snr_floor is None:
+            return DEFAULT_AUGMENT
+        return low_snr_augment(self.noise_snr_floor)
 
     def model_config(self) -> ModelConfig:
         """The run's model configuration, from `arch` and `width`."""
@@ -202,6 +223,14 @@ def _check_augmentation(args: argparse.Namespace) -> None:
     ):
         if not 0.0 <= share <= 1.0:
             raise ConfigError(f"{flag} must be in [0, 1], got {share}")
+    if not 0.0 <= args.logit_margin <= MAX_MARGIN:
+        raise ConfigError(f"--logit-margin must be in [0, {MAX_MARGIN:g}], got {args.logit_margin}")
+    floor = args.noise_snr_floor
+    if floor is not None and not NOISE_SNR_FLOOR_RANGE[0] <= floor < NOISE_SNR_TOP_DB:
+        raise ConfigError(
+            f"--noise-snr-floor must be in [{NOISE_SNR_FLOOR_RANGE[0]:g}, "
+            f"{NOISE_SNR_TOP_DB:g}) dB, got {floor}"
+        )
 
 
 def settings_from_flags(args: argparse.Namespace) -> PretrainSettings:
@@ -253,6 +282,8 @@ def settings_from_flags(args: argparse.Namespace) -> PretrainSettings:
         speech_backgrounds=args.speech_backgrounds,
         context_speech=args.context_speech,
         field_preset=args.field_preset,
+        noise_snr_floor=args.noise_snr_floor,
+        logit_margin=args.logit_margin,
         arch=args.arch,
         window_cache=str(args.window_cache) if args.window_cache is not None else "",
         cache_windows=args.cache_windows,

@@ -47,12 +47,16 @@ def render_settings(
 ) -> dict[str, Any]:
     """What the windows of a cache depend on: compared before a cache is reused."""
     d = {**dataclasses.asdict(s), "samples": s.cache_windows}
-    return {
+    out = {
         "frontend": frontend,
         "corpus": str(manifest.resolve()),
         "extra": [str(p.resolve()) for p in extra],
         **{k: d[k] for k in RENDER_KEYS},
     }
+    # Named only when set, so the caches rendered before it existed stay reusable.
+    if s.noise_snr_floor is not None:
+        out["noise_snr_floor"] = s.noise_snr_floor
+    return out
 
 
 def _chunk(folder: Path, k: int) -> Path:

@@ -1,0 +1,61 @@
+"""The babble-fit probe on a real corpus and the shipped `small`: phrases it fits clean lose
+score under babble 0 dB over them, the same windows for every model and run, and absurd
+arguments are refused before any audio is decoded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from wakefl.errors import ConfigError
+from wakefl.tools.probes import babble_fit
+
+pytestmark = pytest.mark.slow
+
+
+def test_babble_over_the_phrase_lowers_the_score_of_a_trained_model(
+    pretrain_micro_corpus: Path, tmp_path: Path, capsys
+) -> None:
+    args = ["--corpus", str(pretrain_micro_corpus), "--clips", "8", "--ratios", "0"]
+    args += ["--profile", "pretrain-micro", "--model", "small=pretrained:small"]
+    args += ["--model", "strict=pretrained:small@0.999"]
+    assert babble_fit.main([*args, "--json", str(tmp_path / "a.json")]) == 0
+    out = capsys.readouterr().out
+    assert "| train, training babble 0 dB |" in out and "| test, probe babble 0 dB |" in out
+    result = json.loads((tmp_path / "a.json").read_text())
+    sets = result["models"]["small"]["sets"]
+    assert len(sets) == 2 + 2 * len(babble_fit.KINDS)
+    for split in ("train", "test"):
+        clean = sets[f"{split}, clean"]["median"]
+        assert sets[f"{split}, training babble 0 dB"]["median"] < clean
+        assert sets[f"{split}, probe babble 0 dB"]["median"] < clean
+    # One set of windows for every model: a stricter threshold detects no more of any.
+    strict = result["models"]["strict"]["sets"]
+    for name, row in sets.items():
+        assert strict[name]["median"] == row["median"]
+        assert strict[name]["detected"] <= row["detected"]
+    # And for every run.
+    assert babble_fit.main([*args, "--json", str(tmp_path / "b.json")]) == 0
+    assert json.loads((tmp_path / "b.json").read_text()) == result
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--clips", "0"],
+        ["--ratios", "100"],
+        ["--ratios", "nan"],
+        ["--model", "x=no-such.safetensors"],
+    ],
+)
+def test_absurd_arguments_are_refused(extra, pretrain_micro_corpus: Path) -> None:
+    args = ["--corpus", str(pretrain_micro_corpus), "--model", "small=pretrained:small", *extra]
+    with pytest.raises(ConfigError):
+        babble_fit.main(args)
+
+
+def test_a_folder_without_a_manifest_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="manifest"):
+        babble_fit.main(["--corpus", str(tmp_path), "--model", "small=pretrained:small"])

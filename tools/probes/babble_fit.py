@@ -1,0 +1,203 @@
+"""Does a model miss the phrase under other speech because it never fit that, or because
+what it fit does not carry over? One window per wake-phrase clip of a corpus, as the
+manifest has it (the training simulator's rooms and devices), scored clean and with babble
+over the whole window at an active-speech ratio (tools/augmentation/context_speech.py):
+
+- training's babble: talkers and babble cut from the corpus's own training negatives
+  (tools/augmentation/speech_backgrounds.py, what `--context-speech` and
+  `--speech-backgrounds` mix in);
+- the context probe's babble: 4-8 of the held-out speakers' voices at once
+  (field_acoustics.babble of their sentences, as tools/probes/context_conditions.py makes it).
+
+Training-split phrases under training's babble are what training saw: if they are missed
+there, the model has not fit it. Test-split phrases under the probe's babble are what it
+never saw. Each row: the share of windows at or above the model's threshold, and the median
+score.
+
+    python -m wakefl.tools.probes.babble_fit --corpus corpus-pretrain \\
+        --model full=pretrained:full [--model leg=run/last.safetensors@0.99] \\
+        [--clips 150] [--ratios 10 5 0] [--json fit.json]
+
+`--profile` and `--seed` name the corpus's recipe, whose held-out speakers speak the probe's
+babble (the pretraining corpus's defaults)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from wakefl.errors import ConfigError
+from wakefl.tools.probes.context_probe import card_threshold, model_arg
+
+MAX_CLIPS = 2000  # per split: 2,000 windows at 7 ratios is a few minutes of `full`
+BABBLE_VOICES = 6  # held-out speakers whose sentences make the probe's babble
+KINDS = ("training", "probe")
+
+
+def phrase_windows(corpus: Path, split: str, clips: int, n: int, seed: int) -> np.ndarray:
+    """[clips, n] windows of `split`'s wake-phrase clips (a seeded draw), each centred."""
+    from wakefl.edge_runtime import load_audio
+    from wakefl.sdk.manifest import read_manifest
+    from wakefl.tools.augmentation.wave_augment import fit_window
+
+    rows = [
+        r
+        for r in read_manifest(corpus / "manifest.csv")
+        if r.split == split and r.label == 1 and r.kind == "clip"
+    ]
+    if not rows:
+        raise ConfigError(f"{corpus}: no wake-phrase clips in its {split} split")
+    rng = np.random.default_rng([seed, 7071])
+    pick = rng.choice(len(rows), min(clips, len(rows)), replace=False)
+    return np.stack([fit_window(load_audio(corpus / rows[i].path, 16000), n, rng) for i in pick])
+
+
+def training_negatives(corpus: Path, n: int, seed: int, count: int = 400) -> np.ndarray:
+    """[count, n] windows of the training split's negative clips: training's babble source."""
+    from wakefl.edge_runtime import load_audio
+    from wakefl.sdk.manifest import read_manifest
+    from wakefl.tools.augmentation.wave_augment import fit_window
+
+    rows = [
+        r
+        for r in read_manifest(corpus / "manifest.csv")
+        if r.split == "train" and r.label == 0 and r.kind == "clip"
+    ]
+    if not rows:
+        raise ConfigError(f"{corpus}: no negative clips in its train split to make babble of")
+    rng = np.random.default_rng([seed, 7072])
+    pick = rng.choice(len(rows), min(count, len(rows)), replace=False)
+    return np.stack([fit_window(load_audio(corpus / rows[i].path, 16000), n, rng) for i in pick])
+
+
+def probe_babble_speech(profile: str, seed: int, phrase: str) -> list[np.ndarray]:
+    """Sentences of the recipe's held-out speakers, dry: the probe's babble source."""
+    from wakefl.tools.corpus.plan import OTHER_SPEECH, PROFILES
+    from wakefl.tools.corpus.speakers import make_pretrain_speakers
+    from wakefl.tools.corpus.speech_synthesis import synthesize
+
+    if profile not in PROFILES:
+        raise ConfigError(f"no corpus profile {profile!r}")
+    pool = [s for s in make_pretrain_speakers(seed, PROFILES[profile], phrase) if s.split == "test"]
+    if not pool:
+        raise ConfigError(f"{profile} with seed {seed} has no held-out speakers")
+    return [synthesize(s.voice, t) for s in pool[:BABBLE_VOICES] for t in OTHER_SPEECH[:3]]
+
+
+def under_babble(
+    windows: np.ndarray, kind: str, snr_db: float, sources: dict[str, Any], seed: int
+) -> np.ndarray:
+    """`windows` with babble of `kind` over the whole window at `snr_db` below the phrase's
+    active speech; the same draws for every model."""
+    from wakefl.tools.acoustics.field_acoustics import babble
+    from wakefl.tools.augmentation.context_speech import around
+
+    rng = np.random.default_rng([seed, 7073, KINDS.index(kind), int(round(snr_db * 10))])
+    n = windows.shape[1]
+    out = np.empty_like(windows)
+    for i, w in enumerate(windows):
+        if kind == "training":
+            bank = sources["training"].babble
+            bg = bank[int(rng.integers(len(bank)))]
+        else:
+            bg = babble(rng, 2 * n, sources["probe"])
+        start = int(rng.integers(0, bg.size - n + 1))
+        out[i] = around(w, np.asarray(bg[start : start + n], np.float32), "over", snr_db)
+    return out
+
+
+def fit_rows(
+    scorer: Any, sets: dict[str, np.ndarray], threshold: float
+) -> dict[str, dict[str, float]]:
+    """Share at or above `threshold` and median score of each named set of windows."""
+    from wakefl.tools.evaluation.model_scoring import score_windows
+
+    out = {}
+    for name, x in sets.items():
+        s = score_windows(scorer, x, progress=False)
+        out[name] = {"detected": float(np.mean(s >= threshold)), "median": float(np.median(s))}
+    return out
+
+
+def window_sets(args: argparse.Namespace, n: int) -> dict[str, np.ndarray]:
+    """Every (split, babble kind, ratio) set of windows, clean sets first."""
+    from wakefl.tools.augmentation.speech_backgrounds import SpeechBackgrounds
+
+    neg = training_negatives(args.corpus, n, args.seed)
+    sources = {
+        "training": SpeechBackgrounds.make(neg, args.seed, n_each=16, seconds=2 * n / 16000),
+        "probe": probe_babble_speech(args.profile, args.seed, args.phrase),
+    }
+    sets: dict[str, np.ndarray] = {}
+    clean = {s: phrase_windows(args.corpus, s, args.clips, n, args.seed) for s in ("train", "test")}
+    for split, x in clean.items():
+        sets[f"{split}, clean"] = x
+    for split, x in clean.items():
+        for kind in KINDS:
+            for snr in args.ratios:
+                sets[f"{split}, {kind} babble {snr:g} dB"] = under_babble(
+                    x, kind, snr, sources, args.seed
+                )
+    return sets
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument(
+        "--corpus",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="a corpus folder or its manifest.csv",
+    )
+    ap.add_argument("--model", action="append", required=True, metavar="LABEL=WEIGHTS[@T]")
+    ap.add_argument("--clips", type=int, default=150, help="phrase clips per split")
+    ap.add_argument("--ratios", type=float, nargs="+", default=[10.0, 5.0, 0.0], metavar="DB")
+    ap.add_argument("--profile", default="pretrain")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--phrase", default="hey nova")
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+    if not 1 <= args.clips <= MAX_CLIPS:
+        raise ConfigError(f"--clips must be 1-{MAX_CLIPS}, got {args.clips}")
+    if not all(-20.0 <= r <= 40.0 for r in args.ratios):
+        raise ConfigError(f"--ratios must be in [-20, 40] dB, got {args.ratios}")
+    if args.corpus.name == "manifest.csv":  # the manifest itself names its folder
+        args.corpus = args.corpus.parent
+    if not (args.corpus / "manifest.csv").is_file():
+        raise ConfigError(f"--corpus {args.corpus}: no manifest.csv")
+    models = dict(model_arg(m) for m in args.model)
+    from wakefl.tools.evaluation.model_scoring import TorchScorer
+
+    scorers = {label: TorchScorer(path) for label, (path, _) in models.items()}
+    sets = window_sets(args, next(iter(scorers.values())).window_samples)
+    results: dict[str, dict[str, Any]] = {}
+    for label, (path, given) in models.items():
+        thr = given if given is not None else card_threshold(path)
+        results[label] = {"threshold": thr, "sets": fit_rows(scorers[label], sets, thr)}
+    print(f"babble fit: {args.clips} phrase clips per split of {args.corpus}")
+    print(
+        "| windows | "
+        + " | ".join(f"{k} ({r['threshold']:.4f})" for k, r in results.items())
+        + " |"
+    )
+    print("|---|" + "---|" * len(results))
+    for name in sets:
+        cells = [
+            f"{100 * r['sets'][name]['detected']:.1f} % ({r['sets'][name]['median']:.3f})"
+            for r in results.values()
+        ]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    if args.json is not None:
+        args.json.write_text(json.dumps({"clips": args.clips, "models": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    from wakefl.tools.script_errors import run_script
+
+    raise SystemExit(run_script(main, __file__))
