@@ -94,7 +94,8 @@ def test_speech_over_the_window_sits_at_the_drawn_ratio(voices):
 def test_background_noise_sits_at_the_drawn_ratio_of_active_speech(voices):
     """`--noise-snr-floor` sets the noise stage on the phrase's active speech, as the held-out
     conditions are set; over the whole window (the shipped models' training) the pauses
-    dilute the phrase, so the same drawn ratio is several dB kinder to it."""
+    dilute the phrase, so the same drawn ratio is kinder to it (for this phrase in
+    silence, by more than 3 dB)."""
     window, _ = voices
     bank = AugmentBank.make(0, n_each=2, seconds=2.0)
     plain = dict(speed_prob=0.0, shift_pos_s=0.0, rir_prob=0.0, background_prob=1.0)
