@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,40 +39,25 @@ BABBLE_VOICES = 6  # held-out speakers whose sentences make the probe's babble
 KINDS = ("training", "probe")
 
 
-def phrase_windows(corpus: Path, split: str, clips: int, n: int, seed: int) -> np.ndarray:
-    """[clips, n] windows of `split`'s wake-phrase clips (a seeded draw), each centred."""
-    from wakefl.edge_runtime import load_audio
+def clip_windows(
+    corpus: Path, split: str, label: int, count: int, n: int, draw: Sequence[int]
+) -> np.ndarray:
+    """[count, n] windows of `split`'s clips with `label` (at most all of them), picked by a
+    generator seeded with `draw` and decoded as every scorer decodes clips
+    (model_scoring.load_clip_windows)."""
     from wakefl.sdk.manifest import read_manifest
-    from wakefl.tools.augmentation.wave_augment import fit_window
+    from wakefl.tools.evaluation.model_scoring import load_clip_windows
 
     rows = [
         r
         for r in read_manifest(corpus / "manifest.csv")
-        if r.split == split and r.label == 1 and r.kind == "clip"
+        if r.split == split and r.label == label and r.kind == "clip"
     ]
     if not rows:
-        raise ConfigError(f"{corpus}: no wake-phrase clips in its {split} split")
-    rng = np.random.default_rng([seed, 7071])
-    pick = rng.choice(len(rows), min(clips, len(rows)), replace=False)
-    return np.stack([fit_window(load_audio(corpus / rows[i].path, 16000), n, rng) for i in pick])
-
-
-def training_negatives(corpus: Path, n: int, seed: int, count: int = 400) -> np.ndarray:
-    """[count, n] windows of the training split's negative clips: training's babble source."""
-    from wakefl.edge_runtime import load_audio
-    from wakefl.sdk.manifest import read_manifest
-    from wakefl.tools.augmentation.wave_augment import fit_window
-
-    rows = [
-        r
-        for r in read_manifest(corpus / "manifest.csv")
-        if r.split == "train" and r.label == 0 and r.kind == "clip"
-    ]
-    if not rows:
-        raise ConfigError(f"{corpus}: no negative clips in its train split to make babble of")
-    rng = np.random.default_rng([seed, 7072])
-    pick = rng.choice(len(rows), min(count, len(rows)), replace=False)
-    return np.stack([fit_window(load_audio(corpus / rows[i].path, 16000), n, rng) for i in pick])
+        what = "wake-phrase" if label == 1 else "negative"
+        raise ConfigError(f"{corpus}: no {what} clips in its {split} split")
+    pick = np.random.default_rng(list(draw)).choice(len(rows), min(count, len(rows)), replace=False)
+    return load_clip_windows([rows[i] for i in pick], corpus, 16000, n, progress=False)
 
 
 def probe_babble_speech(profile: str, seed: int, phrase: str) -> list[np.ndarray]:
@@ -127,13 +113,17 @@ def window_sets(args: argparse.Namespace, n: int) -> dict[str, np.ndarray]:
     """Every (split, babble kind, ratio) set of windows, clean sets first."""
     from wakefl.tools.augmentation.speech_backgrounds import SpeechBackgrounds
 
-    neg = training_negatives(args.corpus, n, args.seed)
+    # Training's babble is cut from 400 of the training split's negative clips.
+    neg = clip_windows(args.corpus, "train", 0, 400, n, [args.seed, 7072])
     sources = {
         "training": SpeechBackgrounds.make(neg, args.seed, n_each=16, seconds=2 * n / 16000),
         "probe": probe_babble_speech(args.profile, args.seed, args.phrase),
     }
     sets: dict[str, np.ndarray] = {}
-    clean = {s: phrase_windows(args.corpus, s, args.clips, n, args.seed) for s in ("train", "test")}
+    clean = {
+        s: clip_windows(args.corpus, s, 1, args.clips, n, [args.seed, 7071])
+        for s in ("train", "test")
+    }
     for split, x in clean.items():
         sets[f"{split}, clean"] = x
     for split, x in clean.items():
@@ -173,12 +163,17 @@ def main(argv: list[str] | None = None) -> int:
     models = dict(model_arg(m) for m in args.model)
     from wakefl.tools.evaluation.model_scoring import TorchScorer
 
+    # Every model's threshold before any audio is decoded: a missing card fails at once.
+    thresholds = {
+        label: given if given is not None else card_threshold(path)
+        for label, (path, given) in models.items()
+    }
     scorers = {label: TorchScorer(path) for label, (path, _) in models.items()}
     sets = window_sets(args, next(iter(scorers.values())).window_samples)
-    results: dict[str, dict[str, Any]] = {}
-    for label, (path, given) in models.items():
-        thr = given if given is not None else card_threshold(path)
-        results[label] = {"threshold": thr, "sets": fit_rows(scorers[label], sets, thr)}
+    results: dict[str, dict[str, Any]] = {
+        label: {"threshold": thr, "sets": fit_rows(scorers[label], sets, thr)}
+        for label, thr in thresholds.items()
+    }
     print(f"babble fit: {args.clips} phrase clips per split of {args.corpus}")
     print(
         "| windows | "

@@ -317,9 +317,10 @@ def make_batch(data: PretrainData, step: int, s: PretrainSettings) -> tuple[np.n
     out = np.empty((s.batch_size, data.window), np.float32)
     labels = np.zeros(s.batch_size, np.int64)
     labels[: plan.n_pos] = 1
+    augment = s.augment_settings()
     for i in range(s.batch_size):
         src, speaker = _source(data, i, plan, rng, s.balance_by)
-        out[i] = augment_window(src, int(labels[i]), rng, data.bank, s.augment_settings())
+        out[i] = augment_window(src, int(labels[i]), rng, data.bank, augment)
         # Each drawn only when asked for, so runs without them keep their batches.
         if s.context_speech > 0 and rng.random() < s.context_speech:
             floor = snr_floor(step / s.total_steps)

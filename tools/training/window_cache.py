@@ -40,6 +40,9 @@ RENDER_KEYS = (
     "context_speech",
     "samples",
 )
+# Settings added after caches were rendered without them: named only when set (not None),
+# so those caches stay reusable by runs that leave them unset.
+LATER_RENDER_KEYS = ("noise_snr_floor",)
 
 
 def render_settings(
@@ -53,9 +56,7 @@ def render_settings(
         "extra": [str(p.resolve()) for p in extra],
         **{k: d[k] for k in RENDER_KEYS},
     }
-    # Named only when set, so the caches rendered before it existed stay reusable.
-    if s.noise_snr_floor is not None:
-        out["noise_snr_floor"] = s.noise_snr_floor
+    out.update({k: d[k] for k in LATER_RENDER_KEYS if d[k] is not None})
     return out
 
 
