@@ -26,7 +26,7 @@ def test_babble_over_the_phrase_lowers_the_score_of_a_trained_model(
     assert "| train, training babble 0 dB |" in out and "| test, probe babble 0 dB |" in out
     result = json.loads((tmp_path / "a.json").read_text())
     sets = result["models"]["small"]["sets"]
-    assert len(sets) == 2 + 2 * len(babble_fit.KINDS)
+    assert len(sets) == 2 + 2 * len(babble_fit.DEFAULT_KINDS)
     for split in ("train", "test"):
         clean = sets[f"{split}, clean"]["median"]
         assert sets[f"{split}, training babble 0 dB"]["median"] < clean
@@ -39,6 +39,24 @@ def test_babble_over_the_phrase_lowers_the_score_of_a_trained_model(
     # And for every run.
     assert babble_fit.main([*args, "--json", str(tmp_path / "b.json")]) == 0
     assert json.loads((tmp_path / "b.json").read_text()) == result
+
+
+def test_babble_of_everyday_speech_and_of_near_rhymes_are_cut_from_their_own_clips(
+    pretrain_micro_corpus: Path, tmp_path: Path
+) -> None:
+    args = ["--corpus", str(pretrain_micro_corpus), "--clips", "6", "--ratios", "0", "5"]
+    args += ["--profile", "pretrain-micro", "--model", "small=pretrained:small"]
+    args += ["--kinds", "training", "everyday", "near-rhyme", "--json", str(tmp_path / "k.json")]
+    assert babble_fit.main(args) == 0
+    sets = json.loads((tmp_path / "k.json").read_text())["models"]["small"]["sets"]
+    assert not any("probe" in name for name in sets)
+    for kind in ("training", "everyday", "near-rhyme"):
+        assert sets[f"train, {kind} babble 0 dB"]["median"] < sets["train, clean"]["median"]
+    # Three babbles made from different clips: three sets of scores.
+    medians = {
+        sets[f"test, {k} babble 0 dB"]["median"] for k in ("training", "everyday", "near-rhyme")
+    }
+    assert len(medians) == 3
 
 
 @pytest.mark.parametrize(
@@ -54,6 +72,12 @@ def test_absurd_arguments_are_refused(extra, pretrain_micro_corpus: Path) -> Non
     args = ["--corpus", str(pretrain_micro_corpus), "--model", "small=pretrained:small", *extra]
     with pytest.raises(ConfigError):
         babble_fit.main(args)
+
+
+def test_an_unknown_babble_kind_is_refused(pretrain_micro_corpus: Path) -> None:
+    args = ["--corpus", str(pretrain_micro_corpus), "--model", "small=pretrained:small"]
+    with pytest.raises(SystemExit):
+        babble_fit.main([*args, "--kinds", "whispers"])
 
 
 def test_a_folder_without_a_manifest_is_refused(tmp_path: Path) -> None:

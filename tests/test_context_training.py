@@ -72,6 +72,39 @@ def test_low_snr_noise_changes_only_the_windows_given_noise_and_names_its_cache(
     assert render_settings(low, corpus, [], frontend)["noise_snr_floor"] == -5.0
 
 
+def test_everyday_speech_source_keeps_near_rhymes_out_of_other_speech(corpus: Path) -> None:
+    from wakefl.tools.corpus.plan import clip_content
+    from wakefl.tools.training.data import speech_source
+
+    data = load_pretrain_data(corpus, 24000, 6.0, progress=False)
+    # The contents come from the corpus's own file names: its negatives hold both kinds.
+    assert {"conf", "other"} <= set(data.neg_content) and len(data.neg_content) == len(data.neg)
+    from wakefl.sdk.manifest import read_manifest
+
+    rows = [r for r in read_manifest(corpus) if r.kind == "clip"]
+    rows = [r for r in rows if r.split == "train" and r.label == 0]
+    assert list(data.neg_content) == [clip_content(r.path) for r in rows]
+    assert speech_source(data, "negatives") is data.neg
+    before = {k: v.copy() for k, v in data.neg_by_speaker.items()}
+    kept = speech_source(data, "everyday")
+    everyday = data.neg_content == "other"
+    np.testing.assert_array_equal(kept, data.neg[everyday])
+    # A speaker goes on with their own everyday sentences only.
+    for name, idx in data.neg_by_speaker.items():
+        assert idx.size and (data.neg_content[idx] == "other").all()
+        assert set(idx) == {i for i in before[name] if everyday[i]}
+    data.neg_content = np.full(len(data.neg), "conf", dtype=object)
+    with pytest.raises(ConfigError, match="everyday"):
+        speech_source(data, "everyday")
+
+
+def test_the_speech_source_names_a_cache_only_when_it_is_everyday(corpus: Path) -> None:
+    frontend: dict[str, str] = {}
+    everyday = dataclasses.replace(SETTINGS, speech_source="everyday")
+    assert "speech_source" not in render_settings(SETTINGS, corpus, [], frontend)
+    assert render_settings(everyday, corpus, [], frontend)["speech_source"] == "everyday"
+
+
 def test_a_version_2_run_starts_from_version_1_weights_over_a_window_cache(
     corpus: Path, tmp_path: Path
 ) -> None:

@@ -158,3 +158,21 @@ def test_each_stream_has_a_transcript_of_what_is_said_when(tiny_corpus: Path) ->
                 spoken[int(u.start_s * sr) : int(u.end_s * sr)] = True
             louder.append(np.mean(x[spoken] ** 2) > 2 * np.mean(x[~spoken] ** 2))
     assert louder and all(louder)
+
+
+def test_a_clip_name_records_its_content(tiny_corpus: Path) -> None:
+    from wakefl.tools.corpus.plan import POSITIVE_CONTENTS, clip_content
+
+    rows = [r for r in read_manifest(tiny_corpus) if r.kind == "clip"]
+    contents = [clip_content(r.path) for r in rows]
+    assert {"pos", "conf", "other"} <= set(contents)
+    assert [int(c in POSITIVE_CONTENTS) for c in contents] == [r.label for r in rows]
+    # Names this recipe did not give (an imported recording, a stream, a look-alike) say nothing.
+    for path in (
+        "clips/A/train/000012_kitchen_other.wav",
+        "clips/A/train/B_train_00001_other.wav",
+        "clips/A/train/A_train_00001_whisper.wav",
+        "streams/A_stream_000.wav",
+    ):
+        assert clip_content(path) == ""
+    assert clip_content("clips/A/train/A_train_00001_conf_run.wav") == "conf_run"

@@ -91,7 +91,7 @@ def _render_clips(
     rows: list[ManifestRow] = []
     for r in tqdm(recipes, desc=desc, unit="clip", disable=bar_disabled(progress)):
         wave, speaker_id = render_clip(ctx, r)
-        rel = f"clips/{r.device_type}/{r.split}/{r.device_type}_{r.split}_{r.index:05d}_{r.content}.wav"
+        rel = r.path
         write_wav(out / rel, wave)
         rows.append(
             ManifestRow(rel, int(r.content in POSITIVE_CONTENTS), r.device_type, r.state, speaker_id, r.split,

@@ -176,7 +176,7 @@ def _render(field: _Field, recipes: list[ClipRecipe], streams: dict[str, int], o
         recipes, desc="clips (field acoustics)", unit="clip", disable=bar_disabled(progress)
     ):
         wave, speaker_id = render_field_clip(field, r)
-        rel = f"clips/{r.device_type}/{r.split}/{r.device_type}_{r.split}_{r.index:05d}_{r.content}.wav"
+        rel = r.path
         write_wav(out / rel, wave)
         rows.append(
             ManifestRow(rel, int(r.content == "pos"), r.device_type, r.state, speaker_id, r.split,

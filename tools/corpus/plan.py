@@ -5,6 +5,7 @@ drawn in `voices`, the speakers (and the fleet's users) in `speakers`."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -418,6 +419,22 @@ class ClipRecipe:
     index: int  # position within (device type, split)
     content: str  # pos / conf / other / bg
     state: str
+
+    @property
+    def path(self) -> str:
+        """The clip's file, relative to its manifest: its file name records its content."""
+        d, sp = self.device_type, self.split
+        return f"clips/{d}/{sp}/{d}_{sp}_{self.index:05d}_{self.content}.wav"
+
+
+_CLIP_NAME = re.compile(r"clips/(\w+)/(\w+)/\1_\2_\d{5}_(?P<content>[a-z_]+)\.wav")
+
+
+def clip_content(path: str) -> str:
+    """The content (`_ALL_CONTENTS`) that a built clip's manifest path records, or "" for a
+    clip this recipe did not name (an imported recording)."""
+    m = _CLIP_NAME.fullmatch(path.replace("\\", "/"))
+    return m["content"] if m and m["content"] in _ALL_CONTENTS else ""
 
 
 def phrase_variants(phrase: str) -> tuple[str, ...]:

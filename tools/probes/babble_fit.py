@@ -7,7 +7,9 @@ over the whole window at an active-speech ratio (tools/augmentation/context_spee
   (tools/augmentation/speech_backgrounds.py, what `--context-speech` and
   `--speech-backgrounds` mix in);
 - the context probe's babble: 4-8 of the held-out speakers' voices at once
-  (field_acoustics.babble of their sentences, as tools/probes/context_conditions.py makes it).
+  (field_acoustics.babble of their sentences, as tools/probes/context_conditions.py makes it);
+- with `--kinds`, also training's babble cut from its everyday speech only, or from its
+  near-rhymes of the phrase only: does what the babble says matter, or only that it is speech?
 
 Training-split phrases under training's babble are what training saw: if they are missed
 there, the model has not fit it. Test-split phrases under the probe's babble are what it
@@ -16,7 +18,8 @@ score.
 
     python -m wakefl.tools.probes.babble_fit --corpus corpus-pretrain \\
         --model full=pretrained:full [--model leg=run/last.safetensors@0.99] \\
-        [--clips 150] [--ratios 10 5 0] [--json fit.json]
+        [--clips 150] [--ratios 10 5 0] [--kinds training everyday near-rhyme probe] \\
+        [--json fit.json]
 
 `--profile` and `--seed` name the corpus's recipe, whose held-out speakers speak the probe's
 babble (the pretraining corpus's defaults)."""
@@ -36,25 +39,40 @@ from wakefl.tools.probes.context_probe import card_threshold, model_arg
 
 MAX_CLIPS = 2000  # per split: 2,000 windows at 7 ratios is a few minutes of `full`
 BABBLE_VOICES = 6  # held-out speakers whose sentences make the probe's babble
-KINDS = ("training", "probe")
+# Babble kinds: training's from all the training negatives (what `--context-speech` mixes
+# in), from their everyday speech only or their near-rhymes only (what `--speech-source`
+# chooses between; tools/training/data.py speech_source), and the context probe's.
+KINDS = ("training", "everyday", "near-rhyme", "probe")
+# The training negatives each of training's kinds cuts its talkers from (plan.clip_content).
+NEGATIVE_CONTENTS = {"training": None, "everyday": ("other",), "near-rhyme": ("conf",)}
+DEFAULT_KINDS = ("training", "probe")
 
 
 def clip_windows(
-    corpus: Path, split: str, label: int, count: int, n: int, draw: Sequence[int]
+    corpus: Path,
+    split: str,
+    label: int,
+    count: int,
+    n: int,
+    draw: Sequence[int],
+    contents: Sequence[str] | None = None,
 ) -> np.ndarray:
-    """[count, n] windows of `split`'s clips with `label` (at most all of them), picked by a
-    generator seeded with `draw` and decoded as every scorer decodes clips
-    (model_scoring.load_clip_windows)."""
+    """[count, n] windows of `split`'s clips with `label` (and, when given, one of
+    `contents`: plan.clip_content), at most all of them, picked by a generator seeded with
+    `draw` and decoded as every scorer decodes clips (model_scoring.load_clip_windows)."""
     from wakefl.sdk.manifest import read_manifest
+    from wakefl.tools.corpus.plan import clip_content
     from wakefl.tools.evaluation.model_scoring import load_clip_windows
 
     rows = [
         r
         for r in read_manifest(corpus / "manifest.csv")
         if r.split == split and r.label == label and r.kind == "clip"
+        if contents is None or clip_content(r.path) in contents
     ]
     if not rows:
         what = "wake-phrase" if label == 1 else "negative"
+        what += "" if contents is None else f" ({'/'.join(contents)})"
         raise ConfigError(f"{corpus}: no {what} clips in its {split} split")
     pick = np.random.default_rng(list(draw)).choice(len(rows), min(count, len(rows)), replace=False)
     return load_clip_windows([rows[i] for i in pick], corpus, 16000, n, progress=False)
@@ -86,11 +104,11 @@ def under_babble(
     n = windows.shape[1]
     out = np.empty_like(windows)
     for i, w in enumerate(windows):
-        if kind == "training":
-            bank = sources["training"].babble
-            bg = bank[int(rng.integers(len(bank)))]
-        else:
+        if kind == "probe":
             bg = babble(rng, 2 * n, sources["probe"])
+        else:
+            bank = sources[kind].babble
+            bg = bank[int(rng.integers(len(bank)))]
         start = int(rng.integers(0, bg.size - n + 1))
         out[i] = around(w, np.asarray(bg[start : start + n], np.float32), "over", snr_db)
     return out
@@ -113,12 +131,16 @@ def window_sets(args: argparse.Namespace, n: int) -> dict[str, np.ndarray]:
     """Every (split, babble kind, ratio) set of windows, clean sets first."""
     from wakefl.tools.augmentation.speech_backgrounds import SpeechBackgrounds
 
-    # Training's babble is cut from 400 of the training split's negative clips.
-    neg = clip_windows(args.corpus, "train", 0, 400, n, [args.seed, 7072])
-    sources = {
-        "training": SpeechBackgrounds.make(neg, args.seed, n_each=16, seconds=2 * n / 16000),
-        "probe": probe_babble_speech(args.profile, args.seed, args.phrase),
-    }
+    # Training's babble is cut from 400 of the training split's negative clips (of the
+    # kind's contents).
+    sources: dict[str, Any] = {}
+    for kind in args.kinds:
+        if kind == "probe":
+            sources[kind] = probe_babble_speech(args.profile, args.seed, args.phrase)
+            continue
+        draw = [args.seed, 7072] + ([] if kind == "training" else [KINDS.index(kind)])
+        neg = clip_windows(args.corpus, "train", 0, 400, n, draw, NEGATIVE_CONTENTS[kind])
+        sources[kind] = SpeechBackgrounds.make(neg, args.seed, n_each=16, seconds=2 * n / 16000)
     sets: dict[str, np.ndarray] = {}
     clean = {
         s: clip_windows(args.corpus, s, 1, args.clips, n, [args.seed, 7071])
@@ -127,7 +149,7 @@ def window_sets(args: argparse.Namespace, n: int) -> dict[str, np.ndarray]:
     for split, x in clean.items():
         sets[f"{split}, clean"] = x
     for split, x in clean.items():
-        for kind in KINDS:
+        for kind in args.kinds:
             for snr in args.ratios:
                 sets[f"{split}, {kind} babble {snr:g} dB"] = under_babble(
                     x, kind, snr, sources, args.seed
@@ -135,7 +157,7 @@ def window_sets(args: argparse.Namespace, n: int) -> dict[str, np.ndarray]:
     return sets
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument(
         "--corpus",
@@ -147,11 +169,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", action="append", required=True, metavar="LABEL=WEIGHTS[@T]")
     ap.add_argument("--clips", type=int, default=150, help="phrase clips per split")
     ap.add_argument("--ratios", type=float, nargs="+", default=[10.0, 5.0, 0.0], metavar="DB")
+    ap.add_argument(
+        "--kinds",
+        nargs="+",
+        choices=KINDS,
+        default=list(DEFAULT_KINDS),
+        help="babble kinds: training's (from every training negative), its everyday speech "
+        "only, its near-rhymes only, the probe's (held-out speakers' sentences)",
+    )
     ap.add_argument("--profile", default="pretrain")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--phrase", default="hey nova")
     ap.add_argument("--json", type=Path, default=None)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     if not 1 <= args.clips <= MAX_CLIPS:
         raise ConfigError(f"--clips must be 1-{MAX_CLIPS}, got {args.clips}")
     if not all(-20.0 <= r <= 40.0 for r in args.ratios):

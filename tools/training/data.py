@@ -61,6 +61,9 @@ class PretrainData:
     pos_speakers: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=object))
     neg_speakers: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=object))
     neg_by_speaker: dict[str, np.ndarray] = field(default_factory=dict)
+    # What each negative holds, from its file name (plan.clip_content: "conf", "other",
+    # "bg", "conf_run"; "" when the name does not say).
+    neg_content: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=object))
 
     @property
     def window(self) -> int:
@@ -133,6 +136,7 @@ def _set_groups(data: PretrainData, rows: Sequence[tuple[Any, Path]]) -> None:
     """Group the training clips (rows with their manifest, in `pos` then `neg` order) by
     device type and by speech engine (from the speakers.csv beside each manifest; "" for a
     speaker it does not name, such as imported recordings)."""
+    from wakefl.tools.corpus.plan import clip_content
     from wakefl.tools.corpus.rendering import voice_families
 
     families = {m: voice_families(m) for m in {m for _, m in rows}}
@@ -145,11 +149,32 @@ def _set_groups(data: PretrainData, rows: Sequence[tuple[Any, Path]]) -> None:
     labels = np.array([r.label for r, _ in rows])
     data.pos_speakers = np.array([w for w, y in zip(who, labels, strict=True) if y == 1], object)
     data.neg_speakers = np.array([w for w, y in zip(who, labels, strict=True) if y == 0], object)
+    data.neg_content = np.array([clip_content(r.path) for r, _ in rows if r.label == 0], object)
     mine_by: dict[str, list[int]] = {}
     for i, name in enumerate(data.neg_speakers):
         if name:
             mine_by.setdefault(name, []).append(i)
     data.neg_by_speaker = {name: np.array(idx) for name, idx in mine_by.items()}
+
+
+def speech_source(data: PretrainData, source: str) -> np.ndarray:
+    """The negatives that other people's speech and a speaker's next words are cut from:
+    all of them ("negatives"), or only the everyday speech ("everyday": clips named
+    `*_other.wav`). Half of a corpus's spoken negatives are near-rhymes of the phrase; as
+    babble they put "nova" and "hey" behind every phrase, and after a foreground "hey" the
+    same voice going on with "nova is a star" is the phrase itself, labelled a negative.
+    Narrows `data.neg_by_speaker` to the same clips; returns the negatives kept."""
+    if source == "negatives":
+        return data.neg
+    keep = data.neg_content == "other"
+    if not keep.any():
+        raise ConfigError(
+            "--speech-source everyday: no everyday-speech negatives (clips named *_other.wav "
+            "by `wakefl corpus build`) among the training clips"
+        )
+    narrowed = {name: idx[keep[idx]] for name, idx in data.neg_by_speaker.items()}
+    data.neg_by_speaker = {name: idx for name, idx in narrowed.items() if idx.size}
+    return data.neg[keep]
 
 
 def _validation_audio(

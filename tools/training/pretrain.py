@@ -40,7 +40,12 @@ import numpy as np
 from wakefl.errors import ConfigError
 from wakefl.progress_bars import bar_disabled
 from wakefl.tools.training.checkpoints import load_state, save_best, save_last, save_state
-from wakefl.tools.training.data import PretrainData, batch_stream, load_pretrain_data
+from wakefl.tools.training.data import (
+    PretrainData,
+    batch_stream,
+    load_pretrain_data,
+    speech_source,
+)
 from wakefl.tools.training.logit_margin import logit_margin_loss
 from wakefl.tools.training.settings import (
     BALANCE_KEYS,
@@ -495,7 +500,7 @@ def _load_data(
     if s.speech_backgrounds > 0 or s.context_speech > 0:
         from wakefl.tools.augmentation.speech_backgrounds import SpeechBackgrounds
 
-        data.speech = SpeechBackgrounds.make(data.neg, s.seed)
+        data.speech = SpeechBackgrounds.make(speech_source(data, s.speech_source), s.seed)
     return data
 
 

@@ -62,6 +62,7 @@ def register_pretrain(
     _add_pretrain_run_options(pre)
     _add_pretrain_augment_options(pre)
     _add_pretrain_context_options(pre)
+    _add_pretrain_background_options(pre)
     pre.set_defaults(func=run)
 
 
@@ -215,6 +216,17 @@ def _add_pretrain_context_options(pre: argparse.ArgumentParser) -> None:
         "pulls a phrase that scores 0.98 under a threshold of 0.99; 0 = off",
     )
     pre.add_argument(
+        "--field-preset",
+        choices=("default", "context"),
+        default="default",
+        help="with --field-augment: the stages' probabilities (context: AGC in half, noise "
+        "suppression in a quarter, link, clipping and converters rarely)",
+    )
+
+
+def _add_pretrain_background_options(pre: argparse.ArgumentParser) -> None:
+    """What plays behind the foreground: the noise stage's floor, the source of other speech."""
+    pre.add_argument(
         "--noise-snr-floor",
         type=float,
         default=None,
@@ -224,9 +236,10 @@ def _add_pretrain_context_options(pre: argparse.ArgumentParser) -> None:
         "(the held-out acoustics' fans and babble reach -3 dB)",
     )
     pre.add_argument(
-        "--field-preset",
-        choices=("default", "context"),
-        default="default",
-        help="with --field-augment: the stages' probabilities (context: AGC in half, noise "
-        "suppression in a quarter, link, clipping and converters rarely)",
+        "--speech-source",
+        choices=("negatives", "everyday"),
+        default="negatives",
+        help="what --context-speech and --speech-backgrounds cut other speech from: every "
+        "training negative (half of them near-rhymes of the phrase, the shipped models' "
+        "babble) or 'everyday' speech only (clips named *_other.wav), as people talk",
     )

@@ -99,6 +99,10 @@ class PretrainSettings:
     # The background stage's (wave_augment.py) lowest ratio in dB of the foreground's active
     # speech, drawn up to 30 dB; None: the shipped models' 3-30 dB over the whole window.
     noise_snr_floor: float | None = None
+    # What the context-speech and speech-background stages cut other people's speech and a
+    # speaker's next words from: "negatives" (every training negative, near-rhymes of the
+    # phrase among them) or "everyday" (everyday speech only; data.speech_source).
+    speech_source: str = "negatives"
     # The model: "v1" (every shipped model) or "v2" (ModelConfig.context_robust), with
     # optional overrides of its choices, e.g. "v2,gain_norm=none" (an ablation).
     arch: str = "v1"
@@ -284,6 +288,7 @@ def settings_from_flags(args: argparse.Namespace) -> PretrainSettings:
         field_preset=args.field_preset,
         noise_snr_floor=args.noise_snr_floor,
         logit_margin=args.logit_margin,
+        speech_source=args.speech_source,
         arch=args.arch,
         window_cache=str(args.window_cache) if args.window_cache is not None else "",
         cache_windows=args.cache_windows,

@@ -40,9 +40,9 @@ RENDER_KEYS = (
     "context_speech",
     "samples",
 )
-# Settings added after caches were rendered without them: named only when set (not None),
-# so those caches stay reusable by runs that leave them unset.
-LATER_RENDER_KEYS = ("noise_snr_floor",)
+# Settings added after caches were rendered without them, with the value those caches had:
+# named only when a run sets another, so those caches stay reusable by runs that do not.
+LATER_RENDER_KEYS = {"noise_snr_floor": None, "speech_source": "negatives"}
 
 
 def render_settings(
@@ -56,7 +56,7 @@ def render_settings(
         "extra": [str(p.resolve()) for p in extra],
         **{k: d[k] for k in RENDER_KEYS},
     }
-    out.update({k: d[k] for k in LATER_RENDER_KEYS if d[k] is not None})
+    out.update({k: d[k] for k, was in LATER_RENDER_KEYS.items() if d[k] != was})
     return out
 
 
