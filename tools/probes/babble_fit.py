@@ -40,9 +40,10 @@ from wakefl.tools.probes.context_probe import card_threshold, model_arg
 MAX_CLIPS = 2000  # per split: 2,000 windows at 7 ratios is a few minutes of `full`
 BABBLE_VOICES = 6  # held-out speakers whose sentences make the probe's babble
 # Babble kinds: training's from all the training negatives (what `--context-speech` mixes
-# in), from their everyday speech only or their near-rhymes only (what `--speech-source`
-# chooses between; tools/training/data.py speech_source), and the context probe's.
-KINDS = ("training", "everyday", "near-rhyme", "probe")
+# in), the context probe's, and training's from its everyday speech only or its near-rhymes
+# only (what `--speech-source` chooses between; tools/training/data.py speech_source). A
+# kind's position seeds its draws: new kinds go last, so earlier fits reproduce.
+KINDS = ("training", "probe", "everyday", "near-rhyme")
 # The training negatives each of training's kinds cuts its talkers from (plan.clip_content).
 NEGATIVE_CONTENTS = {"training": None, "everyday": ("other",), "near-rhyme": ("conf",)}
 DEFAULT_KINDS = ("training", "probe")
