@@ -74,7 +74,7 @@ def test_low_snr_noise_changes_only_the_windows_given_noise_and_names_its_cache(
 
 def test_everyday_speech_source_keeps_near_rhymes_out_of_other_speech(corpus: Path) -> None:
     from wakefl.tools.corpus.plan import clip_content
-    from wakefl.tools.training.data import speech_source
+    from wakefl.tools.training.data import narrow_to_speech_source
 
     data = load_pretrain_data(corpus, 24000, 6.0, progress=False)
     # The contents come from the corpus's own file names: its negatives hold both kinds.
@@ -84,9 +84,9 @@ def test_everyday_speech_source_keeps_near_rhymes_out_of_other_speech(corpus: Pa
     rows = [r for r in read_manifest(corpus) if r.kind == "clip"]
     rows = [r for r in rows if r.split == "train" and r.label == 0]
     assert list(data.neg_content) == [clip_content(r.path) for r in rows]
-    assert speech_source(data, "negatives") is data.neg
+    assert narrow_to_speech_source(data, "negatives") is data.neg
     before = {k: v.copy() for k, v in data.neg_by_speaker.items()}
-    kept = speech_source(data, "everyday")
+    kept = narrow_to_speech_source(data, "everyday")
     everyday = data.neg_content == "other"
     np.testing.assert_array_equal(kept, data.neg[everyday])
     # A speaker goes on with their own everyday sentences only.
@@ -95,7 +95,7 @@ def test_everyday_speech_source_keeps_near_rhymes_out_of_other_speech(corpus: Pa
         assert set(idx) == {i for i in before[name] if everyday[i]}
     data.neg_content = np.full(len(data.neg), "conf", dtype=object)
     with pytest.raises(ConfigError, match="everyday"):
-        speech_source(data, "everyday")
+        narrow_to_speech_source(data, "everyday")
 
 
 def test_the_speech_source_names_a_cache_only_when_it_is_everyday(corpus: Path) -> None:

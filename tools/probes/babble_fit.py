@@ -41,8 +41,8 @@ MAX_CLIPS = 2000  # per split: 2,000 windows at 7 ratios is a few minutes of `fu
 BABBLE_VOICES = 6  # held-out speakers whose sentences make the probe's babble
 # Babble kinds: training's from all the training negatives (what `--context-speech` mixes
 # in), the context probe's, and training's from its everyday speech only or its near-rhymes
-# only (what `--speech-source` chooses between; tools/training/data.py speech_source). A
-# kind's position seeds its draws: new kinds go last, so earlier fits reproduce.
+# only (what `--speech-source` chooses between: data.py narrow_to_speech_source). A kind's
+# position seeds its draws: new kinds go last, so earlier fits reproduce.
 KINDS = ("training", "probe", "everyday", "near-rhyme")
 # The training negatives each of training's kinds cuts its talkers from (plan.clip_content).
 NEGATIVE_CONTENTS = {"training": None, "everyday": ("other",), "near-rhyme": ("conf",)}

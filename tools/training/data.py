@@ -157,13 +157,13 @@ def _set_groups(data: PretrainData, rows: Sequence[tuple[Any, Path]]) -> None:
     data.neg_by_speaker = {name: np.array(idx) for name, idx in mine_by.items()}
 
 
-def speech_source(data: PretrainData, source: str) -> np.ndarray:
-    """The negatives that other people's speech and a speaker's next words are cut from:
-    all of them ("negatives"), or only the everyday speech ("everyday": clips named
-    `*_other.wav`). Half of a corpus's spoken negatives are near-rhymes of the phrase; as
-    babble they put "nova" and "hey" behind every phrase, and after a foreground "hey" the
-    same voice going on with "nova is a star" is the phrase itself, labelled a negative.
-    Narrows `data.neg_by_speaker` to the same clips; returns the negatives kept."""
+def narrow_to_speech_source(data: PretrainData, source: str) -> np.ndarray:
+    """Narrows `data.neg_by_speaker` (a speaker's next words) to `source` and returns the
+    negatives other people's speech is cut from: all of them ("negatives"), or only the
+    everyday speech ("everyday": clips named `*_other.wav`). Half of a corpus's spoken
+    negatives are near-rhymes of the phrase; as babble they put "nova" and "hey" behind
+    every phrase, and after a foreground "hey" the same voice going on with "nova is a
+    star" is the phrase itself, labelled a negative."""
     if source == "negatives":
         return data.neg
     keep = data.neg_content == "other"

@@ -44,7 +44,7 @@ from wakefl.tools.training.data import (
     PretrainData,
     batch_stream,
     load_pretrain_data,
-    speech_source,
+    narrow_to_speech_source,
 )
 from wakefl.tools.training.logit_margin import logit_margin_loss
 from wakefl.tools.training.settings import (
@@ -500,7 +500,8 @@ def _load_data(
     if s.speech_backgrounds > 0 or s.context_speech > 0:
         from wakefl.tools.augmentation.speech_backgrounds import SpeechBackgrounds
 
-        data.speech = SpeechBackgrounds.make(speech_source(data, s.speech_source), s.seed)
+        speech = narrow_to_speech_source(data, s.speech_source)
+        data.speech = SpeechBackgrounds.make(speech, s.seed)
     return data
 
 

@@ -101,7 +101,7 @@ class PretrainSettings:
     noise_snr_floor: float | None = None
     # What the context-speech and speech-background stages cut other people's speech and a
     # speaker's next words from: "negatives" (every training negative, near-rhymes of the
-    # phrase among them) or "everyday" (everyday speech only; data.speech_source).
+    # phrase among them) or "everyday" (everyday speech only; data.narrow_to_speech_source).
     speech_source: str = "negatives"
     # The model: "v1" (every shipped model) or "v2" (ModelConfig.context_robust), with
     # optional overrides of its choices, e.g. "v2,gain_norm=none" (an ablation).
