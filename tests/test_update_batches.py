@@ -61,7 +61,7 @@ _CHILD = textwrap.dedent(
     for i in range(3):  # a first batch, recorded and acknowledged
         recorder(*update(i), acked(f"d{i}"))
     recorder.flush()
-    with session.lock:  # the next updates queue up behind a commit that waits for the lock
+    with session.commit_lock:  # the next updates queue up behind a commit waiting for it
         for i in range(3, 9):
             recorder(*update(i), acked(f"d{i}"))
     recorder.flush()
@@ -123,7 +123,7 @@ def test_a_batch_commits_once_and_refuses_what_its_round_no_longer_takes(tmp_pat
         u = M.Uplink("f", "r", dev, "t", rid, torch.ones(D), 1, {"sigma_sq": 0.1})
         return u, M.encode(u)
 
-    with session.lock:  # all four queue up before the first commit
+    with session.commit_lock:  # all four queue up before the first commit
         for key, (dev, rid) in {
             "a": ("a", 2),
             "b": ("b", 2),
