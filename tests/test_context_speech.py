@@ -140,6 +140,27 @@ def test_the_stage_is_deterministic_per_seed_and_differs_across_seeds(voices):
     assert all(np.isfinite(x).all() and x.shape == window.shape for x in runs[0])
 
 
+def test_a_window_refusing_speech_over_it_gets_the_same_draws_outside_it(voices):
+    """`over=False` (a near-rhyme negative): speech drawn to go over the window goes outside
+    the foreground instead, leaving it clean; every draw is the same, so the generator ends
+    where it would have and every other window of the batch is unchanged."""
+    window, others = voices
+    speech = SpeechBackgrounds.make(others, seed=0, n_each=2, seconds=2.0)
+    stage = ContextSpeech(lambda rng: others[int(rng.integers(2))], speech.draw)
+    start, end = active_span(window)
+    n_over = 0
+    for k in range(40):
+        ra, rb = np.random.default_rng([3, k]), np.random.default_rng([3, k])
+        a, b = stage.apply(window, ra, 0.0), stage.apply(window, rb, 0.0, over=False)
+        assert ra.random() == rb.random()  # the same draws were made
+        # Refused "over" is the one change: either the same window or a clean foreground.
+        if not np.array_equal(a, b):
+            n_over += 1
+            np.testing.assert_array_equal(b[start:end], window[start:end])
+            assert not np.array_equal(a[start:end], window[start:end])
+    assert 0 < n_over < 40
+
+
 def test_the_ratio_floor_comes_down_over_the_first_half_of_the_run():
     assert snr_floor(0.0) == 5.0
     assert snr_floor(0.25) == pytest.approx(0.0)

@@ -105,6 +105,39 @@ def test_the_speech_source_names_a_cache_only_when_it_is_everyday(corpus: Path) 
     assert render_settings(everyday, corpus, [], frontend)["speech_source"] == "everyday"
 
 
+def test_speech_stays_off_the_near_rhymes_only_and_names_its_cache(
+    corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`speech_over_near_rhymes=False` changes only near-rhyme negatives' windows (the
+    phrases and everyday negatives of the batch stay as they were) and names its cache."""
+    from wakefl.tools.augmentation.speech_backgrounds import SpeechBackgrounds
+    from wakefl.tools.training import data as data_module
+
+    data = load_pretrain_data(corpus, 24000, 6.0, progress=False)
+    data.speech = SpeechBackgrounds.make(data.neg, 0, n_each=4, seconds=3.0)
+    on = dataclasses.replace(SETTINGS, context_speech=1.0)
+    off = dataclasses.replace(on, speech_over_near_rhymes=False)
+    contents: list[str] = []
+    source = data_module._source
+
+    def noting(*args, **kwargs):  # the real draw, its window's content noted
+        out = source(*args, **kwargs)
+        contents.append(out[2])
+        return out
+
+    monkeypatch.setattr(data_module, "_source", noting)
+    changed = []
+    for step in range(6):
+        contents.clear()
+        a, b = make_batch(data, step, on)[0], make_batch(data, step, off)[0]
+        assert contents[: len(a)] == contents[len(a) :]  # the same clips drawn
+        changed += [k for x, y, k in zip(a, b, contents, strict=False) if not np.array_equal(x, y)]
+    assert changed and set(changed) <= set(data_module.NEAR_RHYMES)
+    frontend: dict[str, str] = {}
+    assert "speech_over_near_rhymes" not in render_settings(on, corpus, [], frontend)
+    assert render_settings(off, corpus, [], frontend)["speech_over_near_rhymes"] is False
+
+
 def test_a_version_2_run_starts_from_version_1_weights_over_a_window_cache(
     corpus: Path, tmp_path: Path
 ) -> None:

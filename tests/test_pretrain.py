@@ -561,6 +561,12 @@ def test_mining_and_warp_resume_equals_uninterrupted_run(corpus: Path, tmp_path:
         ["--logit-margin", "-1"],
         ["--logit-margin", "nan"],
         ["--logit-margin", "40"],
+        ["--positive-margin", "-1"],
+        ["--positive-margin", "nan"],
+        ["--logit-cap", "nan"],
+        ["--positive-margin", "6", "--logit-cap", "4"],
+        ["--logit-cap", "40"],
+        ["--speech-over-near-rhymes", "no"],
         ["--val-corpus", "no-such-corpus/manifest.csv"],
     ],
 )

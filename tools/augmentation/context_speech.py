@@ -129,9 +129,15 @@ class ContextSpeech:
     same_speaker: Callable[[np.random.Generator], np.ndarray | None]
     others: Callable[[np.random.Generator, int], np.ndarray]
 
-    def apply(self, fg: np.ndarray, rng: np.random.Generator, floor_db: float) -> np.ndarray:
-        """`fg` with speech beside or under it at a ratio in [floor_db, 15] dB."""
+    def apply(
+        self, fg: np.ndarray, rng: np.random.Generator, floor_db: float, over: bool = True
+    ) -> np.ndarray:
+        """`fg` with speech beside or under it at a ratio in [floor_db, 15] dB; with `over`
+        False, speech drawn to go over the whole window goes outside the foreground instead
+        (the same draws, so every other window of a run is unchanged)."""
         placement = PLACEMENTS[int(rng.choice(len(PLACEMENTS), p=PLACEMENT_SHARES))]
+        if placement == "over" and not over:
+            placement = "outside"
         snr = float(rng.uniform(floor_db, SNR_TOP_DB))
         if placement == "same_speaker":
             words = self.same_speaker(rng)

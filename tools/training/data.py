@@ -300,19 +300,21 @@ def _plan(data: PretrainData, s: PretrainSettings) -> _BatchPlan:
 
 def _source(
     data: PretrainData, i: int, plan: _BatchPlan, rng: np.random.Generator, balance_by: str
-) -> tuple[np.ndarray, str]:
-    """The `i`-th window's clip before augmentation, and its speaker ("" when unknown)."""
+) -> tuple[np.ndarray, str, str]:
+    """The `i`-th window's clip before augmentation, its speaker and its content
+    (plan.clip_content; "" when unknown)."""
     if i < plan.n_pos:
         k = _draw(rng, len(data.pos), data.pos_groups.get(balance_by))
-        return data.pos[k], _speaker(data.pos_speakers, k)
+        return data.pos[k], _speaker(data.pos_speakers, k), "pos"
     if data.hard is not None and i < plan.n_pos + plan.n_hard:
-        return data.hard[int(rng.integers(len(data.hard)))], ""
+        return data.hard[int(rng.integers(len(data.hard)))], "", ""
     if i < plan.n_pos + plan.n_hard + plan.n_cut:
         stream = data.train_streams[int(rng.integers(len(data.train_streams)))]
         start = int(rng.integers(0, stream.size - data.window + 1))
-        return stream[start : start + data.window], ""
+        return stream[start : start + data.window], "", ""
     k = _draw(rng, len(data.neg), data.neg_groups.get(balance_by))
-    return data.neg[k], _speaker(data.neg_speakers, k)
+    content = str(data.neg_content[k]) if k < len(data.neg_content) else ""
+    return data.neg[k], _speaker(data.neg_speakers, k), content
 
 
 def _speaker(names: np.ndarray, k: int) -> str:
@@ -332,6 +334,10 @@ def context_speech(data: PretrainData, speaker: str) -> Any:
     return ContextSpeech(same_speaker, data.speech.draw)
 
 
+# What a near-rhyme negative holds (plan.clip_content): said alone, or in running speech.
+NEAR_RHYMES = ("conf", "conf_run")
+
+
 def make_batch(data: PretrainData, step: int, s: PretrainSettings) -> tuple[np.ndarray, np.ndarray]:
     """The augmented batch of training step `step`: a pure function of (seed, step)."""
     from wakefl.tools.augmentation.context_speech import snr_floor
@@ -344,12 +350,14 @@ def make_batch(data: PretrainData, step: int, s: PretrainSettings) -> tuple[np.n
     labels[: plan.n_pos] = 1
     augment = s.augment_settings()
     for i in range(s.batch_size):
-        src, speaker = _source(data, i, plan, rng, s.balance_by)
+        src, speaker, content = _source(data, i, plan, rng, s.balance_by)
         out[i] = augment_window(src, int(labels[i]), rng, data.bank, augment)
         # Each drawn only when asked for, so runs without them keep their batches.
         if s.context_speech > 0 and rng.random() < s.context_speech:
             floor = snr_floor(step / s.total_steps)
-            out[i] = np.clip(context_speech(data, speaker).apply(out[i], rng, floor), -1, 1)
+            over = s.speech_over_near_rhymes or content not in NEAR_RHYMES
+            stage = context_speech(data, speaker)
+            out[i] = np.clip(stage.apply(out[i], rng, floor, over), -1, 1)
         if s.speech_backgrounds > 0 and rng.random() < s.speech_backgrounds:
             out[i] = np.clip(data.speech.mix(out[i], rng), -1.0, 1.0)
         if s.field_augment > 0 and rng.random() < s.field_augment:

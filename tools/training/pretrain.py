@@ -46,7 +46,7 @@ from wakefl.tools.training.data import (
     load_pretrain_data,
     narrow_to_speech_source,
 )
-from wakefl.tools.training.logit_margin import logit_margin_loss
+from wakefl.tools.training.logit_margin import logit_margin_loss, positive_margin_loss
 from wakefl.tools.training.settings import (
     BALANCE_KEYS,
     HISTORY,
@@ -213,6 +213,8 @@ def train_step(
     loss = F.cross_entropy(logits, y.to(s.device))
     if s.logit_margin > 0:
         loss = loss + logit_margin_loss(logits, y.to(s.device), s.logit_margin)
+    if s.positive_margin > 0 or s.logit_cap > 0:
+        loss = loss + positive_margin_loss(logits, y.to(s.device), s.positive_margin, s.logit_cap)
     if teacher is not None and s.distill_weight > 0:
         # The teacher's frontend is the student's (load_teacher checks), so it is given the
         # very same augmented view rather than computing it again.

@@ -63,6 +63,7 @@ def register_pretrain(
     _add_pretrain_augment_options(pre)
     _add_pretrain_context_options(pre)
     _add_pretrain_background_options(pre)
+    _add_pretrain_hinge_options(pre)
     pre.set_defaults(func=run)
 
 
@@ -207,15 +208,6 @@ def _add_pretrain_context_options(pre: argparse.ArgumentParser) -> None:
         "outside the foreground or over it, -5 to 15 dB (default 0)",
     )
     pre.add_argument(
-        "--logit-margin",
-        type=float,
-        default=0.0,
-        metavar="M",
-        help="add a hinge asking each phrase window for a logit difference of at least M and "
-        "each other window for at most -M (e.g. 6: score 0.9975), where cross-entropy barely "
-        "pulls a phrase that scores 0.98 under a threshold of 0.99; 0 = off",
-    )
-    pre.add_argument(
         "--field-preset",
         choices=("default", "context"),
         default="default",
@@ -225,7 +217,8 @@ def _add_pretrain_context_options(pre: argparse.ArgumentParser) -> None:
 
 
 def _add_pretrain_background_options(pre: argparse.ArgumentParser) -> None:
-    """What plays behind the foreground: the noise stage's floor, the source of other speech."""
+    """What plays behind the foreground: the noise stage's floor, the source of other speech
+    and the windows it may go over."""
     pre.add_argument(
         "--noise-snr-floor",
         type=float,
@@ -242,4 +235,42 @@ def _add_pretrain_background_options(pre: argparse.ArgumentParser) -> None:
         help="what --context-speech and --speech-backgrounds cut other speech from: every "
         "training negative (half of them near-rhymes of the phrase, the shipped models' "
         "babble) or 'everyday' speech only (clips named *_other.wav), as people talk",
+    )
+    pre.add_argument(
+        "--speech-over-near-rhymes",
+        choices=("yes", "no"),
+        default="yes",
+        help="with --context-speech: 'no' puts other speech beside a near-rhyme negative "
+        "('hey noah') but never over it, so a phrase under babble is not taught to be doubted "
+        "by near-rhymes under the same babble",
+    )
+
+
+def _add_pretrain_hinge_options(pre: argparse.ArgumentParser) -> None:
+    """Hinges on the window's logit beside cross-entropy (tools/training/logit_margin.py)."""
+    pre.add_argument(
+        "--logit-margin",
+        type=float,
+        default=0.0,
+        metavar="M",
+        help="add a hinge asking each phrase window for a logit difference of at least M and "
+        "each other window for at most -M (e.g. 6: score 0.9975), where cross-entropy barely "
+        "pulls a phrase that scores 0.98 under a threshold of 0.99; 0 = off",
+    )
+    pre.add_argument(
+        "--positive-margin",
+        type=float,
+        default=0.0,
+        metavar="M",
+        help="the bounded hinge: ask each phrase window scoring above 0.5 for a logit "
+        "difference of at least M (6: score 0.9975), leaving negatives and buried phrases to "
+        "cross-entropy; 0 = off",
+    )
+    pre.add_argument(
+        "--logit-cap",
+        type=float,
+        default=0.0,
+        metavar="C",
+        help="penalize any window's logit difference above C (above --positive-margin; 9: "
+        "score 0.99988), so the top scores stay apart in float32; 0 = off",
     )

@@ -76,6 +76,11 @@ class PretrainSettings:
     # positives asked for a logit difference of at least this, negatives at most its
     # negative; 0 = off.
     logit_margin: float = 0.0
+    # The bounded hinge (logit_margin.positive_margin_loss): phrases scoring above 0.5 asked
+    # for a logit difference of at least `positive_margin`, every window's held under
+    # `logit_cap`; 0 = off.
+    positive_margin: float = 0.0
+    logit_cap: float = 0.0
     # Share of the training windows also passed through the second acoustic simulation's
     # training stages (tools/acoustics/field_acoustics.py field_augment: image-source rooms apart from
     # the held-out ones, noise suppression, AGC, clipping, a narrowband link, a coarse
@@ -103,6 +108,11 @@ class PretrainSettings:
     # speaker's next words from: "negatives" (every training negative, near-rhymes of the
     # phrase among them) or "everyday" (everyday speech only; data.narrow_to_speech_source).
     speech_source: str = "negatives"
+    # False: the context-speech stage puts no speech over a near-rhyme negative (beside it
+    # instead). Under babble at 0-5 dB "hey noah" and "hey nova" sound alike, so a model
+    # taught that a near-rhyme under babble is not the phrase learns to doubt every phrase
+    # under babble, where a real room holds far fewer near-rhymes than phrases.
+    speech_over_near_rhymes: bool = True
     # The model: "v1" (every shipped model) or "v2" (ModelConfig.context_robust), with
     # optional overrides of its choices, e.g. "v2,gain_norm=none" (an ablation).
     arch: str = "v1"
@@ -229,11 +239,26 @@ def _check_augmentation(args: argparse.Namespace) -> None:
             raise ConfigError(f"{flag} must be in [0, 1], got {share}")
     if not 0.0 <= args.logit_margin <= MAX_MARGIN:
         raise ConfigError(f"--logit-margin must be in [0, {MAX_MARGIN:g}], got {args.logit_margin}")
+    _check_positive_margin(args.positive_margin, args.logit_cap)
+    if args.speech_over_near_rhymes == "no" and args.context_speech == 0:
+        raise ConfigError(
+            "--speech-over-near-rhymes no applies to --context-speech windows; set it"
+        )
     floor = args.noise_snr_floor
     if floor is not None and not NOISE_SNR_FLOOR_RANGE[0] <= floor < NOISE_SNR_TOP_DB:
         raise ConfigError(
             f"--noise-snr-floor must be in [{NOISE_SNR_FLOOR_RANGE[0]:g}, "
             f"{NOISE_SNR_TOP_DB:g}) dB, got {floor}"
+        )
+
+
+def _check_positive_margin(margin: float, cap: float) -> None:
+    if not 0.0 <= margin <= MAX_MARGIN:
+        raise ConfigError(f"--positive-margin must be in [0, {MAX_MARGIN:g}], got {margin}")
+    if not (cap == 0.0 or margin < cap <= MAX_MARGIN):
+        raise ConfigError(
+            f"--logit-cap must be 0 (off) or in ({margin:g}, {MAX_MARGIN:g}] "
+            f"(above --positive-margin), got {cap}"
         )
 
 
@@ -288,7 +313,10 @@ def settings_from_flags(args: argparse.Namespace) -> PretrainSettings:
         field_preset=args.field_preset,
         noise_snr_floor=args.noise_snr_floor,
         logit_margin=args.logit_margin,
+        positive_margin=args.positive_margin,
+        logit_cap=args.logit_cap,
         speech_source=args.speech_source,
+        speech_over_near_rhymes=args.speech_over_near_rhymes == "yes",
         arch=args.arch,
         window_cache=str(args.window_cache) if args.window_cache is not None else "",
         cache_windows=args.cache_windows,

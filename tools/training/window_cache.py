@@ -42,7 +42,11 @@ RENDER_KEYS = (
 )
 # Settings added after caches were rendered without them, with the value those caches had:
 # named only when a run sets another, so those caches stay reusable by runs that do not.
-LATER_RENDER_KEYS = {"noise_snr_floor": None, "speech_source": "negatives"}
+LATER_RENDER_KEYS = {
+    "noise_snr_floor": None,
+    "speech_source": "negatives",
+    "speech_over_near_rhymes": True,
+}
 
 
 def render_settings(
