@@ -111,6 +111,7 @@ def test_speech_stays_off_the_near_rhymes_only_and_names_its_cache(
     """`speech_over_near_rhymes=False` changes only near-rhyme negatives' windows (the
     phrases and everyday negatives of the batch stay as they were) and names its cache."""
     from wakefl.tools.augmentation.speech_backgrounds import SpeechBackgrounds
+    from wakefl.tools.corpus.plan import NEAR_RHYME_CONTENTS
     from wakefl.tools.training import data as data_module
 
     data = load_pretrain_data(corpus, 24000, 6.0, progress=False)
@@ -132,7 +133,7 @@ def test_speech_stays_off_the_near_rhymes_only_and_names_its_cache(
         a, b = make_batch(data, step, on)[0], make_batch(data, step, off)[0]
         assert contents[: len(a)] == contents[len(a) :]  # the same clips drawn
         changed += [k for x, y, k in zip(a, b, contents, strict=False) if not np.array_equal(x, y)]
-    assert changed and set(changed) <= set(data_module.NEAR_RHYMES)
+    assert changed and set(changed) <= set(NEAR_RHYME_CONTENTS)
     frontend: dict[str, str] = {}
     assert "speech_over_near_rhymes" not in render_settings(on, corpus, [], frontend)
     assert render_settings(off, corpus, [], frontend)["speech_over_near_rhymes"] is False

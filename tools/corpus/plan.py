@@ -26,6 +26,8 @@ CONTENT_SHARE = {
 }  # fmt: skip
 # The contents whose clips are labelled wake phrase.
 POSITIVE_CONTENTS = ("pos", "pos_run")
+# The contents whose clips hold a near-rhyme of the phrase: said alone, or in running speech.
+NEAR_RHYME_CONTENTS = ("conf", "conf_run")
 # Short lead-ins a user may say right before the phrase, besides whole sentences.
 LEAD_IN_FILLERS = ("okay", "um", "so", "and", "oh", "right", "well", "uh")
 

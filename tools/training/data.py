@@ -334,14 +334,11 @@ def context_speech(data: PretrainData, speaker: str) -> Any:
     return ContextSpeech(same_speaker, data.speech.draw)
 
 
-# What a near-rhyme negative holds (plan.clip_content): said alone, or in running speech.
-NEAR_RHYMES = ("conf", "conf_run")
-
-
 def make_batch(data: PretrainData, step: int, s: PretrainSettings) -> tuple[np.ndarray, np.ndarray]:
     """The augmented batch of training step `step`: a pure function of (seed, step)."""
     from wakefl.tools.augmentation.context_speech import snr_floor
     from wakefl.tools.augmentation.wave_augment import augment_window
+    from wakefl.tools.corpus.plan import NEAR_RHYME_CONTENTS
 
     rng = np.random.default_rng([s.seed, 77, step])
     plan = _plan(data, s)
@@ -355,7 +352,7 @@ def make_batch(data: PretrainData, step: int, s: PretrainSettings) -> tuple[np.n
         # Each drawn only when asked for, so runs without them keep their batches.
         if s.context_speech > 0 and rng.random() < s.context_speech:
             floor = snr_floor(step / s.total_steps)
-            over = s.speech_over_near_rhymes or content not in NEAR_RHYMES
+            over = s.speech_over_near_rhymes or content not in NEAR_RHYME_CONTENTS
             stage = context_speech(data, speaker)
             out[i] = np.clip(stage.apply(out[i], rng, floor, over), -1, 1)
         if s.speech_backgrounds > 0 and rng.random() < s.speech_backgrounds:
