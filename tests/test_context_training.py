@@ -15,7 +15,12 @@ from safetensors.torch import load_file
 
 from wakefl.errors import ConfigError
 from wakefl.models.kws_cnn import KwsCnn, ModelConfig, load_model, save_model
-from wakefl.tools.training.data import load_pretrain_data, make_batch
+from wakefl.tools.training.data import (
+    STREAM_NEAR_RHYME,
+    holds_near_rhyme,
+    load_pretrain_data,
+    make_batch,
+)
 from wakefl.tools.training.pretrain import pretrain
 from wakefl.tools.training.settings import BEST, LAST, STATE_WEIGHTS, model_config
 from wakefl.tools.training.window_cache import WindowCache, render_settings
@@ -137,6 +142,63 @@ def test_speech_stays_off_the_near_rhymes_only_and_names_its_cache(
     frontend: dict[str, str] = {}
     assert "speech_over_near_rhymes" not in render_settings(on, corpus, [], frontend)
     assert render_settings(off, corpus, [], frontend)["speech_over_near_rhymes"] is False
+
+
+@pytest.mark.parametrize(
+    ("start", "held"),
+    [
+        (0, False),  # the window ends where the near-rhyme starts
+        (500, False),  # 500 of its 2,000 samples inside
+        (1000, True),  # exactly half: its first
+        (2500, True),  # all of it
+        (4000, True),  # its second half
+        (4001, False),  # less than half
+        (6000, False),  # after it
+    ],
+)
+def test_a_stream_crop_holds_a_near_rhyme_when_half_of_it_is_inside(start: int, held: bool):
+    spans = np.array([[3000, 5000]])
+    assert holds_near_rhyme(spans, start, 3000) is held
+    assert holds_near_rhyme(np.zeros((0, 2), np.int64), start, 3000) is False
+
+
+def test_speech_stays_off_stream_near_rhymes_by_their_transcripts(
+    corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`speech_over_stream_near_rhymes=False` changes only the stream crops whose stream's
+    transcript puts a near-rhyme inside them, and names its cache."""
+    from wakefl.tools.augmentation.speech_backgrounds import SpeechBackgrounds
+    from wakefl.tools.training import data as data_module
+
+    data = load_pretrain_data(corpus, 24000, 6.0, progress=False)
+    assert sum(s.shape[0] for s in data.train_stream_near_rhymes) > 0  # from the transcripts
+    assert len(data.train_stream_near_rhymes) == len(data.train_streams)
+    data.speech = SpeechBackgrounds.make(data.neg, 0, n_each=4, seconds=3.0)
+    # Every negative a stream crop: the micro streams hold three near-rhymes in a minute.
+    on = dataclasses.replace(
+        SETTINGS, context_speech=1.0, speech_over_near_rhymes=False, stream_crop_share=1.0
+    )
+    off = dataclasses.replace(on, speech_over_stream_near_rhymes=False)
+    contents: list[str] = []
+    source = data_module._source
+
+    def noting(*args, **kwargs):  # the real draw, its window's content noted
+        out = source(*args, **kwargs)
+        contents.append(out[2])
+        return out
+
+    monkeypatch.setattr(data_module, "_source", noting)
+    changed, held = [], 0
+    for step in range(12):
+        contents.clear()
+        a, b = make_batch(data, step, on)[0], make_batch(data, step, off)[0]
+        assert contents[: len(a)] == contents[len(a) :]  # the same clips drawn
+        held += contents[: len(a)].count(STREAM_NEAR_RHYME)
+        changed += [k for x, y, k in zip(a, b, contents, strict=False) if not np.array_equal(x, y)]
+    assert changed and set(changed) == {STREAM_NEAR_RHYME} and len(changed) <= held
+    frontend: dict[str, str] = {}
+    assert "speech_over_stream_near_rhymes" not in render_settings(on, corpus, [], frontend)
+    assert render_settings(off, corpus, [], frontend)["speech_over_stream_near_rhymes"] is False
 
 
 def test_a_version_2_run_starts_from_version_1_weights_over_a_window_cache(

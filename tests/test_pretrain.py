@@ -567,6 +567,7 @@ def test_mining_and_warp_resume_equals_uninterrupted_run(corpus: Path, tmp_path:
         ["--positive-margin", "6", "--logit-cap", "4"],
         ["--logit-cap", "40"],
         ["--speech-over-near-rhymes", "no"],
+        ["--speech-over-stream-near-rhymes", "no"],
         ["--val-corpus", "no-such-corpus/manifest.csv"],
     ],
 )

@@ -64,6 +64,9 @@ class PretrainData:
     # What each negative holds, from its file name (plan.clip_content: "conf", "other",
     # "bg", "conf_run"; "" when the name does not say).
     neg_content: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=object))
+    # For each of `train_streams`, the [start, end) samples of the near-rhymes its transcript
+    # (transcripts.py) records; empty for a stream without one.
+    train_stream_near_rhymes: list[np.ndarray] = field(default_factory=list)
 
     @property
     def window(self) -> int:
@@ -74,6 +77,45 @@ def _decode(path: Path) -> np.ndarray:
     from wakefl.edge_runtime import load_audio
 
     return load_audio(path, 16000)
+
+
+# The content `_source` gives a training-stream crop that holds a near-rhyme by its stream's
+# transcript (a clip's content is plan.clip_content's).
+STREAM_NEAR_RHYME = "stream_conf"
+
+
+def near_rhyme_spans(stream: Path) -> np.ndarray:
+    """The [start, end) samples (16 kHz) of the near-rhymes that the transcript beside
+    `stream` records, as an int64 [n, 2] array; empty when it has no transcript."""
+    from wakefl.tools.corpus.plan import NEAR_RHYME_CONTENTS
+    from wakefl.tools.corpus.transcripts import read_transcript
+
+    spans = [
+        (round(u.start_s * 16000), round(u.end_s * 16000))
+        for u in read_transcript(stream)
+        if u.content in NEAR_RHYME_CONTENTS
+    ]
+    return np.array(spans, dtype=np.int64).reshape(-1, 2)
+
+
+def holds_near_rhyme(spans: np.ndarray, start: int, window: int) -> bool:
+    """Whether a crop of `window` samples from `start` holds at least half of one of the
+    near-rhymes `spans` (near_rhyme_spans): enough of "hey noah" to sound like it."""
+    if spans.size == 0:
+        return False
+    inside = np.minimum(spans[:, 1], start + window) - np.maximum(spans[:, 0], start)
+    return bool(np.any(inside * 2 >= spans[:, 1] - spans[:, 0]))
+
+
+def _decode_streams(paths: list[Path], window: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The streams at `paths` at least a window long, and their near-rhyme spans."""
+    waves = [(_decode(p), p) for p in paths]
+    kept = [(w, p) for w, p in waves if w.size >= window]
+    return [w for w, _ in kept], [near_rhyme_spans(p) for _, p in kept]
+
+
+def _stream_paths(rows: list[Any], manifest: Path, split: str) -> list[Path]:
+    return [r.resolve(manifest) for r in rows if r.kind == "stream" and r.split == split]
 
 
 def _corpus_phrase(manifest: Path) -> str | None:
@@ -118,12 +160,13 @@ def _extra_rows(main: Path, extra: Path) -> list[Any]:
 
 def _extra_training_audio(
     extra: Path, rows: list[Any], window: int, progress: bool
-) -> tuple[np.ndarray, list[Any], list[np.ndarray]]:
-    """An add-on corpus's training clips (waves and their rows) and training streams."""
+) -> tuple[np.ndarray, list[Any], tuple[list[np.ndarray], list[np.ndarray]]]:
+    """An add-on corpus's training clips (waves and their rows) and training streams (with
+    their near-rhyme spans)."""
     clips = [r for r in rows if r.kind == "clip"]
     waves = _decode_clips(clips, extra, window, progress)
-    streams = [_decode(r.resolve(extra)) for r in rows if r.kind == "stream"]
-    return waves, clips, [s for s in streams if s.size >= window]
+    streams = _decode_streams([r.resolve(extra) for r in rows if r.kind == "stream"], window)
+    return waves, clips, streams
 
 
 def _groups(keys: Sequence[str]) -> list[np.ndarray]:
@@ -226,13 +269,11 @@ def load_pretrain_data(
     arr = _decode_clips(clips, manifest, window, progress)
     labels = np.array([r.label for r in clips])
     train = np.array([r.split == "train" for r in clips])
-    streams = {
-        sp: [_decode(r.resolve(manifest)) for r in rows if r.kind == "stream" and r.split == sp]
-        for sp in ("train", *val_split)
-    }
+    train_streams, train_spans = _decode_streams(_stream_paths(rows, manifest, "train"), window)
     cap = int(val_stream_seconds * 16000)
     val_clips, val_labels = arr[~train], labels[~train]
-    val_streams = [s[:cap] for s in streams.get("val", []) if s.size >= window]
+    val_paths = _stream_paths(rows, manifest, "val") if val_split else []
+    val_streams = [s[:cap] for s in map(_decode, val_paths) if s.size >= window]
     if val_manifest is not None:
         val_clips, val_labels, val_streams = _validation_audio(
             manifest, val_manifest, window, cap, progress
@@ -242,7 +283,8 @@ def load_pretrain_data(
     data = PretrainData(
         pos=arr[train & (labels == 1)],
         neg=arr[train & (labels == 0)],
-        train_streams=[s for s in streams["train"] if s.size >= window],
+        train_streams=train_streams,
+        train_stream_near_rhymes=train_spans,
         val_clips=val_clips,
         val_labels=val_labels,
         val_streams=val_streams,
@@ -264,11 +306,12 @@ def _append_extra(
 ) -> list[tuple[Any, Path]]:
     """Add an add-on corpus's training clips and streams to `data`; returns its clip rows
     with their manifest."""
-    x, more_clips, more = _extra_training_audio(path, rows, data.window, progress)
+    x, more_clips, (more, spans) = _extra_training_audio(path, rows, data.window, progress)
     y = np.array([r.label for r in more_clips])
     data.pos = np.concatenate([data.pos, x[y == 1]])
     data.neg = np.concatenate([data.neg, x[y == 0]])
     data.train_streams += more
+    data.train_stream_near_rhymes += spans
     return [(r, path) for r in more_clips]
 
 
@@ -302,16 +345,20 @@ def _source(
     data: PretrainData, i: int, plan: _BatchPlan, rng: np.random.Generator, balance_by: str
 ) -> tuple[np.ndarray, str, str]:
     """The `i`-th window's clip before augmentation, its speaker and its content
-    (plan.clip_content; "" when unknown)."""
+    (plan.clip_content; STREAM_NEAR_RHYME for a stream crop holding a near-rhyme; "" when
+    unknown)."""
     if i < plan.n_pos:
         k = _draw(rng, len(data.pos), data.pos_groups.get(balance_by))
         return data.pos[k], _speaker(data.pos_speakers, k), "pos"
     if data.hard is not None and i < plan.n_pos + plan.n_hard:
         return data.hard[int(rng.integers(len(data.hard)))], "", ""
     if i < plan.n_pos + plan.n_hard + plan.n_cut:
-        stream = data.train_streams[int(rng.integers(len(data.train_streams)))]
+        j = int(rng.integers(len(data.train_streams)))
+        stream = data.train_streams[j]
         start = int(rng.integers(0, stream.size - data.window + 1))
-        return stream[start : start + data.window], "", ""
+        spans = data.train_stream_near_rhymes
+        near = j < len(spans) and holds_near_rhyme(spans[j], start, data.window)
+        return stream[start : start + data.window], "", STREAM_NEAR_RHYME if near else ""
     k = _draw(rng, len(data.neg), data.neg_groups.get(balance_by))
     content = str(data.neg_content[k]) if k < len(data.neg_content) else ""
     return data.neg[k], _speaker(data.neg_speakers, k), content
@@ -352,7 +399,9 @@ def make_batch(data: PretrainData, step: int, s: PretrainSettings) -> tuple[np.n
         # Each drawn only when asked for, so runs without them keep their batches.
         if s.context_speech > 0 and rng.random() < s.context_speech:
             floor = snr_floor(step / s.total_steps)
-            over = s.speech_over_near_rhymes or content not in NEAR_RHYME_CONTENTS
+            over = (s.speech_over_near_rhymes or content not in NEAR_RHYME_CONTENTS) and (
+                s.speech_over_stream_near_rhymes or content != STREAM_NEAR_RHYME
+            )
             stage = context_speech(data, speaker)
             out[i] = np.clip(stage.apply(out[i], rng, floor, over), -1, 1)
         if s.speech_backgrounds > 0 and rng.random() < s.speech_backgrounds:

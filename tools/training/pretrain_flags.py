@@ -244,6 +244,13 @@ def _add_pretrain_background_options(pre: argparse.ArgumentParser) -> None:
         "('hey noah') but never over it, so a phrase under babble is not taught to be doubted "
         "by near-rhymes under the same babble",
     )
+    pre.add_argument(
+        "--speech-over-stream-near-rhymes",
+        choices=("yes", "no"),
+        default="yes",
+        help="with --context-speech: 'no' does the same for a crop of a training stream "
+        "that holds a near-rhyme by the stream's transcript",
+    )
 
 
 def _add_pretrain_hinge_options(pre: argparse.ArgumentParser) -> None:

@@ -113,6 +113,10 @@ class PretrainSettings:
     # taught that a near-rhyme under babble is not the phrase learns to doubt every phrase
     # under babble, where a real room holds far fewer near-rhymes than phrases.
     speech_over_near_rhymes: bool = True
+    # False: the same for a training-stream crop that holds most of a near-rhyme by its
+    # stream's transcript (data.holds_near_rhyme): the streams' speakers say near-rhymes
+    # as often as other sentences, and a quarter of the windows are stream crops.
+    speech_over_stream_near_rhymes: bool = True
     # The model: "v1" (every shipped model) or "v2" (ModelConfig.context_robust), with
     # optional overrides of its choices, e.g. "v2,gain_norm=none" (an ablation).
     arch: str = "v1"
@@ -240,10 +244,10 @@ def _check_augmentation(args: argparse.Namespace) -> None:
     if not 0.0 <= args.logit_margin <= MAX_MARGIN:
         raise ConfigError(f"--logit-margin must be in [0, {MAX_MARGIN:g}], got {args.logit_margin}")
     _check_positive_margin(args.positive_margin, args.logit_cap)
-    if args.speech_over_near_rhymes == "no" and args.context_speech == 0:
-        raise ConfigError(
-            "--speech-over-near-rhymes no applies to --context-speech windows; set it"
-        )
+    for flag in ("speech_over_near_rhymes", "speech_over_stream_near_rhymes"):
+        if getattr(args, flag) == "no" and args.context_speech == 0:
+            name = "--" + flag.replace("_", "-")
+            raise ConfigError(f"{name} no applies to --context-speech windows; set it")
     floor = args.noise_snr_floor
     if floor is not None and not NOISE_SNR_FLOOR_RANGE[0] <= floor < NOISE_SNR_TOP_DB:
         raise ConfigError(
@@ -262,16 +266,20 @@ def _check_positive_margin(margin: float, cap: float) -> None:
         )
 
 
-def settings_from_flags(args: argparse.Namespace) -> PretrainSettings:
-    """The run's PretrainSettings from `wakefl model pretrain`'s flags, checked."""
-    if args.samples < args.batch_size:
-        raise ConfigError("--samples must be at least one batch")
-    _check_augmentation(args)
+def _check_corpora(args: argparse.Namespace) -> None:
     for extra in args.extra_corpus:
         if not extra.is_file():
             raise ConfigError(f"--extra-corpus {extra}: no such manifest")
     if args.val_corpus is not None and not args.val_corpus.is_file():
         raise ConfigError(f"--val-corpus {args.val_corpus}: no such manifest")
+
+
+def settings_from_flags(args: argparse.Namespace) -> PretrainSettings:
+    """The run's PretrainSettings from `wakefl model pretrain`'s flags, checked."""
+    if args.samples < args.batch_size:
+        raise ConfigError("--samples must be at least one batch")
+    _check_augmentation(args)
+    _check_corpora(args)
     teacher, distill_weight, distill_temperature = distillation_from_flags(args)
     model_config(args.arch, args.width)  # refused here, before any data is decoded
     if args.window_cache is not None and (args.hard_negatives > 0 or args.cache_windows < 1):
@@ -317,6 +325,7 @@ def settings_from_flags(args: argparse.Namespace) -> PretrainSettings:
         logit_cap=args.logit_cap,
         speech_source=args.speech_source,
         speech_over_near_rhymes=args.speech_over_near_rhymes == "yes",
+        speech_over_stream_near_rhymes=args.speech_over_stream_near_rhymes == "yes",
         arch=args.arch,
         window_cache=str(args.window_cache) if args.window_cache is not None else "",
         cache_windows=args.cache_windows,

@@ -46,6 +46,7 @@ LATER_RENDER_KEYS = {
     "noise_snr_floor": None,
     "speech_source": "negatives",
     "speech_over_near_rhymes": True,
+    "speech_over_stream_near_rhymes": True,
 }
 
 
