@@ -110,19 +110,14 @@ def test_the_speech_source_names_a_cache_only_when_it_is_everyday(corpus: Path) 
     assert render_settings(everyday, corpus, [], frontend)["speech_source"] == "everyday"
 
 
-def test_speech_stays_off_the_near_rhymes_only_and_names_its_cache(
-    corpus: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`speech_over_near_rhymes=False` changes only near-rhyme negatives' windows (the
-    phrases and everyday negatives of the batch stay as they were) and names its cache."""
-    from wakefl.tools.augmentation.speech_backgrounds import SpeechBackgrounds
-    from wakefl.tools.corpus.plan import NEAR_RHYME_CONTENTS
+def _changed_windows(
+    data, on, off, steps: int, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[str], list[str]]:
+    """The contents of the windows that differ between settings `on` and `off` over the
+    first `steps` batches, and the contents of every window drawn (checked to be the same
+    clips under both)."""
     from wakefl.tools.training import data as data_module
 
-    data = load_pretrain_data(corpus, 24000, 6.0, progress=False)
-    data.speech = SpeechBackgrounds.make(data.neg, 0, n_each=4, seconds=3.0)
-    on = dataclasses.replace(SETTINGS, context_speech=1.0)
-    off = dataclasses.replace(on, speech_over_near_rhymes=False)
     contents: list[str] = []
     source = data_module._source
 
@@ -132,12 +127,30 @@ def test_speech_stays_off_the_near_rhymes_only_and_names_its_cache(
         return out
 
     monkeypatch.setattr(data_module, "_source", noting)
-    changed = []
-    for step in range(6):
+    changed: list[str] = []
+    drawn: list[str] = []
+    for step in range(steps):
         contents.clear()
         a, b = make_batch(data, step, on)[0], make_batch(data, step, off)[0]
         assert contents[: len(a)] == contents[len(a) :]  # the same clips drawn
+        drawn += contents[: len(a)]
         changed += [k for x, y, k in zip(a, b, contents, strict=False) if not np.array_equal(x, y)]
+    return changed, drawn
+
+
+def test_speech_stays_off_the_near_rhymes_only_and_names_its_cache(
+    corpus: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`speech_over_near_rhymes=False` changes only near-rhyme negatives' windows (the
+    phrases and everyday negatives of the batch stay as they were) and names its cache."""
+    from wakefl.tools.augmentation.speech_backgrounds import SpeechBackgrounds
+    from wakefl.tools.corpus.plan import NEAR_RHYME_CONTENTS
+
+    data = load_pretrain_data(corpus, 24000, 6.0, progress=False)
+    data.speech = SpeechBackgrounds.make(data.neg, 0, n_each=4, seconds=3.0)
+    on = dataclasses.replace(SETTINGS, context_speech=1.0)
+    off = dataclasses.replace(on, speech_over_near_rhymes=False)
+    changed, _ = _changed_windows(data, on, off, 6, monkeypatch)
     assert changed and set(changed) <= set(NEAR_RHYME_CONTENTS)
     frontend: dict[str, str] = {}
     assert "speech_over_near_rhymes" not in render_settings(on, corpus, [], frontend)
@@ -168,7 +181,6 @@ def test_speech_stays_off_stream_near_rhymes_by_their_transcripts(
     """`speech_over_stream_near_rhymes=False` changes only the stream crops whose stream's
     transcript puts a near-rhyme inside them, and names its cache."""
     from wakefl.tools.augmentation.speech_backgrounds import SpeechBackgrounds
-    from wakefl.tools.training import data as data_module
 
     data = load_pretrain_data(corpus, 24000, 6.0, progress=False)
     assert sum(s.shape[0] for s in data.train_stream_near_rhymes) > 0  # from the transcripts
@@ -179,22 +191,8 @@ def test_speech_stays_off_stream_near_rhymes_by_their_transcripts(
         SETTINGS, context_speech=1.0, speech_over_near_rhymes=False, stream_crop_share=1.0
     )
     off = dataclasses.replace(on, speech_over_stream_near_rhymes=False)
-    contents: list[str] = []
-    source = data_module._source
-
-    def noting(*args, **kwargs):  # the real draw, its window's content noted
-        out = source(*args, **kwargs)
-        contents.append(out[2])
-        return out
-
-    monkeypatch.setattr(data_module, "_source", noting)
-    changed, held = [], 0
-    for step in range(12):
-        contents.clear()
-        a, b = make_batch(data, step, on)[0], make_batch(data, step, off)[0]
-        assert contents[: len(a)] == contents[len(a) :]  # the same clips drawn
-        held += contents[: len(a)].count(STREAM_NEAR_RHYME)
-        changed += [k for x, y, k in zip(a, b, contents, strict=False) if not np.array_equal(x, y)]
+    changed, drawn = _changed_windows(data, on, off, 12, monkeypatch)
+    held = drawn.count(STREAM_NEAR_RHYME)
     assert changed and set(changed) == {STREAM_NEAR_RHYME} and len(changed) <= held
     frontend: dict[str, str] = {}
     assert "speech_over_stream_near_rhymes" not in render_settings(on, corpus, [], frontend)
