@@ -356,8 +356,7 @@ def _source(
         j = int(rng.integers(len(data.train_streams)))
         stream = data.train_streams[j]
         start = int(rng.integers(0, stream.size - data.window + 1))
-        spans = data.train_stream_near_rhymes
-        near = j < len(spans) and holds_near_rhyme(spans[j], start, data.window)
+        near = holds_near_rhyme(data.train_stream_near_rhymes[j], start, data.window)
         return stream[start : start + data.window], "", STREAM_NEAR_RHYME if near else ""
     k = _draw(rng, len(data.neg), data.neg_groups.get(balance_by))
     content = str(data.neg_content[k]) if k < len(data.neg_content) else ""
@@ -381,14 +380,23 @@ def context_speech(data: PretrainData, speaker: str) -> Any:
     return ContextSpeech(same_speaker, data.speech.draw)
 
 
+def _kept_clear(s: PretrainSettings) -> frozenset[str]:
+    """The window contents (_source's) that the context-speech stage puts no speech over."""
+    from wakefl.tools.corpus.plan import NEAR_RHYME_CONTENTS
+
+    clips = () if s.speech_over_near_rhymes else NEAR_RHYME_CONTENTS
+    streams = () if s.speech_over_stream_near_rhymes else (STREAM_NEAR_RHYME,)
+    return frozenset((*clips, *streams))
+
+
 def make_batch(data: PretrainData, step: int, s: PretrainSettings) -> tuple[np.ndarray, np.ndarray]:
     """The augmented batch of training step `step`: a pure function of (seed, step)."""
     from wakefl.tools.augmentation.context_speech import snr_floor
     from wakefl.tools.augmentation.wave_augment import augment_window
-    from wakefl.tools.corpus.plan import NEAR_RHYME_CONTENTS
 
     rng = np.random.default_rng([s.seed, 77, step])
     plan = _plan(data, s)
+    kept_clear = _kept_clear(s)
     out = np.empty((s.batch_size, data.window), np.float32)
     labels = np.zeros(s.batch_size, np.int64)
     labels[: plan.n_pos] = 1
@@ -399,11 +407,8 @@ def make_batch(data: PretrainData, step: int, s: PretrainSettings) -> tuple[np.n
         # Each drawn only when asked for, so runs without them keep their batches.
         if s.context_speech > 0 and rng.random() < s.context_speech:
             floor = snr_floor(step / s.total_steps)
-            over = (s.speech_over_near_rhymes or content not in NEAR_RHYME_CONTENTS) and (
-                s.speech_over_stream_near_rhymes or content != STREAM_NEAR_RHYME
-            )
             stage = context_speech(data, speaker)
-            out[i] = np.clip(stage.apply(out[i], rng, floor, over), -1, 1)
+            out[i] = np.clip(stage.apply(out[i], rng, floor, content not in kept_clear), -1, 1)
         if s.speech_backgrounds > 0 and rng.random() < s.speech_backgrounds:
             out[i] = np.clip(data.speech.mix(out[i], rng), -1.0, 1.0)
         if s.field_augment > 0 and rng.random() < s.field_augment:
