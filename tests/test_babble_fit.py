@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from wakefl.errors import ConfigError
@@ -57,6 +58,39 @@ def test_babble_of_everyday_speech_and_of_near_rhymes_are_cut_from_their_own_cli
         sets[f"test, {k} babble 0 dB"]["median"] for k in ("training", "everyday", "near-rhyme")
     }
     assert len(medians) == 3
+
+
+def test_agc_sets_score_each_phrase_through_an_agc_alone_and_after_quiet(
+    pretrain_micro_corpus: Path, tmp_path: Path
+) -> None:
+    args = ["--corpus", str(pretrain_micro_corpus), "--clips", "6", "--ratios", "0"]
+    args += ["--profile", "pretrain-micro", "--model", "small=pretrained:small", "--agc"]
+    args += ["--kinds", "training", "--json", str(tmp_path / "g.json")]
+    assert babble_fit.main(args) == 0
+    sets = json.loads((tmp_path / "g.json").read_text())["models"]["small"]["sets"]
+    assert len(sets) == 2 + 2 * 2 + 2
+    for split in ("train", "test"):
+        scores = {
+            sets[f"{split}, {name}"]["median"] for name in ("clean", "AGC", "AGC after quiet")
+        }
+        assert len(scores) == 3  # three different sets of windows
+
+
+def test_the_agc_after_quiet_starts_the_phrase_at_full_gain(pretrain_micro_corpus: Path) -> None:
+    windows = babble_fit.clip_windows(pretrain_micro_corpus.parent, "test", 1, 4, 24000, [0, 7071])
+    alone = babble_fit.through_agc(windows, after_quiet=False, seed=0)
+    after = babble_fit.through_agc(windows, after_quiet=True, seed=0)
+    assert alone.shape == after.shape == windows.shape and alone.dtype == np.float32
+    assert np.max(np.abs(after)) <= 1.0 and np.max(np.abs(alone)) <= 1.0
+
+    # After a second of room tone the gain sits at its 30 dB maximum: the first 10 ms come
+    # out about 30 dB up, louder than the same window's own AGC lets them be.
+    def first_level(x: np.ndarray) -> float:
+        return float(np.mean(10 * np.log10(np.mean(x[:, :160] ** 2, axis=1) + 1e-12)))
+
+    assert first_level(after) > first_level(windows) + 25.0
+    assert first_level(after) > first_level(alone)
+    np.testing.assert_array_equal(after, babble_fit.through_agc(windows, True, seed=0))
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,10 @@ over the whole window at an active-speech ratio (tools/augmentation/context_spee
   (field_acoustics.babble of their sentences, as tools/probes/context_conditions.py makes it);
 - with `--kinds`, also training's babble cut from its everyday speech only, or from its
   near-rhymes of the phrase only: does what the babble says matter, or only that it is speech?
+- with `--agc`, also each window through the field devices' AGC (up to 30 dB of gain, what
+  `--field-augment` applies to a share of the training windows), as training applies it (to
+  the window alone) and as the context probe's "quiet, AGC" recordings have it (after the
+  probe's second of room tone, through which the gain has risen to its maximum).
 
 Training-split phrases under training's babble are what training saw: if they are missed
 there, the model has not fit it. Test-split phrases under the probe's babble are what it
@@ -19,7 +23,7 @@ score.
     python -m wakefl.tools.probes.babble_fit --corpus corpus-pretrain \\
         --model full=pretrained:full [--model leg=run/last.safetensors@0.99] \\
         [--clips 150] [--ratios 10 5 0] [--kinds training everyday near-rhyme probe] \\
-        [--json fit.json]
+        [--agc] [--json fit.json]
 
 `--profile` and `--seed` name the corpus's recipe, whose held-out speakers speak the probe's
 babble (the pretraining corpus's defaults)."""
@@ -115,6 +119,23 @@ def under_babble(
     return out
 
 
+def through_agc(windows: np.ndarray, after_quiet: bool, seed: int) -> np.ndarray:
+    """`windows` through the field devices' AGC with up to 30 dB of gain: on each window
+    alone, or `after_quiet`, after the context probe's lead of room tone (its level and
+    length, tools/probes/context_conditions.py), cut off again; the same draws every run."""
+    from wakefl.tools.acoustics.field_acoustics import agc
+    from wakefl.tools.probes.context_conditions import LEAD_S, ROOM_TONE_DB
+
+    rng = np.random.default_rng([seed, 7074])
+    lead = int(LEAD_S * 16000) if after_quiet else 0
+    out = np.empty_like(windows)
+    for i, w in enumerate(windows):
+        tone = rng.standard_normal(lead) * 10.0 ** (ROOM_TONE_DB / 20.0)
+        x = agc(np.concatenate([tone, np.asarray(w, np.float64)]), max_gain_db=30.0)
+        out[i] = np.clip(x[lead:], -1.0, 1.0)
+    return out
+
+
 def fit_rows(
     scorer: Any, sets: dict[str, np.ndarray], threshold: float
 ) -> dict[str, dict[str, float]]:
@@ -150,6 +171,9 @@ def window_sets(args: argparse.Namespace, n: int) -> dict[str, np.ndarray]:
     for split, x in clean.items():
         sets[f"{split}, clean"] = x
     for split, x in clean.items():
+        if args.agc:
+            sets[f"{split}, AGC"] = through_agc(x, False, args.seed)
+            sets[f"{split}, AGC after quiet"] = through_agc(x, True, args.seed)
         for kind in args.kinds:
             for snr in args.ratios:
                 sets[f"{split}, {kind} babble {snr:g} dB"] = under_babble(
@@ -177,6 +201,11 @@ def _parser() -> argparse.ArgumentParser:
         default=list(DEFAULT_KINDS),
         help="babble kinds: training's (from every training negative), its everyday speech "
         "only, its near-rhymes only, the probe's (held-out speakers' sentences)",
+    )
+    ap.add_argument(
+        "--agc",
+        action="store_true",
+        help="also score each phrase window through an AGC, alone and after a second of quiet",
     )
     ap.add_argument("--profile", default="pretrain")
     ap.add_argument("--seed", type=int, default=0)
