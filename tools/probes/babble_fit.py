@@ -13,7 +13,7 @@ over the whole window at an active-speech ratio (tools/augmentation/context_spee
 - with `--agc`, also each window through the field devices' AGC (up to 30 dB of gain, what
   `--field-augment` applies to a share of the training windows), as training applies it (to
   the window alone) and as the context probe's "quiet, AGC" recordings have it (after the
-  probe's second of room tone, through which the gain has risen to its maximum).
+  probe's second of room tone, too quiet to pass the AGC's gate: the gain holds its maximum).
 
 Training-split phrases under training's babble are what training saw: if they are missed
 there, the model has not fit it. Test-split phrases under the probe's babble are what it
