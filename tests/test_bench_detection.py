@@ -128,7 +128,7 @@ def test_frr_by_voice_family_uses_the_split_threshold(tmp_path) -> None:
     assert voice_families(tmp_path / "mine" / "manifest.csv") == {}
 
 
-def test_the_validation_split_is_scored_apart_from_the_test_split(tmp_path) -> None:
+def test_the_validation_split_is_scored_apart_from_the_test_split(tmp_path, capsys) -> None:
     import soundfile as sf
 
     from wakefl.tools.bench.detection_conditions import corpus_splits
@@ -150,7 +150,11 @@ def test_the_validation_split_is_scored_apart_from_the_test_split(tmp_path) -> N
     (tmp_path / "manifest.csv").write_text("\n".join(rows) + "\n")
     scorer = EnergyScorer()
     test = score_split(scorer, tmp_path / "manifest.csv", "A", None)
-    val = score_split(scorer, tmp_path / "manifest.csv", "A", None, split="val")
+    assert capsys.readouterr().err == ""  # no label, nothing said
+    val = score_split(scorer, tmp_path / "manifest.csv", "A", None, split="val", progress="fp32 v")
+    # With a label, one line per device type reaches a log file as well as a terminal.
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert said.startswith("[bench] fp32 v A: 2 clips and 0.01 h of stream scored in "), said
     assert test.stream_hours == pytest.approx(20.0 / 3600)
     assert val.stream_hours == pytest.approx(40.0 / 3600)
     assert val.pos[0] > 0.9 > 0.5 > test.pos[0]

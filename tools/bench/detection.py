@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 t0 = time.perf_counter()
                 # Add-on streams join the main corpus's own split only.
                 more = extra if manifest == args.corpus / "manifest.csv" else ()
-                scored = _score_devices(scorer, manifest, devices, args, more)
+                scored = _score_devices(scorer, manifest, devices, args, more, precision, split)
                 per = {d: sc.detector(hop_s, smoothing) for d, sc in scored.items()}
                 rows: dict[str, Any] = {d: summarize(sc, shipped) for d, sc in per.items()}
                 rows["_pooled"] = pooled_operating_point(per, FA_TARGETS[0])
@@ -231,10 +231,18 @@ def _score_devices(
     devices: list[str],
     args: argparse.Namespace,
     extra: tuple[Path, ...],
+    precision: str,
+    split: str,
 ) -> dict[str, SplitScores]:
     return {
         d: score_split(
-            scorer, manifest, d, args.max_stream_seconds, split=args.split, extra_streams=extra
+            scorer,
+            manifest,
+            d,
+            args.max_stream_seconds,
+            split=args.split,
+            extra_streams=extra,
+            progress=f"{precision} {split}",
         )
         for d in devices
     }

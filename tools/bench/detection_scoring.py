@@ -6,11 +6,14 @@ FRR by voice family, the highest-scoring stream moments, and how often two model
 from __future__ import annotations
 
 import math
+import sys
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from wakefl.edge_runtime.detection_rule import (
     DEFAULT_HOP_S as HOP_S,
@@ -28,6 +31,7 @@ from wakefl.edge_runtime.detection_rule import (
     stream_windows,
 )
 from wakefl.errors import ConfigError
+from wakefl.progress_bars import bar_disabled
 from wakefl.sdk.manifest import SAMPLE_RATE
 
 FA_TARGETS = (0.5, 0.1)
@@ -169,11 +173,17 @@ def score_split(
     batch: int = 128,
     split: str = "test",
     extra_streams: tuple[Path, ...] = (),
+    progress: str | None = None,
 ) -> SplitScores:
     """Clip and stream scores of `device` in `split` of `manifest`; the streams of the same
-    device and split in each of `extra_streams` (add-on manifests) are scored beside its own."""
+    device and split in each of `extra_streams` (add-on manifests) are scored beside its own.
+    With a `progress` label, a bar over the streams where stderr is a terminal, and one line
+    on stderr when the device is done: a benchmark of hours of stream says where it is in a
+    log file too."""
     from wakefl.sdk.manifest import read_manifest
     from wakefl.tools.corpus.rendering import voice_families
+
+    t0 = time.perf_counter()
 
     rows = [r for r in read_manifest(manifest) if r.split == split and r.device_type == device]
     clips = [r for r in rows if r.kind == "clip"]
@@ -191,7 +201,15 @@ def score_split(
     files = [f for f, _ in found]
     if not files:
         raise ConfigError(f"{manifest}: device type {device} has no {split} streams")
-    raw, seconds = _stream_scores(scorer, files, max_stream_s, batch)
+    bar = f"{progress} {device}" if progress is not None else None
+    raw, seconds = _stream_scores(scorer, files, max_stream_s, batch, bar)
+    if progress is not None:
+        print(
+            f"[bench] {progress} {device}: {len(clips)} clips and {seconds / 3600:.2f} h of "
+            f"stream scored in {time.perf_counter() - t0:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
     families = voice_families(manifest)
     voices = None
     if families:
@@ -209,13 +227,14 @@ def score_split(
 
 
 def _stream_scores(
-    scorer: Any, files: list[Path], max_stream_s: float | None, batch: int
+    scorer: Any, files: list[Path], max_stream_s: float | None, batch: int, bar: str | None
 ) -> tuple[list[np.ndarray], float]:
     """Each stream's raw window posteriors at the shipped hop, and the seconds scored."""
     from wakefl.edge_runtime import load_audio
 
     raw, seconds = [], 0.0
-    for f in files:
+    shown = tqdm(files, desc=bar, unit="stream", leave=False, disable=bar_disabled(bar is not None))
+    for f in shown:
         w = load_audio(f, scorer.sample_rate)
         if max_stream_s is not None:
             w = w[: int(max_stream_s * scorer.sample_rate)]
