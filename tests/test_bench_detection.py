@@ -11,7 +11,7 @@ import pytest
 from wakefl.edge_runtime import StreamingDetector
 from wakefl.edge_runtime.detection_rule import stream_windows
 from wakefl.errors import ConfigError
-from wakefl.tools.bench.detection import parse_detector
+from wakefl.tools.bench.detection import fa_rate, parse_detector
 from wakefl.tools.bench.detection_scoring import SplitScores, stream_events
 
 SR, WINDOW = 16000, 24000
@@ -61,6 +61,18 @@ def test_detector_settings_are_checked():
     for bad in ("0.2", "x:1", "0.2:0", "-1:2"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_detector(bad)
+
+
+@pytest.mark.parametrize(
+    ("text", "rate"), [("0.25", 0.25), ("2", 2.0), ("10", 10.0), ("nan", None), ("0", None),
+                       ("-0.5", None), ("inf", None), ("11", None), ("x", None)],
+)  # fmt: skip
+def test_an_extra_pooled_target_is_a_sane_fa_rate(text: str, rate: float | None) -> None:
+    if rate is None:
+        with pytest.raises(argparse.ArgumentTypeError):
+            fa_rate(text)
+    else:
+        assert fa_rate(text) == rate
 
 
 def test_the_delay_is_measured_from_the_end_of_speech_to_the_detection():

@@ -166,9 +166,14 @@ def test_set_threshold_ships_the_one_the_validation_streams_set(
     val = build_corpus(tmp_path / "val", 0, "pretrain-valstreams-micro", progress=False).parent
     report = tmp_path / "val.json"
     argv = ["--weights", str(out), "--corpus", str(corpus.parent), "--split", "val"]
-    assert bench([*argv, "--extra-streams", str(val), "--json", str(report), "--threads", "1"]) == 0
+    more = ["--pooled-fa-per-hour", "0.25", "2", "--threads", "1"]
+    assert bench([*argv, "--extra-streams", str(val), "--json", str(report), *more]) == 0
     bench_json = json.loads(report.read_text())
     pooled = bench_json["fp32"]["validation"]["_pooled"]
+    # A stricter target never sets a lower threshold on the same streams.
+    extra = bench_json["fp32"]["validation"]["_pooled_by_target"]
+    assert sorted(extra) == ["0.25", "2"] and extra["0.25"]["fa_per_hour_target"] == 0.25
+    assert extra["0.25"]["threshold"] >= pooled["threshold"] >= extra["2"]["threshold"]
     set_threshold = ["model", "set-threshold", "--weights", str(out), "--from", str(report)]
     # A micro corpus's few minutes of validation stream cannot resolve 0.5 FA/h: refused,
     # and the card and config stay as they were.
@@ -205,6 +210,20 @@ def test_set_threshold_ships_the_one_the_validation_streams_set(
         set_stream_threshold(out, other)
     publish(run, "small", dest=tmp_path / "ship")
     assert set_stream_threshold(out, report)["threshold"] == 0.875
+    # A stricter target ships the point the benchmark set for it, and says which it was;
+    # one the benchmark was not asked for, or an absurd one, is refused.
+    extra["0.25"].update(resolved=True, threshold=0.9375)
+    report.write_text(json.dumps(bench_json))
+    assert cli([*set_threshold, "--fa-per-hour", "0.25"]) == 0
+    card = json.loads(files[0].read_text())
+    assert card["threshold"] == 0.9375
+    assert card["stream_operating_point"]["fa_per_hour_target"] == 0.25
+    with pytest.raises(ConfigError, match="no point at 0.1 FA/h.*--pooled-fa-per-hour 0.1"):
+        set_stream_threshold(out, report, 0.1)
+    for absurd in (float("nan"), 0.0, -1.0, 1e9):
+        with pytest.raises(ConfigError, match="an FA/h target is in"):
+            set_stream_threshold(out, report, absurd)
+    assert json.loads(files[0].read_text())["threshold"] == 0.9375
     other.write_text("{}")
     with pytest.raises(ConfigError, match="not the JSON"):
         set_stream_threshold(out, other)

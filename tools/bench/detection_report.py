@@ -178,6 +178,8 @@ def _table_lines(result: dict[str, Any], detector: str) -> list[str]:
                 )
             if "_pooled" in rows:
                 lines += _pooled_lines(rows["_pooled"])
+            for point in rows.get("_pooled_by_target", {}).values():
+                lines += _pooled_lines(point)
     return lines
 
 

@@ -98,6 +98,11 @@ def lowest_threshold(scs: list[SplitScores], fa_per_hour: float) -> float:
     return float(cands[lo])
 
 
+def pooled_target_key(fa_per_hour: float) -> str:
+    """The JSON key of a report's extra one-for-all-types point (`_pooled_by_target`)."""
+    return f"{fa_per_hour:g}"
+
+
 def pooled_operating_point(per: dict[str, SplitScores], fa_per_hour: float) -> dict[str, Any]:
     """One threshold for every device type: the lowest at which all their streams together
     give at most `fa_per_hour` false accepts per hour, with each type's FRR and FA/h there.

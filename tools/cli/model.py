@@ -136,6 +136,15 @@ def _register_publish(sub: argparse._SubParsersAction) -> None:
         "--extra-streams <pretrain-valstreams build>` on these very weights: its one "
         "threshold for all device types at 0.5 FA/h becomes the shipped one",
     )
+    thr.add_argument(
+        "--fa-per-hour",
+        type=float,
+        default=0.5,
+        metavar="T",
+        help="ship the one threshold for all device types at T FA/h instead (the benchmark "
+        "run with `--pooled-fa-per-hour T`): a margin where validation streams have "
+        "promised fewer false accepts than held-out speakers gave",
+    )
     thr.set_defaults(func=_set_threshold)
 
 
@@ -407,7 +416,7 @@ def _publish(args: argparse.Namespace) -> int:
 def _set_threshold(args: argparse.Namespace) -> int:
     from wakefl.tools.training.publish import set_stream_threshold
 
-    card = set_stream_threshold(args.weights, args.bench_json)
+    card = set_stream_threshold(args.weights, args.bench_json, args.fa_per_hour)
     point = card["stream_operating_point"]
     print(
         f"{args.weights}: shipped threshold {card['threshold']:.6f} (was {card['clip_threshold']:.6f}), "

@@ -76,19 +76,30 @@ def _last_checkpoint(run: Path, model: KwsCnn, best_card: dict[str, Any]) -> dic
     }
 
 
-def stream_operating_point(bench_json: Path, digest: str) -> dict[str, Any]:
-    """The one-threshold-for-all-types operating point that `bench_detection --split val`
-    set on the validation streams, refused unless that benchmark scored these very weights
-    (their `weights_digest`) and its streams resolve the FA rate."""
+def stream_operating_point(
+    bench_json: Path, digest: str, fa_per_hour: float = 0.5
+) -> dict[str, Any]:
+    """The one-threshold-for-all-types operating point at `fa_per_hour` that `bench_detection
+    --split val` set on the validation streams, refused unless that benchmark scored these
+    very weights (their `weights_digest`) and its streams resolve the FA rate. A target
+    other than 0.5 is read from the points `--pooled-fa-per-hour` added."""
     src = f"set-threshold --from {bench_json}"
+    if not 0.0 < fa_per_hour <= 10.0:  # NaN fails this too
+        raise ConfigError(f"{src}: an FA/h target is in (0, 10], got {fa_per_hour}")
     try:
         bench = json.loads(Path(bench_json).read_text(encoding="utf-8"))
-        pooled = bench["fp32"]["validation"]["_pooled"]
-        thr = float(pooled["threshold"])
+        rows = bench["fp32"]["validation"]
+        if not isinstance(rows, dict):
+            raise TypeError(f"validation is a {type(rows).__name__}")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ConfigError(
             f"{src}: not the JSON of a `bench_detection --split val` run ({exc!r})"
         ) from None
+    pooled = _pooled_at(rows, fa_per_hour, src)
+    try:
+        thr = float(pooled["threshold"])
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ConfigError(f"{src}: its operating point has no threshold ({exc!r})") from None
     if bench.get("weights_digest") != digest:
         raise ConfigError(
             f"{src}: it scored other weights ({bench.get('model')}); score these with "
@@ -108,7 +119,26 @@ def stream_operating_point(bench_json: Path, digest: str) -> dict[str, Any]:
     return {"set_on": "validation streams, all device types", **pooled}
 
 
-def set_stream_threshold(weights: Path, bench_json: Path) -> dict[str, Any]:
+def _pooled_at(rows: dict[str, Any], fa_per_hour: float, src: str) -> dict[str, Any]:
+    """The report's one-for-all-types point at `fa_per_hour`: `_pooled` (0.5 FA/h) or one
+    of `_pooled_by_target`."""
+    key = f"{fa_per_hour:g}"
+    extra = rows.get("_pooled_by_target")
+    if key == "0.5":
+        found = rows.get("_pooled")
+    else:
+        found = extra.get(key) if isinstance(extra, dict) else None
+    if not isinstance(found, dict):
+        raise ConfigError(
+            f"{src}: no point at {key} FA/h in that report; score the validation split "
+            f"with `bench_detection --split val --pooled-fa-per-hour {key}`"
+        )
+    return found
+
+
+def set_stream_threshold(
+    weights: Path, bench_json: Path, fa_per_hour: float = 0.5
+) -> dict[str, Any]:
     """Ship `weights` (a published model: its card and config JSON beside it) at the
     threshold that `bench_detection --split val` set on the validation streams of all
     device types (`stream_operating_point`); the clip-set threshold it replaces stays in
@@ -122,7 +152,7 @@ def set_stream_threshold(weights: Path, bench_json: Path) -> dict[str, Any]:
     card = card_beside(weights)
     if card is None:
         raise ConfigError(f"{weights}: no card beside it; publish the model first")
-    point = stream_operating_point(bench_json, weights_digest(weights))
+    point = stream_operating_point(bench_json, weights_digest(weights), fa_per_hour)
     card.setdefault("clip_threshold", card["threshold"])
     card["stream_operating_point"] = point
     card["threshold"] = point["threshold"]
