@@ -122,7 +122,9 @@ def stream_operating_point(
 def _pooled_at(rows: dict[str, Any], fa_per_hour: float, src: str) -> dict[str, Any]:
     """The report's one-for-all-types point at `fa_per_hour`: `_pooled` (0.5 FA/h) or one
     of `_pooled_by_target`."""
-    key = f"{fa_per_hour:g}"
+    from wakefl.tools.bench.detection_scoring import pooled_target_key
+
+    key = pooled_target_key(fa_per_hour)
     extra = rows.get("_pooled_by_target")
     if key == "0.5":
         found = rows.get("_pooled")
