@@ -79,6 +79,7 @@ from wakefl.tools.bench.detection_scoring import (
     SplitScores,
     agreement,
     det_points,
+    is_fa_target,
     pooled_operating_point,
     pooled_target_key,
     score_split,
@@ -107,7 +108,7 @@ def fa_rate(text: str) -> float:
         out = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected FA/h, got {text!r}") from None
-    if not 0.0 < out <= 10.0:  # NaN fails this too
+    if not is_fa_target(out):
         raise argparse.ArgumentTypeError(f"an FA/h target is in (0, 10], got {text!r}")
     return out
 

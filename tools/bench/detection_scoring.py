@@ -98,6 +98,11 @@ def lowest_threshold(scs: list[SplitScores], fa_per_hour: float) -> float:
     return float(cands[lo])
 
 
+def is_fa_target(fa_per_hour: float) -> bool:
+    """A sane false-accept rate target in FA/h: above 0 and at most 10 (NaN is not)."""
+    return 0.0 < fa_per_hour <= 10.0
+
+
 def pooled_target_key(fa_per_hour: float) -> str:
     """The JSON key of a report's extra one-for-all-types point (`_pooled_by_target`)."""
     return f"{fa_per_hour:g}"

@@ -83,8 +83,10 @@ def stream_operating_point(
     --split val` set on the validation streams, refused unless that benchmark scored these
     very weights (their `weights_digest`) and its streams resolve the FA rate. A target
     other than 0.5 is read from the points `--pooled-fa-per-hour` added."""
+    from wakefl.tools.bench.detection_scoring import is_fa_target
+
     src = f"set-threshold --from {bench_json}"
-    if not 0.0 < fa_per_hour <= 10.0:  # NaN fails this too
+    if not is_fa_target(fa_per_hour):
         raise ConfigError(f"{src}: an FA/h target is in (0, 10], got {fa_per_hour}")
     try:
         bench = json.loads(Path(bench_json).read_text(encoding="utf-8"))
@@ -122,11 +124,11 @@ def stream_operating_point(
 def _pooled_at(rows: dict[str, Any], fa_per_hour: float, src: str) -> dict[str, Any]:
     """The report's one-for-all-types point at `fa_per_hour`: `_pooled` (0.5 FA/h) or one
     of `_pooled_by_target`."""
-    from wakefl.tools.bench.detection_scoring import pooled_target_key
+    from wakefl.tools.bench.detection_scoring import FA_TARGETS, pooled_target_key
 
     key = pooled_target_key(fa_per_hour)
     extra = rows.get("_pooled_by_target")
-    if key == "0.5":
+    if key == pooled_target_key(FA_TARGETS[0]):  # the rate `_pooled` is set at
         found = rows.get("_pooled")
     else:
         found = extra.get(key) if isinstance(extra, dict) else None
