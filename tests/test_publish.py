@@ -227,3 +227,42 @@ def test_set_threshold_ships_the_one_the_validation_streams_set(
     other.write_text("{}")
     with pytest.raises(ConfigError, match="not the JSON"):
         set_stream_threshold(out, other)
+    # With a near-rhyme probe of the same weights, the higher of the two thresholds ships.
+    from wakefl.tools.probes.near_rhyme_rate import main as near_rhyme_rate
+
+    nr = build_corpus(tmp_path / "nr", 1, "pretrain-nearrhymes-micro", progress=False).parent
+    probe = tmp_path / "nr.json"
+    probe_argv = ["--near-rhymes", str(nr), "--streams", str(corpus.parent), "--streams", str(val)]
+    probe_argv += ["--model", f"m={out}@0.5", "--fa-per-hour", "0.25", "--threads", "1"]
+    assert near_rhyme_rate([*probe_argv, "--json", str(probe)]) == 0
+    result = json.loads(probe.read_text())
+    shipped = ["--fa-per-hour", "0.25", "--near-rhymes", str(probe)]
+    # Three steps of training leave no threshold within 0.25 FA/h on the near-rhymes of a
+    # micro corpus's validation streams: refused, and the card stays as it was.
+    assert result["m"]["thresholds"]["0.25"] > 1.0
+    before = [f.read_text() for f in files]
+    assert cli([*set_threshold, *shipped]) == 2
+    assert "no threshold keeps the projection within 0.25 FA/h" in capsys.readouterr().err
+    assert [f.read_text() for f in files] == before
+    # Its point set higher than the streams': that one ships, and the card says why.
+    result["m"]["thresholds"]["0.25"] = 0.96875
+    result["m"]["at"]["0.9688"] = next(iter(result["m"]["at"].values()))
+    probe.write_text(json.dumps(result))
+    assert cli([*set_threshold, *shipped]) == 0
+    assert "near-rhyme streams: 0.968750" in capsys.readouterr().out
+    card = json.loads(files[0].read_text())
+    assert card["threshold"] == 0.96875 == card["near_rhyme_operating_point"]["threshold"]
+    assert json.loads(files[1].read_text())["shipped_threshold"] == 0.96875
+    # Set again without it: the streams' point alone, and no stale near-rhyme point.
+    assert set_stream_threshold(out, report, 0.25)["threshold"] == 0.9375
+    assert "near_rhyme_operating_point" not in json.loads(files[0].read_text())
+    # A probe of other weights, or without the target's threshold, is refused.
+    extra["0.1"] = {**extra["0.25"], "fa_per_hour_target": 0.1}
+    report.write_text(json.dumps(bench_json))
+    with pytest.raises(ConfigError, match="no threshold for 0.1 FA/h"):
+        set_stream_threshold(out, report, 0.1, probe)
+    result["m"]["weights_digest"] = "0" * 64
+    probe.write_text(json.dumps(result))
+    with pytest.raises(ConfigError, match="scored other weights"):
+        set_stream_threshold(out, report, 0.25, probe)
+    assert json.loads(files[0].read_text())["threshold"] == 0.9375

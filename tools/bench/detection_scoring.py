@@ -212,7 +212,7 @@ def score_split(
     if not files:
         raise ConfigError(f"{manifest}: device type {device} has no {split} streams")
     bar = f"{progress} {device}" if progress is not None else None
-    raw, seconds = _stream_scores(scorer, files, max_stream_s, batch, bar)
+    raw, seconds = stream_scores(scorer, files, max_stream_s, batch, bar)
     if progress is not None:
         print(
             f"[bench] {progress} {device}: {len(clips)} clips and {seconds / 3600:.2f} h of "
@@ -236,7 +236,7 @@ def score_split(
     )
 
 
-def _stream_scores(
+def stream_scores(
     scorer: Any, files: list[Path], max_stream_s: float | None, batch: int, bar: str | None
 ) -> tuple[list[np.ndarray], float]:
     """Each stream's raw window posteriors at the shipped hop, and the seconds scored."""

@@ -23,6 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     register_pretrain(sub, _pretrain)
     _register_publish(sub)
+    _register_set_threshold(sub)
     _register_blend(sub)
     _register_soup(sub)
 
@@ -116,6 +117,10 @@ def _register_publish(sub: argparse._SubParsersAction) -> None:
         help="best (by the run's validation criterion, the default) or the last checkpoint",
     )
     pub.set_defaults(func=_publish)
+
+
+def _register_set_threshold(sub: argparse._SubParsersAction) -> None:
+    """`wakefl model set-threshold`."""
     thr = sub.add_parser(
         "set-threshold",
         help="ship a published model at the threshold its validation streams set",
@@ -144,6 +149,14 @@ def _register_publish(sub: argparse._SubParsersAction) -> None:
         help="ship the one threshold for all device types at T FA/h instead (the benchmark "
         "run with `--pooled-fa-per-hour T`): a margin where validation streams have "
         "promised fewer false accepts than held-out speakers gave",
+    )
+    thr.add_argument(
+        "--near-rhymes",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="the --json of `python -m wakefl.tools.probes.near_rhyme_rate` on these very "
+        "weights: ship the higher of the two thresholds for the same FA/h",
     )
     thr.set_defaults(func=_set_threshold)
 
@@ -416,12 +429,18 @@ def _publish(args: argparse.Namespace) -> int:
 def _set_threshold(args: argparse.Namespace) -> int:
     from wakefl.tools.training.publish import set_stream_threshold
 
-    card = set_stream_threshold(args.weights, args.bench_json, args.fa_per_hour)
+    card = set_stream_threshold(args.weights, args.bench_json, args.fa_per_hour, args.near_rhymes)
     point = card["stream_operating_point"]
     print(
         f"{args.weights}: shipped threshold {card['threshold']:.6f} (was {card['clip_threshold']:.6f}), "
         f"{point['fa_per_hour']:.2f} FA/h over {point['stream_hours']} h of validation stream"
     )
+    rhymes = card.get("near_rhyme_operating_point")
+    if rhymes is not None:
+        print(
+            f"  near-rhyme streams: {rhymes['threshold']:.6f} projects "
+            f"{rhymes['projected_fa_per_hour']:.2f} FA/h ({rhymes['pairs']} speaker-near-rhyme pairs)"
+        )
     return 0
 
 

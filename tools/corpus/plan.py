@@ -97,7 +97,8 @@ class CorpusProfile:
     unseen_speakers: int = 0
     unseen_test_clips: int = 0  # per device type
     unseen_streams_per_device: int = 0
-    # What the clips hold, from CONTENT_SHARE's kinds (shares renormalized over these).
+    # What the clips hold, from CONTENT_SHARE's kinds (shares renormalized over these). The
+    # streams hold confusables and other speech, or near-rhymes only where "other" is absent.
     contents: tuple[str, ...] = ("pos", "conf", "other", "bg")
     # When set, every wake-phrase clip is spoken without a pause between the phrase's words
     # and with the first word lasting a factor drawn from this range times as long
@@ -154,18 +155,17 @@ PROFILES: dict[str, CorpusProfile] = {
     "pretrain-micro": CorpusProfile(
         "pretrain-micro", 24, 4, 6, 6, 1, 12.0, 3, 3, 4, "pretrain", 1, 1, 6, 6, 1
     ),
-    # An add-on for `wakefl model pretrain --extra-corpus`: 96 speakers of Pico's German,
-    # Spanish, French and Italian voices reading the pretraining texts, 5,500 training clips
-    # and 25 minutes of training streams. Pico's English voices stay unseen.
     # The pretraining recipe at about a third of its size: a model for another phrase
     # trained from a shipped one (`--init-from`) in well under an hour on 2 cores, and
     # held-out sets for tools/bench/peers.py: 300 speakers, 7,700 training clips, and 6 x 5
     # min of held-out streams per device type for the held-out speakers and as many for
-    # unseen voices (2.5 hours each), which allow one false accept at 0.5 FA/h over a
-    # condition's streams.
+    # unseen voices (2.5 h each: one false accept is 0.5 FA/h over a condition's streams).
     "pretrain-compact": CorpusProfile(
         "pretrain-compact", 300, 700, 120, 400, 6, 300.0, 8, 6, 32, "pretrain", 2, 2, 48, 300, 6
     ),
+    # An add-on for `wakefl model pretrain --extra-corpus`: 96 speakers of Pico's German,
+    # Spanish, French and Italian voices reading the pretraining texts, 5,500 training clips
+    # and 25 minutes of training streams. Pico's English voices stay unseen.
     "pretrain-voices": CorpusProfile(
         "pretrain-voices", 96, 500, 40, 40, 0, 300.0, 8, 6, 32, "pico-other", 1, 0
     ),
@@ -239,6 +239,17 @@ PROFILES["pretrain-valstreams"] = _streams_addon("pretrain", "pretrain-valstream
 PROFILES["pretrain-valstreams-micro"] = _streams_addon(
     "pretrain-micro", "pretrain-valstreams-micro", 2, split="val"
 )
+# Validation streams of near-rhymes only, from about 200 speakers of their own (build it with
+# a seed other than the main corpus's), each with every near-rhyme of the pool: a threshold
+# from many speaker-near-rhyme pairs (tools/probes/near_rhyme_rate.py).
+PROFILES["pretrain-nearrhymes"] = replace(
+    _streams_addon("pretrain", "pretrain-nearrhymes", 8, split="val"),
+    n_speakers=2080, confusables_per_speaker=36, contents=("conf",), draw_offset=80,
+)  # fmt: skip
+PROFILES["pretrain-nearrhymes-micro"] = replace(
+    PROFILES["pretrain-nearrhymes"], name="pretrain-nearrhymes-micro", n_speakers=24,
+    val_streams_per_device=1, stream_seconds=12.0, rooms_per_device=4,
+)  # fmt: skip
 
 
 def _confusables_addon(base: str, name: str, train_unit: int, per_speaker: int) -> CorpusProfile:
@@ -373,29 +384,27 @@ FIELD_ACOUSTICS_PROFILES = (
 # A-E has its own users, all speaking with voices no shipped model trained on (FLEET_VOICES),
 # B and D recorded in the held-out simulation's rooms and through its device front ends
 # ("field:BD"; A, C and E through their own), with their own background and near-miss
-# speech. 12 users per device type train,
-# validate and are tested (other takes): the speaker bootstrap's units; 3 more are kept out
-# of its training data (the new-users test corpus). 60 training clips for the smallest
-# device type (E), so that each round's two local epochs are a few steps more than a
-# nudge; 96 validation clips per device type, so that the served-model gate sees enough
-# negatives to set a false-accept level, and 4 minutes of validation stream whose windows
-# join them (tools/cli/device.py --val-stream-hop); 144 test clips (about 5 wake words per
-# user) and 6 minutes of test stream per device type: one false accept is 10 FA/h.
+# speech. 12 users per device type train, validate and are tested (other takes): the
+# speaker bootstrap's units; 3 more are kept out of its training data (the new-users test
+# corpus). 60 training clips for E, the smallest type, so that each round's two local epochs
+# are a few steps more than a nudge; 96 validation clips per type, so that the served-model
+# gate sees enough negatives to set a false-accept level, and 4 minutes of validation stream
+# whose windows join them (tools/cli/device.py --val-stream-hop); 144 test clips (about 5
+# wake words per user) and 6 minutes of test stream per type: one false accept is 10 FA/h.
 PROFILES["fleet"] = CorpusProfile(
     "fleet", 0, 60, 96, 144, 3, 120.0, 4, 3, 8, "fleet",
     val_streams_per_device=2, users_per_device=12, new_users_per_device=3,
     new_user_test_clips=60, acoustics="field:BD",
 )  # fmt: skip
 # The same users, validation and test sets (clip for clip, with the same seed), each user
-# having said four times as many training clips (240 for E, 960 for A: about 9 takes of
-# the phrase per user on E): what more enrolment gives a device (`wakefl demo --profile
-# fleet-enrolled`; tools/CORPUS.md). Only `train_unit` differs: the name seeds nothing.
+# with four times as many training clips (240 for E, 960 for A: about 9 takes of the phrase
+# per user on E): what more enrolment gives a device (`wakefl demo --profile fleet-enrolled`;
+# tools/CORPUS.md). Only `train_unit` differs: the name seeds nothing.
 PROFILES["fleet-enrolled"] = replace(PROFILES["fleet"], name="fleet-enrolled", train_unit=240)
-# Sixteen more minutes of validation stream per device type (the fleet has four), spoken by
-# the same users in the same rooms with draws of their own (build it with the fleet's seed;
-# it serves `fleet-enrolled` too, whose users and validation set are the fleet's): how much
-# more a device's served-model gate sees with more of its own negative audio (`wakefl demo
-# --val-streams`, tools/studies/gate_hindsight.py --extra-streams).
+# Sixteen more minutes of validation stream per device type (the fleet has four), by the
+# same users in the same rooms with draws of their own (build it with the fleet's seed; it
+# serves `fleet-enrolled` too): how much more a device's served-model gate sees with more of
+# its own negative audio (`wakefl demo --val-streams`, tools/studies/gate_hindsight.py).
 PROFILES["fleet-valstreams"] = _streams_addon("fleet", "fleet-valstreams", 8, split="val")
 # The same recipe at a size a test builds in seconds.
 PROFILES["fleet-micro"] = CorpusProfile(

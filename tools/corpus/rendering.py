@@ -300,7 +300,8 @@ def render_stream(
     ctx: CorpusContext, device: str, index: int, split: str = "test"
 ) -> tuple[np.ndarray, str, list[StreamUtterance]]:
     """A long negative recording: the split's speakers saying confusable phrases and other
-    speech with pauses, over the state's background. Returns (wave, state, transcript)."""
+    speech (confusables only, where the profile's contents lack "other") with pauses, over
+    the state's background. Returns (wave, state, transcript)."""
     dev = DEVICE_PROFILES[device]
     d_idx = _DEVICE_INDEX[device]
     key = [ctx.seed, d_idx, _KIND_STREAM + ctx.kind_offset, index]
@@ -316,7 +317,9 @@ def render_stream(
     transcript: list[StreamUtterance] = []
     while t < n:
         speaker = pool[int(rng.integers(len(pool)))]
-        content = "conf" if rng.random() < 0.4 else "other"
+        # The draw is made either way, so a corpus with other speech keeps its streams.
+        near_rhyme = rng.random() < 0.4 or "other" not in ctx.profile.contents
+        content = "conf" if near_rhyme else "other"
         text, speech = said(ctx, rng, speaker, content)
         utt = scale_to(speech, rng.uniform(*_SPEECH_LEVEL_DB))
         seg = utt[: n - t]
@@ -406,7 +409,8 @@ def texts_said(prof: CorpusProfile, speaker: Speaker, phrases: tuple[str, ...]) 
     streams use (streams hold confusables and other speech)."""
     clips = sum(c[speaker.split] for c in clip_counts(prof).values())
     streams = stream_counts(prof)[speaker.split]
-    kinds = (set(prof.contents) if clips else set()) | ({"conf", "other"} if streams else set())
+    in_streams = {"conf", "other"} if "other" in prof.contents else {"conf"}
+    kinds = (set(prof.contents) if clips else set()) | (in_streams if streams else set())
     if kinds & {"pos_run", "conf_run"}:
         # Running speech: the phrase or a confusable between the speaker's own sentences.
         kinds |= {"other", "filler", "pos" if "pos_run" in kinds else "conf"}

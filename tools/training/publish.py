@@ -140,13 +140,53 @@ def _pooled_at(rows: dict[str, Any], fa_per_hour: float, src: str) -> dict[str, 
     return found
 
 
+def near_rhyme_operating_point(probe_json: Path, digest: str, fa_per_hour: float) -> dict[str, Any]:
+    """The lowest threshold whose false accepts `near_rhyme_rate` projected onto the
+    validation streams within `fa_per_hour`, refused unless it scored these very weights."""
+    src = f"set-threshold --near-rhymes {probe_json}"
+    try:
+        probe = json.loads(Path(probe_json).read_text(encoding="utf-8"))
+        mine = [r for r in probe.values() if r.get("weights_digest") == digest]
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"{src}: not the JSON of a near_rhyme_rate run ({exc!r})") from None
+    if not mine:
+        raise ConfigError(
+            f"{src}: it scored other weights; score these with `python -m "
+            "wakefl.tools.probes.near_rhyme_rate --model LABEL=W --json JSON`"
+        )
+    key = f"{fa_per_hour:g}"
+    try:
+        thr = float(mine[0]["thresholds"][key])
+        at = mine[0]["at"][f"{thr:.4f}"]["all types"]
+        found = {
+            "projected_fa_per_hour": float(at["projected_fa_per_hour"]),
+            "speakers": int(mine[0]["speakers"]),
+            "pairs": int(mine[0]["pairs"]),
+        }
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(
+            f"{src}: no threshold for {key} FA/h in it ({exc!r}); run it with --fa-per-hour {key}"
+        ) from None
+    if not 0.0 < thr <= 1.0:
+        raise ConfigError(f"{src}: no threshold keeps the projection within {key} FA/h")
+    return {
+        "set_on": "near-rhyme streams, projected onto the validation streams",
+        "fa_per_hour_target": fa_per_hour,
+        "threshold": thr,
+        **found,
+    }
+
+
 def set_stream_threshold(
-    weights: Path, bench_json: Path, fa_per_hour: float = 0.5
+    weights: Path, bench_json: Path, fa_per_hour: float = 0.5, near_rhymes: Path | None = None
 ) -> dict[str, Any]:
     """Ship `weights` (a published model: its card and config JSON beside it) at the
     threshold that `bench_detection --split val` set on the validation streams of all
     device types (`stream_operating_point`); the clip-set threshold it replaces stays in
-    the card. Returns the new card."""
+    the card. With the JSON of a `near_rhyme_rate` run on the same weights, at the higher
+    of that and the one its projection sets for the same rate (`near_rhyme_operating_point`):
+    the validation streams' few speakers have promised fewer false accepts than held-out
+    speakers gave. Returns the new card."""
     from wakefl.models.kws_cnn import read_config, weights_digest
     from wakefl.models.kws_cnn.checkpoint import config_path
     from wakefl.models.kws_cnn.pretrained import card_beside
@@ -160,6 +200,11 @@ def set_stream_threshold(
     card.setdefault("clip_threshold", card["threshold"])
     card["stream_operating_point"] = point
     card["threshold"] = point["threshold"]
+    card.pop("near_rhyme_operating_point", None)  # a point set before, on other terms
+    if near_rhymes is not None:
+        rhymes = near_rhyme_operating_point(near_rhymes, weights_digest(weights), fa_per_hour)
+        card["near_rhyme_operating_point"] = rhymes
+        card["threshold"] = max(point["threshold"], rhymes["threshold"])
     meta = with_shipped_threshold(
         json.loads(config_path(weights).read_text(encoding="utf-8")), card["threshold"]
     )
