@@ -130,6 +130,14 @@ def test_extra_streams_join_the_held_out_streams_of_the_same_speakers(tmp_path) 
     assert extra_stream_manifests(tmp_path / "main", []) == ()
 
 
+def test_streams_cut_shorter_than_a_window_are_refused_in_one_line(tmp_path) -> None:
+    _corpus(tmp_path / "main", 0, True, 20.0, 0.01)
+    manifest = tmp_path / "main" / "manifest.csv"
+    assert score_split(EnergyScorer(), manifest, "A", 1.5).stream_hours == pytest.approx(1.5 / 3600)
+    with pytest.raises(ConfigError, match="1 s of stream .* shorter than the model's window"):
+        score_split(EnergyScorer(), manifest, "A", 1.0)
+
+
 def test_a_test_streams_add_on_is_refused_on_the_validation_split(tmp_path) -> None:
     _corpus(tmp_path / "main", 0, True, 20.0, 0.01)
     _corpus(tmp_path / "extra", 0, False, 30.0, 0.5)

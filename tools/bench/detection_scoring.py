@@ -248,6 +248,12 @@ def stream_scores(
         w = load_audio(f, scorer.sample_rate)
         if max_stream_s is not None:
             w = w[: int(max_stream_s * scorer.sample_rate)]
+        if w.size < scorer.window_samples:
+            raise ConfigError(
+                f"{f}: {w.size / scorer.sample_rate:g} s of stream (--max-stream-seconds "
+                f"{max_stream_s}) is shorter than the model's window of "
+                f"{scorer.window_samples / scorer.sample_rate:g} s"
+            )
         wins = stream_windows(w, scorer.window_samples, int(round(HOP_S * scorer.sample_rate)))
         raw.append(
             np.concatenate(

@@ -432,8 +432,9 @@ def _set_threshold(args: argparse.Namespace) -> int:
     card = set_stream_threshold(args.weights, args.bench_json, args.fa_per_hour, args.near_rhymes)
     point = card["stream_operating_point"]
     print(
-        f"{args.weights}: shipped threshold {card['threshold']:.6f} (was {card['clip_threshold']:.6f}), "
-        f"{point['fa_per_hour']:.2f} FA/h over {point['stream_hours']} h of validation stream"
+        f"{args.weights}: shipped threshold {card['threshold']:.6f} (was {card['clip_threshold']:.6f})\n"
+        f"  validation streams: {point['threshold']:.6f} gives {point['fa_per_hour']:.2f} FA/h "
+        f"over {point['stream_hours']} h"
     )
     rhymes = card.get("near_rhyme_operating_point")
     if rhymes is not None:
