@@ -251,7 +251,9 @@ def ordinary_near_rhymes(manifests: Sequence[Path], window_s: float) -> Ordinary
     return OrdinaryStreams(said, hours, paired)
 
 
-def score_near_rhymes(scorer: Any, manifest: Path, progress: str | None) -> dict[str, Any]:
+def score_near_rhymes(
+    scorer: Any, manifest: Path, progress: str | None
+) -> dict[str, NearRhymeStreams]:
     """Each device type's validation streams of a near-rhyme corpus, scored."""
     from wakefl.sdk.manifest import read_manifest
     from wakefl.tools.bench.detection_scoring import stream_scores
