@@ -8,9 +8,10 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tqdm import tqdm
@@ -33,6 +34,9 @@ from wakefl.edge_runtime.detection_rule import (
 from wakefl.errors import ConfigError
 from wakefl.progress_bars import bar_disabled
 from wakefl.sdk.manifest import SAMPLE_RATE
+
+if TYPE_CHECKING:
+    from wakefl.tools.corpus.transcripts import StreamUtterance
 
 FA_TARGETS = (0.5, 0.1)
 TOP_EVENTS = 5  # the highest-scoring stream moments listed per device type
@@ -87,15 +91,37 @@ def lowest_threshold(scs: list[SplitScores], fa_per_hour: float) -> float:
     parts = [sc.pos for sc in scs] + [
         s[s >= np.quantile(s, 0.99)] for sc in scs for s in sc.streams
     ]
-    cands = np.unique(np.concatenate([*parts, [1.0 + 1e-9]]))
+    return lowest_within(
+        np.concatenate([*parts, [NO_THRESHOLD]]),
+        lambda thr: sum(stream_events(sc, thr) for sc in scs) <= allowed,
+    )
+
+
+# Above every score: what a search reports when no candidate keeps within its target.
+NO_THRESHOLD = 1.0 + 1e-9
+
+
+def lowest_within(candidates: np.ndarray, within: Callable[[float], bool]) -> float:
+    """The lowest of `candidates` at which `within` holds, by bisection: false accepts only
+    fall as the threshold rises, so `within` holds from some candidate on (the highest, at
+    least, is taken to)."""
+    cands = np.unique(candidates)
     lo, hi = 0, len(cands) - 1
-    while lo < hi:  # the first candidate whose events are within the allowance
+    while lo < hi:
         mid = (lo + hi) // 2
-        if sum(stream_events(sc, float(cands[mid])) for sc in scs) <= allowed:
+        if within(float(cands[mid])):
             hi = mid
         else:
             lo = mid + 1
     return float(cands[lo])
+
+
+def window_speech(
+    transcript: list[StreamUtterance], hop: int, sc: SplitScores
+) -> list[StreamUtterance]:
+    """The utterances whose words overlap the window that ends at smoothed hop `hop`."""
+    end = hop * sc.hop_s + sc.window_s
+    return [u for u in transcript if u.end_s > end - sc.window_s and u.start_s < end]
 
 
 def is_fa_target(fa_per_hour: float) -> bool:
@@ -307,17 +333,14 @@ def top_stream_events(sc: SplitScores, k: int = TOP_EVENTS) -> list[dict[str, An
     transcripts = {i: read_transcript(sc.stream_files[i]) for i in {i for _, i, _ in top}}
     out = []
     for score, i, j in top:
-        end = j * sc.hop_s + sc.window_s
         said = [
-            f"{u.text} ({u.content}, {u.speaker})"
-            for u in transcripts[i]
-            if u.end_s > end - sc.window_s and u.start_s < end
+            f"{u.text} ({u.content}, {u.speaker})" for u in window_speech(transcripts[i], j, sc)
         ]
         out.append(
             {
                 "score": score,
                 "stream": sc.stream_labels[i] if sc.stream_labels else sc.stream_files[i].name,
-                "end_s": round(end, 2),
+                "end_s": round(j * sc.hop_s + sc.window_s, 2),
                 "said": said,
             }
         )

@@ -318,7 +318,7 @@ def render_stream(
     while t < n:
         speaker = pool[int(rng.integers(len(pool)))]
         # The draw is made either way, so a corpus with other speech keeps its streams.
-        near_rhyme = rng.random() < 0.4 or "other" not in ctx.profile.contents
+        near_rhyme = rng.random() < 0.4 or "other" not in stream_kinds(ctx.profile)
         content = "conf" if near_rhyme else "other"
         text, speech = said(ctx, rng, speaker, content)
         utt = scale_to(speech, rng.uniform(*_SPEECH_LEVEL_DB))
@@ -404,13 +404,18 @@ def corpus_info(seed: int, prof: CorpusProfile, phrase: str, **extra: object) ->
     return json.dumps(info, indent=2, sort_keys=True) + "\n"
 
 
+def stream_kinds(prof: CorpusProfile) -> set[str]:
+    """What a profile's negative streams hold: confusables and other speech, or confusables
+    alone where its contents lack "other"."""
+    return {"conf", "other"} if "other" in prof.contents else {"conf"}
+
+
 def texts_said(prof: CorpusProfile, speaker: Speaker, phrases: tuple[str, ...]) -> list[str]:
     """What `speaker` may say in a corpus of `prof`: only what its split's clips and
-    streams use (streams hold confusables and other speech)."""
+    streams use (`stream_kinds`)."""
     clips = sum(c[speaker.split] for c in clip_counts(prof).values())
     streams = stream_counts(prof)[speaker.split]
-    in_streams = {"conf", "other"} if "other" in prof.contents else {"conf"}
-    kinds = (set(prof.contents) if clips else set()) | (in_streams if streams else set())
+    kinds = (set(prof.contents) if clips else set()) | (stream_kinds(prof) if streams else set())
     if kinds & {"pos_run", "conf_run"}:
         # Running speech: the phrase or a confusable between the speaker's own sentences.
         kinds |= {"other", "filler", "pos" if "pos_run" in kinds else "conf"}

@@ -52,7 +52,12 @@ from wakefl.edge_runtime.detection_rule import event_indices, refractory_hops
 from wakefl.errors import ConfigError
 from wakefl.sdk.manifest import SAMPLE_RATE
 from wakefl.tools.bench.detection import fa_rate
-from wakefl.tools.bench.detection_scoring import SplitScores
+from wakefl.tools.bench.detection_scoring import (
+    NO_THRESHOLD,
+    SplitScores,
+    lowest_within,
+    window_speech,
+)
 from wakefl.tools.corpus.transcripts import StreamUtterance, read_transcript
 from wakefl.tools.probes.context_probe import card_threshold, model_arg
 
@@ -128,11 +133,8 @@ def event_speech(ns: NearRhymeStreams, thr: float) -> list[Event]:
     out = []
     for stream, transcript in zip(sc.streams, ns.transcripts, strict=True):
         for j in event_indices(stream, thr, hops):
-            end = j * sc.hop_s + sc.window_s
             heard = tuple(
-                (u.speaker, u.text)
-                for u in transcript
-                if u.content == "conf" and u.end_s > end - sc.window_s and u.start_s < end
+                (u.speaker, u.text) for u in window_speech(transcript, j, sc) if u.content == "conf"
             )
             out.append(Event(float(stream[j]), heard))
     return out
@@ -182,16 +184,10 @@ def projected_threshold(
         return projected_fa_per_hour(events, said, dense, ordinary)
 
     streams = [s for ns in per.values() for s in ns.scores.streams if s.size]
-    none = 1.0 + 1e-9  # above every score: no threshold keeps within the target
-    cands = np.unique(np.concatenate([*(s[s >= np.quantile(s, 0.9)] for s in streams), [none]]))
-    lo, hi = 0, len(cands) - 1
-    while lo < hi:  # events only fall as the threshold rises
-        mid = (lo + hi) // 2
-        if projected(float(cands[mid])) <= fa_per_hour:
-            hi = mid
-        else:
-            lo = mid + 1
-    return float(cands[lo])
+    top = [s[s >= np.quantile(s, 0.9)] for s in streams]
+    return lowest_within(
+        np.concatenate([*top, [NO_THRESHOLD]]), lambda thr: projected(thr) <= fa_per_hour
+    )
 
 
 def at_threshold(

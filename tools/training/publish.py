@@ -196,13 +196,14 @@ def set_stream_threshold(
     card = card_beside(weights)
     if card is None:
         raise ConfigError(f"{weights}: no card beside it; publish the model first")
-    point = stream_operating_point(bench_json, weights_digest(weights), fa_per_hour)
+    digest = weights_digest(weights)
+    point = stream_operating_point(bench_json, digest, fa_per_hour)
     card.setdefault("clip_threshold", card["threshold"])
     card["stream_operating_point"] = point
     card["threshold"] = point["threshold"]
     card.pop("near_rhyme_operating_point", None)  # a point set before, on other terms
     if near_rhymes is not None:
-        rhymes = near_rhyme_operating_point(near_rhymes, weights_digest(weights), fa_per_hour)
+        rhymes = near_rhyme_operating_point(near_rhymes, digest, fa_per_hour)
         card["near_rhyme_operating_point"] = rhymes
         card["threshold"] = max(point["threshold"], rhymes["threshold"])
     meta = with_shipped_threshold(
