@@ -103,3 +103,53 @@ def test_a_streams_add_on_holds_test_or_val_streams_only() -> None:
 
     with pytest.raises(ConfigError, match="test or val"):
         _streams_addon("pretrain-micro", "x", 2, split="train")
+
+
+@pytest.mark.parametrize("base", ["pretrain", "pretrain-micro"])
+def test_the_every_near_rhyme_add_on_gives_each_training_speaker_the_whole_pool(base: str) -> None:
+    addon = PROFILES["pretrain-nearrhymes-train" + base.removeprefix("pretrain")]
+    pool = set(texts_for(addon, "hey nova")[0])
+    main = make_speakers(0, PROFILES[base], "hey nova")
+    new = make_speakers(0, addon, "hey nova")
+    assert [(s.speaker_id, s.voice, s.split) for s in main] == [
+        (s.speaker_id, s.voice, s.split) for s in new
+    ]
+    for old, s in zip(main, new, strict=True):
+        assert not set(s.confusables) & set(old.confusables)
+        assert set(s.confusables) | set(old.confusables) == pool
+    recipes = clip_recipes(0 + addon.draw_offset, addon)
+    assert recipes and {(r.split, r.content) for r in recipes} == {("train", "conf")}
+    # Its draws are not the confusables add-on's: no room, noise or placement repeats.
+    assert addon.draw_offset not in {
+        p.draw_offset
+        for name, p in PROFILES.items()
+        if not name.startswith("pretrain-nearrhymes-train")
+    }
+
+
+@pytest.mark.slow
+def test_the_every_near_rhyme_add_on_streams_are_training_speakers_near_rhymes(tmp_path) -> None:
+    import csv
+
+    from wakefl.sdk.manifest import read_manifest
+    from wakefl.tools.corpus.build import build_corpus
+    from wakefl.tools.corpus.transcripts import read_transcript
+
+    manifest = build_corpus(tmp_path / "nr", 0, "pretrain-nearrhymes-train-micro", progress=False)
+    rows = read_manifest(manifest)
+    assert {(r.kind, r.split, r.label) for r in rows} == {
+        ("clip", "train", 0),
+        ("stream", "train", 0),
+    }
+    with (manifest.parent / "speakers.csv").open(encoding="utf-8") as f:
+        split = {r["speaker"]: r["split"] for r in csv.DictReader(f)}
+    said = [
+        u for r in rows if r.kind == "stream" for u in read_transcript(manifest.parent / r.path)
+    ]
+    mine = {
+        s.speaker_id: s
+        for s in make_speakers(0, PROFILES["pretrain-nearrhymes-train-micro"], "hey nova")
+    }
+    assert said and {u.content for u in said} == {"conf"}
+    assert {split[u.speaker] for u in said} == {"train"}
+    assert all(u.text in mine[u.speaker].confusables for u in said)
