@@ -315,8 +315,8 @@ PROFILES["pretrain-confusables-micro"] = _confusables_addon(
     "pretrain-micro", "pretrain-confusables-micro", 4, 3
 )
 # Every training speaker with every near-rhyme the main corpus did not give it (28 of 36), in
-# 9,900 clips and 1.7 h of training streams of near-rhymes only (two in a window, as held-out
-# speech has them); build it with the main corpus's seed.
+# 9,900 clips and 1.7 h of training streams of near-rhymes only (two in one window two times
+# in three, as in the near-rhyme streams); build it with the main corpus's seed.
 PROFILES["pretrain-nearrhymes-train"] = replace(
     _confusables_addon("pretrain", "pretrain-nearrhymes-train", 900, 36),
     train_streams_per_device=2, draw_offset=90,
