@@ -22,6 +22,7 @@ from wakefl.tools.probes.near_rhyme_rate import (
     paired_share,
     projected_fa_per_hour,
     projected_threshold,
+    report,
 )
 
 HOP = 0.1  # the shipped detector's hop: one raw posterior per 0.1 s
@@ -96,6 +97,11 @@ def test_the_projected_threshold_is_the_lowest_within_the_target():
     assert cell["all types"]["per_1000_said"] == pytest.approx(100.0)
     # Nothing is allowed below one event's worth: above every near-rhyme.
     assert projected_threshold(per, ordinary, 0.5) > 0.97
+    # A threshold asked for within the key's 4 decimals of the projected one does not take
+    # its entry: the entry is the projected threshold's, which set-threshold reads.
+    out = report(per, ordinary, [thr + 4e-5], [2.0])
+    assert f"{thr + 4e-5:.4f}" == f"{thr:.4f}" and list(out["at"]) == [f"{thr:.4f}"]
+    assert out["at"][f"{thr:.4f}"]["all types"]["events"] == 2
 
 
 def _speakers(folder: Path) -> dict[str, str]:

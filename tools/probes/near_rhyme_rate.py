@@ -320,7 +320,12 @@ def report(
         "ordinary_paired_share": ordinary.paired,
         "thresholds": {f"{t:g}": projected_threshold(per, ordinary, t) for t in targets},
     }
-    every = sorted({*thresholds, *out["thresholds"].values()})
+    # Keyed to 4 decimals: a threshold asked for that shares a key with a projected one
+    # yields to it, so `set-threshold` reads the projected threshold's own figures.
+    keyed = {f"{t:.4f}": t for t in thresholds} | {
+        f"{t:.4f}": t for t in out["thresholds"].values()
+    }
+    every = sorted(keyed.values())
     out["at"] = {f"{t:.4f}": at_threshold(per, t, ordinary) for t in every}
     if phrases is not None:
         for t in every:
