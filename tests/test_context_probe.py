@@ -72,6 +72,9 @@ def test_the_probe_prints_and_writes_its_breakdown(tmp_path, capsys):
     for group in ("background", "ratio (dB)", "placement", "AGC", "RT60", "distance", "utterance"):
         assert f"| {group} | v2 |" in printed
     result = json.loads(out.read_text())
+    # A committed result names no folder of the machine that made it.
+    recorded = result["models"]["v2"]["weights"]
+    assert recorded.endswith("m.safetensors") and not recorded.startswith("/")
     rates = result["models"]["v2"]["breakdown"]["condition"]
     assert set(rates) == {c.name for c in probe_conditions()}
     assert all(0.0 <= r <= 1.0 for r in rates.values())

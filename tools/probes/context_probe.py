@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from wakefl.errors import ConfigError
+from wakefl.recorded_paths import recorded_path
 from wakefl.tools.probes.context_conditions import (
     CARRIERS,
     Condition,
@@ -255,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         peaks = recording_scores(scorer, recordings)
         detected = peaks >= thr
         results[label] = {
-            "weights": str(path),
+            "weights": recorded_path(path),
             "threshold": thr,
             "threshold_source": source,
             "breakdown": breakdown(recordings, detected),
