@@ -175,3 +175,11 @@ def test_the_probe_scores_a_real_model_and_keeps_its_projection_within_target(
     )
     with pytest.raises(ConfigError, match="no transcript"):
         main(["--near-rhymes", str(nr), "--streams", str(bare), "--model", "s=pretrained:small"])
+
+
+@pytest.mark.parametrize("bad", ["1.5", "-0.1", "nan", "inf", "high"])
+def test_a_threshold_outside_zero_to_one_is_refused_before_anything_is_read(bad, capsys):
+    args = ["--near-rhymes", "nr", "--streams", "s", "--model", "m=pretrained:small"]
+    with pytest.raises(SystemExit) as exc:
+        main([*args, "--threshold", "0.9", bad])
+    assert exc.value.code == 2 and "--threshold" in capsys.readouterr().err

@@ -50,6 +50,7 @@ import numpy as np
 from wakefl.edge_runtime.detection_rule import DEFAULT_REFRACTORY_S as REFRACTORY_S
 from wakefl.edge_runtime.detection_rule import event_indices, refractory_hops
 from wakefl.errors import ConfigError
+from wakefl.operating_point import check_threshold
 from wakefl.sdk.manifest import SAMPLE_RATE
 from wakefl.tools.bench.detection import fa_rate
 from wakefl.tools.bench.detection_scoring import (
@@ -63,6 +64,16 @@ from wakefl.tools.probes.context_probe import card_threshold, model_arg
 
 DEFAULT_TARGETS = (0.5, 0.25)
 TOP_EVENTS = 10
+
+
+def target_key(fa_per_hour: float) -> str:
+    """The JSON key of a run's projected threshold for a target rate (`thresholds`)."""
+    return f"{fa_per_hour:g}"
+
+
+def threshold_key(thr: float) -> str:
+    """The JSON key of a threshold's figures (`at`): the threshold to 4 decimals."""
+    return f"{thr:.4f}"
 
 
 @dataclass(frozen=True)
@@ -318,18 +329,18 @@ def report(
             d: ordinary.said[d] / ordinary.hours[d] for d in ordinary.said
         },
         "ordinary_paired_share": ordinary.paired,
-        "thresholds": {f"{t:g}": projected_threshold(per, ordinary, t) for t in targets},
+        "thresholds": {target_key(t): projected_threshold(per, ordinary, t) for t in targets},
     }
     # Keyed to 4 decimals: a threshold asked for that shares a key with a projected one
     # yields to it, so `set-threshold` reads the projected threshold's own figures.
-    keyed = {f"{t:.4f}": t for t in thresholds} | {
-        f"{t:.4f}": t for t in out["thresholds"].values()
+    keyed = {threshold_key(t): t for t in thresholds} | {
+        threshold_key(t): t for t in out["thresholds"].values()
     }
     every = sorted(keyed.values())
-    out["at"] = {f"{t:.4f}": at_threshold(per, t, ordinary) for t in every}
+    out["at"] = {threshold_key(t): at_threshold(per, t, ordinary) for t in every}
     if phrases is not None:
         for t in every:
-            out["at"][f"{t:.4f}"]["frr"] = frr_at(phrases, t)
+            out["at"][threshold_key(t)]["frr"] = frr_at(phrases, t)
     fired = [(e, d) for d, ns in per.items() for e in event_speech(ns, every[0])]
     out["top_events"] = [
         {"score": e.score, "device_type": d, "said": [f"{t} ({s})" for s, t in e.heard]}
@@ -350,12 +361,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from wakefl.recorded_paths import recorded_path
 
     results: dict[str, Any] = {}
+    # The ordinary streams' counts depend on the window only: read once per window length.
+    ordinary_by_window: dict[float, OrdinaryStreams] = {}
     for label, (weights, given) in args.model:
         thr = card_threshold(weights) if given is None else given
         with tempfile.TemporaryDirectory(prefix="wakefl-near-rhymes-") as tmp:
             scorer = _scorer(weights, Path(tmp), args.threads)
             window_s = scorer.window_samples / SAMPLE_RATE
-            ordinary = ordinary_near_rhymes([m / "manifest.csv" for m in args.streams], window_s)
+            if window_s not in ordinary_by_window:
+                manifests = [m / "manifest.csv" for m in args.streams]
+                ordinary_by_window[window_s] = ordinary_near_rhymes(manifests, window_s)
+            ordinary = ordinary_by_window[window_s]
             per = score_near_rhymes(scorer, args.near_rhymes / "manifest.csv", label)
             phrases = None
             if args.phrases is not None:
@@ -390,10 +406,10 @@ def _table(results: dict[str, Any]) -> list[str]:
 
 
 def _unit(text: str) -> float:
-    out = float(text)
-    if not 0.0 <= out <= 1.0:
-        raise argparse.ArgumentTypeError(f"a threshold is in [0, 1], got {text!r}")
-    return out
+    try:
+        return check_threshold(float(text), repr(text))
+    except (ValueError, ConfigError) as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -143,6 +143,8 @@ def _pooled_at(rows: dict[str, Any], fa_per_hour: float, src: str) -> dict[str, 
 def near_rhyme_operating_point(probe_json: Path, digest: str, fa_per_hour: float) -> dict[str, Any]:
     """The lowest threshold whose false accepts `near_rhyme_rate` projected onto the
     validation streams within `fa_per_hour`, refused unless it scored these very weights."""
+    from wakefl.tools.probes.near_rhyme_rate import target_key, threshold_key
+
     src = f"set-threshold --near-rhymes {probe_json}"
     try:
         probe = json.loads(Path(probe_json).read_text(encoding="utf-8"))
@@ -154,10 +156,10 @@ def near_rhyme_operating_point(probe_json: Path, digest: str, fa_per_hour: float
             f"{src}: it scored other weights; score these with `python -m "
             "wakefl.tools.probes.near_rhyme_rate --model LABEL=W --json JSON`"
         )
-    key = f"{fa_per_hour:g}"
+    key = target_key(fa_per_hour)
     try:
         thr = float(mine[0]["thresholds"][key])
-        at = mine[0]["at"][f"{thr:.4f}"]["all types"]
+        at = mine[0]["at"][threshold_key(thr)]["all types"]
         found = {
             "projected_fa_per_hour": float(at["projected_fa_per_hour"]),
             "speakers": int(mine[0]["speakers"]),
