@@ -28,7 +28,7 @@ from .config import ARCHITECTURE
 from .frontend import LOG_FLOOR, DftLogMelFrontend
 from .model import KwsCnn, LogMelProbabilityModel, ProbabilityModel
 from .operating_point import METADATA_KEYS, OperatingPoint
-from .quantize import quantize_int8, synthetic_calibration_windows
+from .quantize import check_calibration_method, quantize_int8, synthetic_calibration_windows
 
 OPSET = 18
 INPUT_NAME = "wave"
@@ -142,9 +142,11 @@ def export_onnx(
     calibration_windows: np.ndarray | None = None,
     frontend: str = "log_mel",
     operating_point: OperatingPoint | None = None,
+    calibration_method: str = "minmax",
 ) -> Path:
     """Exports `model` to `out_path` (fp32, or static-QDQ int8 with `int8=True`, calibrated
-    on `calibration_windows` [N, window_samples] or on synthetic audio when None).
+    on `calibration_windows` [N, window_samples] or on synthetic audio when None, by
+    `calibration_method`: quantize.CALIBRATION_METHODS).
     `operating_point` (the shipped threshold and its detector settings) goes into the
     metadata, where the edge runtime takes its default threshold from.
 
@@ -165,6 +167,7 @@ def export_onnx(
         _export_fp32(model, out, frontend)
         _set_metadata(out, {**onnx_metadata(model, "fp32", frontend), **extra})
         return out
+    check_calibration_method(calibration_method)  # before the fp32 export, not after
     if calibration_windows is None:
         calibration_windows = synthetic_calibration_windows(cfg.window_samples, cfg.sample_rate)
     calibration_windows = np.asarray(calibration_windows, dtype=np.float32)
@@ -182,7 +185,7 @@ def export_onnx(
     with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
         fp32 = Path(tmp) / "fp32.onnx"
         _export_fp32(model, fp32, frontend)
-        quantize_int8(fp32, out, calibration)
+        quantize_int8(fp32, out, calibration, calibration_method)
     data = Path(str(out) + ".data")
     if data.exists():  # never ship a second file
         os.remove(data)

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from wakefl.errors import ConfigError
-from wakefl.tools.probes.context_probe import card_threshold, model_arg
+from wakefl.tools.probes.context_probe import thresholded_models
 
 MAX_CLIPS = 2000  # per split: 2,000 windows at 7 ratios is a few minutes of `full`
 BABBLE_VOICES = 6  # held-out speakers whose sentences make the probe's babble
@@ -224,14 +224,10 @@ def main(argv: list[str] | None = None) -> int:
         args.corpus = args.corpus.parent
     if not (args.corpus / "manifest.csv").is_file():
         raise ConfigError(f"--corpus {args.corpus}: no manifest.csv")
-    models = dict(model_arg(m) for m in args.model)
+    models = thresholded_models(args.model)
     from wakefl.tools.evaluation.model_scoring import TorchScorer
 
-    # Every model's threshold before any audio is decoded: a missing card fails at once.
-    thresholds = {
-        label: given if given is not None else card_threshold(path)
-        for label, (path, given) in models.items()
-    }
+    thresholds = {label: thr for label, (_, thr) in models.items()}
     scorers = {label: TorchScorer(path) for label, (path, _) in models.items()}
     sets = window_sets(args, next(iter(scorers.values())).window_samples)
     results: dict[str, dict[str, Any]] = {

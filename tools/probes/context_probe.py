@@ -205,6 +205,17 @@ def model_arg(text: str) -> tuple[str, tuple[Path, float | None]]:
     return label, (path, threshold)
 
 
+def thresholded_models(specs: list[str]) -> dict[str, tuple[Path, float]]:
+    """--model LABEL=WEIGHTS[@T] arguments as {label: (weights, threshold)}, a threshold not
+    given read off the card beside the weights: every one resolved before any audio, so a
+    missing card fails at once."""
+    models = dict(model_arg(m) for m in specs)
+    return {
+        label: (path, given if given is not None else card_threshold(path))
+        for label, (path, given) in models.items()
+    }
+
+
 def card_threshold(path: Path) -> float:
     from wakefl.models.kws_cnn.pretrained import card_beside
 
