@@ -91,7 +91,7 @@ def export_scores(weights: Path, windows: np.ndarray, methods: list[str]) -> Sco
     model = load_model(weights).eval()
     rate = model.cfg.sample_rate
     held_out = stream_of(bundled_calibration("held_out")[0], rate)
-    exports = {"fp32": {}} | {
+    exports: dict[str, dict[str, Any]] = {"fp32": {}} | {
         f"{name}, {method}": {
             "int8": True, "calibration_windows": calib, "calibration_method": method
         }
