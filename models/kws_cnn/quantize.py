@@ -96,6 +96,16 @@ def bundled_calibration(role: str, folder: Path = CALIBRATION_DIR) -> tuple[np.n
     return windows[keep], said
 
 
+def bundled_stream(role: str, window: int, hop: int) -> tuple[np.ndarray, str]:
+    """The shipped calibration set's windows of `role` played one after another as a
+    stream and cut again into [N, window] windows every `hop` samples: every offset a
+    streaming device scores. With the line of `bundled_calibration` saying what they hold."""
+    from wakefl.edge_runtime.detection_rule import stream_windows
+
+    windows, said = bundled_calibration(role)
+    return np.ascontiguousarray(stream_windows(windows.reshape(-1), window, hop)), said
+
+
 def decision_agreement(fp32: np.ndarray, int8: np.ndarray, threshold: float) -> dict[str, Any]:
     """How often the int8 model decides as the fp32 model does at `threshold` (a window
     fires when its score reaches it), over the same windows, and their largest score gap."""

@@ -313,23 +313,17 @@ def _int8_agreement(model: Any, int8_path: Path, point: Any) -> dict[str, Any]:
     without one), on the shipped calibration set's held-out windows played as a stream at
     the detector's 0.1 s hop: voices calibration never heard, at every offset a device
     scores. Warns on stderr below AGREEMENT_FLOOR."""
-    import numpy as np
     import torch
 
     from wakefl.edge_runtime import OnnxScorer
-    from wakefl.edge_runtime.detection_rule import hop_samples, stream_windows
-    from wakefl.models.kws_cnn.quantize import (
-        AGREEMENT_FLOOR,
-        bundled_calibration,
-        decision_agreement,
-    )
+    from wakefl.edge_runtime.detection_rule import hop_samples
+    from wakefl.models.kws_cnn.quantize import AGREEMENT_FLOOR, bundled_stream, decision_agreement
 
-    held_out, said = bundled_calibration("held_out")
     cfg = model.cfg
     hop = hop_samples(0.1, cfg.sample_rate)
-    windows = stream_windows(held_out.reshape(-1), cfg.window_samples, hop)
+    windows, said = bundled_stream("held_out", cfg.window_samples, hop)
     with torch.no_grad():
-        fp32 = model.predict_proba(torch.from_numpy(np.ascontiguousarray(windows))).numpy()
+        fp32 = model.predict_proba(torch.from_numpy(windows)).numpy()
     int8 = OnnxScorer(int8_path).score(windows)
     threshold = 0.5 if point is None else point.threshold
     check = {**decision_agreement(fp32, int8, threshold), "held_out": said}

@@ -36,25 +36,16 @@ from wakefl.tools.probes.babble_fit import clip_windows
 from wakefl.tools.probes.context_probe import thresholded_models
 
 MAX_CLIPS = 5000  # per label
-HOP_S = 0.1  # the shipped detector's hop
 NEAR = 0.01  # "near the threshold": within this of it, in fp32
 CALIBRATIONS = ("shipped", "shipped-stream")
 
 
-def stream_of(windows: np.ndarray, sample_rate: int) -> np.ndarray:
-    """`windows` [N, T] one after another, cut again into windows of T at the detector's hop."""
-    from wakefl.edge_runtime.detection_rule import hop_samples, stream_windows
-
-    hop = hop_samples(HOP_S, sample_rate)
-    return np.ascontiguousarray(stream_windows(windows.reshape(-1), windows.shape[1], hop))
-
-
-def calibration_sets(sample_rate: int) -> dict[str, np.ndarray]:
+def calibration_sets(window: int, hop: int) -> dict[str, np.ndarray]:
     """CALIBRATIONS' windows: the shipped calibration set's, alone or as a stream."""
-    from wakefl.models.kws_cnn.quantize import bundled_calibration
+    from wakefl.models.kws_cnn.quantize import bundled_calibration, bundled_stream
 
     shipped, _ = bundled_calibration("calibration")
-    return {"shipped": shipped, "shipped-stream": stream_of(shipped, sample_rate)}
+    return {"shipped": shipped, "shipped-stream": bundled_stream("calibration", window, hop)[0]}
 
 
 def _logit(p: np.ndarray) -> np.ndarray:
@@ -85,17 +76,19 @@ def export_scores(weights: Path, windows: np.ndarray, methods: list[str]) -> Sco
     """The scores of one weights file's fp32 export ("fp32") and of each calibration's int8
     export, on `windows` and on the held-out stream windows."""
     from wakefl.edge_runtime import OnnxScorer
+    from wakefl.edge_runtime.detection_rule import hop_samples
     from wakefl.models.kws_cnn import export_onnx, load_model
-    from wakefl.models.kws_cnn.quantize import bundled_calibration
+    from wakefl.models.kws_cnn.quantize import bundled_stream
+    from wakefl.operating_point import DEFAULT_HOP_S
 
     model = load_model(weights).eval()
-    rate = model.cfg.sample_rate
-    held_out = stream_of(bundled_calibration("held_out")[0], rate)
+    window, hop = model.cfg.window_samples, hop_samples(DEFAULT_HOP_S, model.cfg.sample_rate)
+    held_out, _ = bundled_stream("held_out", window, hop)
     exports: dict[str, dict[str, Any]] = {"fp32": {}} | {
         f"{name}, {method}": {
             "int8": True, "calibration_windows": calib, "calibration_method": method
         }
-        for name, calib in calibration_sets(rate).items()
+        for name, calib in calibration_sets(window, hop).items()
         for method in methods
     }  # fmt: skip
     scores: Scores = {}
@@ -108,16 +101,20 @@ def export_scores(weights: Path, windows: np.ndarray, methods: list[str]) -> Sco
 
 def model_rows(scores: Scores, labels: np.ndarray, threshold: float) -> dict[str, Any]:
     """One model's fp32 export against each calibration's int8 export, at `threshold`."""
+    from wakefl.models.kws_cnn.quantize import decision_agreement
+
     ref, ref_held = scores["fp32"]
     rows: dict[str, Any] = {}
     for name, (clips, held_out) in scores.items():
         if name == "fp32":
             continue
-        row = compare(ref, clips, labels, threshold)
-        held = compare(ref_held, held_out, np.zeros(len(held_out)), threshold)
+        held = decision_agreement(ref_held, held_out, threshold)  # what the export checks
         rows[name] = {
-            **row,
-            "held_out_stream": {"windows": held["windows"], "differ": held["differ"]},
+            **compare(ref, clips, labels, threshold),
+            "held_out_stream": {
+                "windows": held["windows"],
+                "differ": held["windows"] - held["agree"],
+            },
         }
     near = int(np.count_nonzero(np.abs(ref - threshold) < NEAR))
     return {"threshold": threshold, "near_threshold": near, "calibrations": rows}
