@@ -20,11 +20,18 @@ SUPPORTED_VERSIONS = (1, 2)
 # GroupNorm over the whole window, per frame, or over a causal decaying average of frames
 NORMS = ("group", "frame", "causal")
 TIME_POOLS = ("mean", "lse", "max")  # features averaged, or frame decisions pooled
-GAIN_NORMS = ("none", "pcen")  # log-mel as is, or per-channel energy normalization
+# log-mel as is, per-channel energy normalization, or its gain stage alone in the log domain
+GAIN_NORMS = ("none", "pcen", "log_agc")
 # What the model trained for speech around the phrase uses (models/kws_cnn/model.py), and
 # what every version-1 model is.
 CONTEXT_ROBUST = {"norm": "frame", "time_pool": "lse", "gain_norm": "pcen", "first_time_pool": 2}
-V1_CHOICES = {"norm": "group", "time_pool": "mean", "gain_norm": "none", "first_time_pool": 3}
+V1_CHOICES = {
+    "norm": "group",
+    "time_pool": "mean",
+    "gain_norm": "none",
+    "first_time_pool": 3,
+    "gain_alpha": 0.98,
+}
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,9 @@ class ModelConfig:
     time_pool: str = "mean"
     gain_norm: str = "none"
     first_time_pool: int = 3  # the first pooling layer's time kernel (3: 30 ms frames)
+    # log_agc's share of each channel's recent level taken out (gain_norm.py LogAgc); a
+    # file names it only with gain_norm "log_agc", so every other file stays as it was.
+    gain_alpha: float = 0.98
 
     def __post_init__(self) -> None:
         if not (0.0 < self.width <= 4.0):
@@ -72,13 +82,17 @@ class ModelConfig:
         ):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"{name} must be one of {', '.join(allowed)}")
+        if not 0.0 <= self.gain_alpha <= 1.0:  # False for NaN too
+            raise ConfigError(f"gain_alpha must be in [0, 1], got {self.gain_alpha}")
+        if self.gain_norm != "log_agc" and self.gain_alpha != V1_CHOICES["gain_alpha"]:
+            raise ConfigError("gain_alpha applies to gain_norm log_agc only")
         if self.first_time_pool not in (2, 3):
             raise ConfigError(f"first_time_pool must be 2 or 3, got {self.first_time_pool}")
         if self.version == 1 and self.architecture_choices() != V1_CHOICES:
             raise ConfigError("a version-1 model has GroupNorm, mean pooling and log-mel only")
 
     def architecture_choices(self) -> dict[str, Any]:
-        """The version-2 choices of this model (norm, time pooling, gain, first pool)."""
+        """The version-2 choices of this model (norm, time pooling, gain, first pool, alpha)."""
         return {k: getattr(self, k) for k in V1_CHOICES}
 
     @classmethod
@@ -109,6 +123,8 @@ class ModelConfig:
         if self.version == 1:  # version-1 files stay byte-for-byte what they were
             for k in V1_CHOICES:
                 d.pop(k)
+        elif self.gain_norm != "log_agc":
+            d.pop("gain_alpha")
         return d
 
     @classmethod

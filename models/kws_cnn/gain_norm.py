@@ -52,3 +52,17 @@ class Pcen(nn.Module):
         # E / (eps + M)^alpha in the log domain: no overflow for a loud frame after silence.
         ratio = torch.exp(log_mel - PCEN_ALPHA * torch.log(smooth + PCEN_EPS))
         return (ratio + PCEN_DELTA) ** PCEN_R - PCEN_DELTA**PCEN_R
+
+
+class LogAgc(nn.Module):
+    """log-mel [B, n_mels, frames] -> log-mel less `alpha` times each channel's log level over
+    the frames before (the PCEN smoother), for a fixed frame count."""
+
+    def __init__(self, frames: int, alpha: float) -> None:
+        super().__init__()
+        self.alpha = float(alpha)
+        self.register_buffer("smoother", smoother_matrix(frames).float(), persistent=False)
+
+    def forward(self, log_mel: torch.Tensor) -> torch.Tensor:
+        smooth = torch.matmul(torch.exp(log_mel), self.get_buffer("smoother"))
+        return log_mel - self.alpha * torch.log(smooth + PCEN_EPS)

@@ -11,7 +11,9 @@ frames. Version 2 (`ModelConfig.context_robust()`) keeps a phrase's score its ow
   frequencies, so nothing outside a frame's receptive field changes it;
 - the head scores every frame of the last map, and the window's score is a log-mean-exp
   of those frame scores (a soft maximum): the frames that hold the phrase decide;
-- PCEN on the log-mel (gain_norm.py): a gain that changes over time is divided out;
+- PCEN on the log-mel (gain_norm.py): a gain that changes over time is divided out
+  (or `gain_norm="log_agc"`, its gain stage alone, which a log-mel model can be moved to
+  a little at a time);
 - a first pool of 2 frames instead of 3, so a last-map frame sees about 1.0 s (102
   frames) rather than the whole window, with a frame every 160 ms.
 Every choice keeps the parameter shapes, so a version-1 checkpoint initializes a
@@ -23,16 +25,19 @@ that the pooled frame decisions are the choice that carries over from version-1 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
 import torch
 from torch import nn
 
+from wakefl.errors import ConfigError
+
 from .config import ModelConfig
 from .flat_params import head_slice
 from .frontend import LogMelFrontend
-from .gain_norm import Pcen
+from .gain_norm import LogAgc, Pcen
 
 # ("conv", channels at width 1.0) or ("pool", (freq, time) kernel). Channels grow as the
 # map shrinks, so most parameters sit where the feature map is small and cheap to run.
@@ -129,7 +134,7 @@ class KwsCnn(nn.Module):
         super().__init__()
         self.cfg = cfg if cfg is not None else ModelConfig()
         self.frontend = LogMelFrontend(self.cfg)
-        self.gain_norm = Pcen(self.cfg.n_frames) if self.cfg.gain_norm == "pcen" else None
+        self.gain_norm = self._gain_norm()
         layers: list[nn.Module] = []
         cin = 1
         frames, frame_s = self.cfg.n_frames, self.cfg.hop_ms / 1000.0
@@ -158,6 +163,21 @@ class KwsCnn(nn.Module):
             nn.ReLU(inplace=True),
             nn.Linear(HEAD_HIDDEN, self.cfg.n_classes),
         )
+
+    def _gain_norm(self) -> nn.Module | None:
+        if self.cfg.gain_norm == "pcen":
+            return Pcen(self.cfg.n_frames)
+        if self.cfg.gain_norm == "log_agc":
+            return LogAgc(self.cfg.n_frames, self.cfg.gain_alpha)
+        return None
+
+    def set_gain_alpha(self, alpha: float) -> None:
+        """Moves a log_agc model's gain_alpha (config included, so a checkpoint saved now
+        says what it computes): how a run brings log-mel weights over to the AGC."""
+        if not isinstance(self.gain_norm, LogAgc):
+            raise ConfigError("set_gain_alpha needs a model with gain_norm log_agc")
+        self.cfg = dataclasses.replace(self.cfg, gain_alpha=float(alpha))
+        self.gain_norm.alpha = self.cfg.gain_alpha
 
     def _norm(self, channels: int, frames: int, frame_s: float) -> nn.Module:
         if self.cfg.norm == "causal":

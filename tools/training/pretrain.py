@@ -54,6 +54,7 @@ from wakefl.tools.training.settings import (
     WIDEN_NOISE,
     PretrainSettings,
     distillation_in_range,
+    gain_alpha_at,
     lr_at,
 )
 from wakefl.tools.training.validation import better, score_batches, validate
@@ -207,6 +208,8 @@ def train_step(
 
     for g in opt.param_groups:
         g["lr"] = lr_at(step, s)
+    if s.gain_ramp_samples > 0:
+        model.set_gain_alpha(gain_alpha_at(step, s, s.model_config().gain_alpha))
     gen.manual_seed(s.seed * 1_000_003 + step)  # the masks of step k depend on k alone
     feats = augmented_log_mel(model, x.to(s.device), gen, s.spec_masks, s.mel_warp, s.time_warp)
     logits = model.classify(feats)

@@ -187,7 +187,17 @@ def _add_pretrain_context_options(pre: argparse.ArgumentParser) -> None:
         metavar="ARCH",
         help="v1 (the shipped models' layout) or v2 (per-frame norm, pooled frame decisions, "
         "PCEN: the phrase keeps its score beside other speech); v2,KEY=VALUE,... overrides "
-        "one of its choices (norm, time_pool, gain_norm, first_time_pool) for an ablation",
+        "one of its choices (norm, time_pool, gain_norm, first_time_pool, gain_alpha) for an "
+        "ablation; gain_norm=log_agc is PCEN's gain stage alone, in the log domain",
+    )
+    pre.add_argument(
+        "--gain-ramp-samples",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with gain_norm=log_agc: raise its gain_alpha from 0 (plain log-mel, what an "
+        "--init-from model knows) to the arch's value over the first N samples (default 0: "
+        "from the first step)",
     )
     pre.add_argument(
         "--window-cache",

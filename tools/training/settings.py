@@ -120,6 +120,11 @@ class PretrainSettings:
     # The model: "v1" (every shipped model) or "v2" (ModelConfig.context_robust), with
     # optional overrides of its choices, e.g. "v2,gain_norm=none" (an ablation).
     arch: str = "v1"
+    # With `gain_norm=log_agc` in `arch`: its gain_alpha rises from 0 (the log-mel itself,
+    # what an --init-from model was trained on) to the arch's value over this many training
+    # samples, so trained weights follow the change of input instead of meeting all of it
+    # at once; 0 = the arch's value from the first step.
+    gain_ramp_samples: int = 0
     # A folder of rendered windows (tools/training/window_cache.py) to train over instead
     # of augmenting each batch anew; the first run that names it renders `cache_windows`.
     window_cache: str = ""
@@ -167,8 +172,8 @@ FIELD_PRESETS = {
 
 
 def model_config(arch: str, width: float) -> ModelConfig:
-    """ "v1", "v2" or "v2,KEY=VALUE,..." (norm, time_pool, gain_norm, first_time_pool) as a
-    ModelConfig of `width`; ConfigError for anything else."""
+    """ "v1", "v2" or "v2,KEY=VALUE,..." (norm, time_pool, gain_norm, first_time_pool,
+    gain_alpha) as a ModelConfig of `width`; ConfigError for anything else."""
     name, *overrides = [part.strip() for part in arch.split(",")]
     if name not in ("v1", "v2") or (name == "v1" and overrides):
         raise ConfigError(f"--arch must be v1, v2 or v2,KEY=VALUE,..., got {arch!r}")
@@ -179,8 +184,27 @@ def model_config(arch: str, width: float) -> ModelConfig:
         key, _, value = item.partition("=")
         if key not in V1_CHOICES or not value:
             raise ConfigError(f"--arch: {item!r} is not KEY=VALUE with KEY in {sorted(V1_CHOICES)}")
-        choices[key] = int(value) if key == "first_time_pool" and value.isdigit() else value
+        choices[key] = _choice_value(key, value)
     return ModelConfig.context_robust(width=width, **choices)
+
+
+def _choice_value(key: str, value: str) -> object:
+    if key == "first_time_pool" and value.isdigit():
+        return int(value)
+    if key == "gain_alpha":
+        try:
+            return float(value)
+        except ValueError:
+            raise ConfigError(f"--arch: gain_alpha must be a number, got {value!r}") from None
+    return value
+
+
+def gain_alpha_at(step: int, s: PretrainSettings, target: float) -> float:
+    """The log_agc model's gain_alpha at `step`: rising linearly from 0 to `target` over the
+    first `gain_ramp_samples` samples, then `target`."""
+    if s.gain_ramp_samples <= 0:
+        return target
+    return target * min(1.0, (step + 1) * s.batch_size / s.gain_ramp_samples)
 
 
 def lr_at(step: int, s: PretrainSettings) -> float:
@@ -281,7 +305,9 @@ def settings_from_flags(args: argparse.Namespace) -> PretrainSettings:
     _check_augmentation(args)
     _check_corpora(args)
     teacher, distill_weight, distill_temperature = distillation_from_flags(args)
-    model_config(args.arch, args.width)  # refused here, before any data is decoded
+    arch = model_config(args.arch, args.width)  # refused here, before any data is decoded
+    if args.gain_ramp_samples != 0 and (arch.gain_norm != "log_agc" or args.gain_ramp_samples < 0):
+        raise ConfigError("--gain-ramp-samples needs --arch v2,gain_norm=log_agc,... and N >= 0")
     if args.window_cache is not None and (args.hard_negatives > 0 or args.cache_windows < 1):
         raise ConfigError(
             "--window-cache needs --cache-windows N >= 1 and no --hard-negatives (mining "
@@ -327,6 +353,7 @@ def settings_from_flags(args: argparse.Namespace) -> PretrainSettings:
         speech_over_near_rhymes=args.speech_over_near_rhymes == "yes",
         speech_over_stream_near_rhymes=args.speech_over_stream_near_rhymes == "yes",
         arch=args.arch,
+        gain_ramp_samples=args.gain_ramp_samples,
         window_cache=str(args.window_cache) if args.window_cache is not None else "",
         cache_windows=args.cache_windows,
         val_corpus=str(args.val_corpus.resolve()) if args.val_corpus is not None else "",
