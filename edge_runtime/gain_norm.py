@@ -1,6 +1,6 @@
 """PCEN and the log-domain AGC in numpy: the model's gain normalizations
-(models/kws_cnn/gain_norm.py), for a device that computes the model's input features outside the ONNX graph, and the reference the
-torch form is tested against (to 1e-4).
+(models/kws_cnn/gain_norm.py), for a device that computes the model's input features
+outside the ONNX graph, and the reference the torch form is tested against (to 1e-4).
 
 The exported graph computes PCEN itself from the log-mel this package feeds it, so the
 streaming detector needs nothing from here; a port of the frontend to another runtime
