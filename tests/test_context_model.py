@@ -62,7 +62,7 @@ def test_version_2_has_the_parameters_of_version_1_and_loads_its_weights(tmp_pat
     # A version-1 config file names none of the new choices: shipped files stay as they are.
     assert set(ModelConfig(width=0.25).to_dict()) == {
         f.name for f in dataclasses.fields(ModelConfig)
-    } - {"norm", "time_pool", "gain_norm", "first_time_pool"}
+    } - {"norm", "time_pool", "gain_norm", "first_time_pool", "gain_alpha"}
 
 
 @pytest.mark.parametrize(
