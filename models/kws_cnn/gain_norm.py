@@ -38,6 +38,11 @@ def smoother_matrix(frames: int, s: float = PCEN_S) -> torch.Tensor:
     return k
 
 
+def smoothed_energy(log_mel: torch.Tensor, smoother: torch.Tensor) -> torch.Tensor:
+    """The smoother M of E = exp(log-mel) per channel, with `smoother` = smoother_matrix."""
+    return torch.matmul(torch.exp(log_mel), smoother)
+
+
 class Pcen(nn.Module):
     """log-mel [B, n_mels, frames] -> PCEN [B, n_mels, frames], for a fixed frame count."""
 
@@ -47,8 +52,7 @@ class Pcen(nn.Module):
         self.register_buffer("smoother", smoother_matrix(frames).float(), persistent=False)
 
     def forward(self, log_mel: torch.Tensor) -> torch.Tensor:
-        energy = torch.exp(log_mel)
-        smooth = torch.matmul(energy, self.get_buffer("smoother"))
+        smooth = smoothed_energy(log_mel, self.get_buffer("smoother"))
         # E / (eps + M)^alpha in the log domain: no overflow for a loud frame after silence.
         ratio = torch.exp(log_mel - PCEN_ALPHA * torch.log(smooth + PCEN_EPS))
         return (ratio + PCEN_DELTA) ** PCEN_R - PCEN_DELTA**PCEN_R
@@ -64,5 +68,5 @@ class LogAgc(nn.Module):
         self.register_buffer("smoother", smoother_matrix(frames).float(), persistent=False)
 
     def forward(self, log_mel: torch.Tensor) -> torch.Tensor:
-        smooth = torch.matmul(torch.exp(log_mel), self.get_buffer("smoother"))
+        smooth = smoothed_energy(log_mel, self.get_buffer("smoother"))
         return log_mel - self.alpha * torch.log(smooth + PCEN_EPS)

@@ -5,6 +5,7 @@ explained where it is declared), the settings `wakefl model pretrain`'s flags as
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 from dataclasses import dataclass
 
@@ -171,6 +172,8 @@ FIELD_PRESETS = {
 }
 
 
+# Cached: a frozen result of a pure parse, which a ramped run asks for at every step.
+@functools.lru_cache(maxsize=16)
 def model_config(arch: str, width: float) -> ModelConfig:
     """ "v1", "v2" or "v2,KEY=VALUE,..." (norm, time_pool, gain_norm, first_time_pool,
     gain_alpha) as a ModelConfig of `width`; ConfigError for anything else."""
