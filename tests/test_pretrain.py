@@ -20,9 +20,16 @@ from wakefl.sdk.manifest import read_manifest
 from wakefl.tools.augmentation.wave_augment import AugmentBank, augment_window, fit_window
 from wakefl.tools.corpus.build import build_corpus
 from wakefl.tools.training.data import load_pretrain_data, make_batch
-from wakefl.tools.training.pretrain import distill_loss, pretrain
+from wakefl.tools.training.distillation import distill_loss
+from wakefl.tools.training.pretrain import pretrain
 from wakefl.tools.training.publish import publish
-from wakefl.tools.training.settings import BEST, BEST_CARD, STATE_INFO, PretrainSettings, lr_at
+from wakefl.tools.training.settings import (
+    BEST,
+    BEST_CARD,
+    STATE_INFO,
+    PretrainSettings,
+    lr_at,
+)
 from wakefl.tools.training.validation import score_batches, threshold_for_fa
 
 

@@ -389,6 +389,7 @@ def _pretrain(args: argparse.Namespace) -> int:
         max_minutes=args.max_minutes,
         progress=not args.quiet,
         extra=args.extra_corpus,
+        start_step=args.start_step,
     )
     best = info.get("best") or {}
     print(

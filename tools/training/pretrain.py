@@ -1,7 +1,8 @@
 """`wakefl model pretrain`: train the wake-word model offline on the pretraining corpus.
 This module is the training loop; beside it are the run's settings (tools/training/settings.py),
 its data and batches (tools/training/data.py), validation (tools/training/validation.py), checkpoints
-(tools/training/checkpoints.py) and publishing a run as a shipped model (tools/training/publish.py).
+(tools/training/checkpoints.py), distillation (tools/training/distillation.py) and publishing
+a run as a shipped model (tools/training/publish.py).
 
 Every batch is drawn fresh: a third wake-phrase clips, the rest negatives (clips of confusable
 phrases, other speech and background, and random 1.5 s cuts of the training streams), each
@@ -24,6 +25,9 @@ figure, history) every `checkpoint_minutes`, written atomically. `--resume` cont
 them; the batch of step k depends only on (seed, k), so a resumed run sees the same data a
 run without the kill would have seen (with mining on: on (seed, k) and the pool, whose
 descriptors the checkpoint carries).
+When the run's folder is gone (a new machine) but its step-k weights were committed,
+`--init-from WEIGHTS --start-step k` continues it: the same schedule and data from step k,
+the optimizer moments started afresh.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from wakefl.tools.training.data import (
     load_pretrain_data,
     narrow_to_speech_source,
 )
+from wakefl.tools.training.distillation import distill_loss, load_teacher
 from wakefl.tools.training.logit_margin import logit_margin_loss, positive_margin_loss
 from wakefl.tools.training.settings import (
     BALANCE_KEYS,
@@ -234,47 +239,6 @@ def train_step(
     return loss.item()
 
 
-def distill_loss(student: Tensor, teacher: Tensor, temperature: float) -> Tensor:
-    """KL divergence from the teacher's class probabilities to the student's, both at
-    `temperature`, scaled by its square so that its gradients keep the size of the label
-    loss's whatever the temperature (Hinton et al., 2015)."""
-    import torch.nn.functional as F
-
-    t = float(temperature)
-    return (t * t) * F.kl_div(
-        F.log_softmax(student / t, dim=1),
-        F.log_softmax(teacher / t, dim=1),
-        log_target=True,
-        reduction="batchmean",
-    )
-
-
-def load_teacher(
-    s: PretrainSettings, model: KwsCnn, info: dict[str, Any], out: Path
-) -> KwsCnn | None:
-    """The run's teacher (frozen, on the run's device), or None without distillation. Its
-    weights digest goes into the run's state; a resumed run must name the same teacher."""
-    if not s.distill_from:
-        return None
-    import dataclasses
-
-    from wakefl.models.kws_cnn import load_model, weights_digest
-
-    teacher = load_model(Path(s.distill_from))
-    if dataclasses.replace(teacher.cfg, width=model.cfg.width) != model.cfg:
-        raise ConfigError(f"--distill-from {s.distill_from}: its frontend or version differs")
-    digest = weights_digest(Path(s.distill_from))
-    if info.setdefault("teacher_digest", digest) != digest:
-        raise ConfigError(
-            f"--resume: the run in {out} was distilled from other weights "
-            f"({info['teacher_digest'][:12]}), --distill-from {s.distill_from} is {digest[:12]}"
-        )
-    teacher = teacher.float().to(s.device).eval()
-    for p in teacher.parameters():
-        p.requires_grad_(False)
-    return teacher
-
-
 def _validate_and_record(
     out: Path,
     model: KwsCnn,
@@ -342,6 +306,24 @@ def _new_run(out: Path, s: PretrainSettings, resume: bool) -> tuple[KwsCnn, torc
             "or choose a new --out"
         )
     return seeded_model(s)
+
+
+def _check_start_step(
+    start_step: int, s: PretrainSettings, resume: bool, init_from: Path | None
+) -> None:
+    """A run continued from committed weights starts inside its schedule, from those weights
+    and nowhere else: a run in --out carries its own step."""
+    if start_step == 0:
+        return
+    if init_from is None or resume:
+        raise ConfigError(
+            "--start-step continues committed weights: give --init-from, not --resume"
+        )
+    if not 0 < start_step < s.total_steps:
+        raise ConfigError(
+            f"--start-step {start_step} is outside the run's {s.total_steps} steps "
+            f"(--samples {s.samples} at batch {s.batch_size})"
+        )
 
 
 def _out_of_time(
@@ -543,16 +525,21 @@ def pretrain(
     progress: bool = True,
     max_steps: int | None = None,
     extra: Sequence[Path] = (),
+    start_step: int = 0,
 ) -> dict[str, Any]:
     """Train (or resume) into `out`; returns the final state info. Stops at `s.samples` or
     after `max_minutes` or `max_steps` in this call (checkpointing first). `init_from` starts a
-    new run from saved weights (no optimizer state); `extra` corpora add training audio."""
+    new run from saved weights (no optimizer state), at `start_step` of the schedule when
+    given; `extra` corpora add training audio."""
     import torch
 
     from wakefl.sdk.atomic_files import write_atomic
 
+    _check_start_step(start_step, s, resume, init_from)
     model, opt = _new_run(out, s, resume)
     info = _start_info(out, s, manifest, model, opt, resume, init_from, extra)
+    if start_step:
+        info.update(step=start_step, continued_at_step=start_step)
     teacher = load_teacher(s, model, info, out)  # checked before the corpus's long decode
     data = _load_data(manifest, model.cfg.window_samples, s, progress, extra)
     step = int(info["step"])

@@ -90,6 +90,14 @@ def _add_pretrain_run_options(pre: argparse.ArgumentParser) -> None:
         ),
     )
     pre.add_argument(
+        "--start-step",
+        type=int,
+        default=0,
+        metavar="K",
+        help="with --init-from: begin at step K of the schedule and data, to continue a run "
+        "(same --seed, --samples) from its step-K weights once its --out is gone",
+    )
+    pre.add_argument(
         "--samples",
         type=int,
         default=400_000,
