@@ -185,3 +185,20 @@ def test_the_compact_add_on_holds_the_compact_corpus_speakers_with_no_validation
     assert (addon.val_clips, addon.val_streams_per_device) == (0, 0)
     # 2.5 h of test stream over the five device types: one false accept is 0.4 FA/h.
     assert 5 * addon.streams_per_device * addon.stream_seconds / 3600 == pytest.approx(2.5)
+
+
+def test_the_subset_is_the_full_add_on_less_its_validation_set_and_all_but_one_stream() -> None:
+    from dataclasses import replace
+
+    from wakefl.tools.corpus.plan import FIELD_ACOUSTICS_PROFILES, PROFILES
+
+    full, subset = PROFILES["pretrain-acoustics"], PROFILES["pretrain-acoustics-subset"]
+    assert "pretrain-acoustics-subset" in FIELD_ACOUSTICS_PROFILES
+    assert subset == replace(
+        full,
+        name="pretrain-acoustics-subset",
+        val_clips=0,
+        val_streams_per_device=0,
+        streams_per_device=1,
+        unseen_streams_per_device=1,
+    )
