@@ -336,13 +336,11 @@ PROFILES["pretrain-compact-confusables"] = _confusables_addon(
 def _acoustics_addon(
     base: str, name: str, clips: tuple[int, int, int], streams: tuple[int, int, int], rooms: int
 ) -> CorpusProfile:
-    """An add-on of held-out sets only, rendered through the second acoustic simulation
-    (tools/acoustics/field_acoustics.py, tools/corpus/field_corpus.py) instead of the training devices:
-    `base`'s validation and test speakers (build it with the same seed) and its unseen
-    voices. `clips` are (validation, test, unseen test) clips per device type, `streams`
-    the same counts of negative streams, `rooms` image-source rooms per device type (about
-    a second each to simulate), so that checkpoints and thresholds can be chosen on
-    acoustics that training never used."""
+    """Held-out sets only, through the second acoustic simulation (tools/corpus/field_corpus.py)
+    instead of the training devices, so that checkpoints and thresholds are chosen on
+    acoustics training never used: `base`'s validation, test and unseen speakers (same seed).
+    Per device type: `clips` (validation, test, unseen test), `streams` the same counts of
+    negative streams, `rooms` image-source rooms (about a second each to simulate)."""
     return _addon(
         base,
         name,
@@ -366,9 +364,8 @@ PROFILES["pretrain-acoustics"] = _acoustics_addon(
 PROFILES["pretrain-acoustics-micro"] = _acoustics_addon(
     "pretrain-micro", "pretrain-acoustics-micro", (6, 6, 6), (1, 1, 1), 2
 )
-# The add-on's test half as the line's rules read it: no validation set, the first test and
-# unseen-voice stream per type (each clip and stream is keyed by its own index, so these are
-# the full add-on's, byte for byte); about 2 minutes to score a model on 2 cores.
+# Its test half, which the model card's rules score: no validation set, one test and one
+# unseen-voice stream per type (keyed by index: the full add-on's clips and streams).
 PROFILES["pretrain-acoustics-subset"] = _acoustics_addon(
     "pretrain", "pretrain-acoustics-subset", (0, 1000, 600), (0, 1, 1), 12
 )
@@ -379,11 +376,8 @@ PROFILES["pretrain-acoustics-subset"] = _acoustics_addon(
 PROFILES["pretrain-compact-acoustics"] = _acoustics_addon(
     "pretrain-compact", "pretrain-compact-acoustics", (0, 200, 100), (0, 6, 6), 6
 )
-# Profiles that corpus_build hands to tools/corpus/field_corpus.py.
-FIELD_ACOUSTICS_PROFILES = (
-    "pretrain-acoustics", "pretrain-acoustics-micro", "pretrain-acoustics-subset",
-    "pretrain-compact-acoustics",
-)  # fmt: skip
+# Profiles that corpus_build hands to tools/corpus/field_corpus.py: the acoustics add-ons.
+FIELD_ACOUSTICS_PROFILES = tuple(name for name in PROFILES if "acoustics" in name)
 
 
 # A fleet of users the shipped model serves badly (`wakefl demo`'s default): each device type
