@@ -27,7 +27,7 @@ run without the kill would have seen (with mining on: on (seed, k) and the pool,
 descriptors the checkpoint carries).
 When the run's folder is gone (a new machine) but its step-k weights were committed,
 `--init-from WEIGHTS --start-step k` continues it: the same schedule and data from step k,
-the optimizer moments started afresh.
+the optimizer moments started afresh and the rate warmed up again over `warmup_steps`.
 """
 
 from __future__ import annotations
@@ -58,9 +58,9 @@ from wakefl.tools.training.settings import (
     STATE_INFO,
     WIDEN_NOISE,
     PretrainSettings,
+    continued_lr_at,
     distillation_in_range,
     gain_alpha_at,
-    lr_at,
 )
 from wakefl.tools.training.validation import better, score_batches, validate
 
@@ -206,13 +206,15 @@ def train_step(
     gen: torch.Generator,
     s: PretrainSettings,
     teacher: KwsCnn | None = None,
+    continued_at: int | None = None,
 ) -> float:
-    """One optimizer step at the schedule's learning rate; returns the batch loss."""
+    """One optimizer step at the schedule's learning rate (warmed up again from
+    `continued_at`, where a run continued from committed weights); returns the batch loss."""
     import torch
     import torch.nn.functional as F
 
     for g in opt.param_groups:
-        g["lr"] = lr_at(step, s)
+        g["lr"] = continued_lr_at(step, s, continued_at)
     if s.gain_ramp_samples > 0:
         model.set_gain_alpha(gain_alpha_at(step, s, s.model_config().gain_alpha))
     gen.manual_seed(s.seed * 1_000_003 + step)  # the masks of step k depend on k alone
@@ -254,7 +256,7 @@ def _validate_and_record(
         "step": step + 1,
         "samples": (step + 1) * s.batch_size,
         "loss": running,
-        "lr": lr_at(step, s),
+        "lr": continued_lr_at(step, s, info.get("continued_at_step")),
         "seconds": info["seconds"],
         **metrics,
     }
@@ -436,7 +438,9 @@ def _train_segment(run: _Run, first: int, end: int) -> tuple[int, bool]:
         else batch_stream(run.data, first, s, workers=s.workers, end_step=end)
     )
     for step, (x, y) in enumerate(batches, start=first):
-        loss = train_step(run.model, run.opt, x, y, step, run.gen, s, run.teacher)
+        loss = train_step(
+            run.model, run.opt, x, y, step, run.gen, s, run.teacher, info.get("continued_at_step")
+        )
         run.running = loss if run.running is None else 0.98 * run.running + 0.02 * loss
         info["step"] = step + 1
         info["seconds"] = run.seconds0 + time.monotonic() - run.t0

@@ -218,6 +218,15 @@ def lr_at(step: int, s: PretrainSettings) -> float:
     return s.lr * (0.05 + 0.95 * 0.5 * (1.0 + math.cos(math.pi * frac)))
 
 
+def continued_lr_at(step: int, s: PretrainSettings, continued_at: int | None) -> float:
+    """The schedule's learning rate, warmed up again over `warmup_steps` from the step a run
+    was continued at (`--start-step`): its optimizer moments start from zero there, and
+    Adam's first steps on fresh moments move every weight by about the full rate."""
+    if continued_at is None:
+        return lr_at(step, s)
+    return lr_at(step, s) * min(1.0, (step - continued_at + 1) / max(1, s.warmup_steps))
+
+
 def distillation_in_range(weight: float, temperature: float) -> bool:
     """Whether a teacher's share of the loss is in (0, 1] and its temperature in (0, 100]
     (False for NaN)."""
