@@ -18,7 +18,11 @@ py="$root/.venv/bin/python"
 wakefl="$root/.venv/bin/wakefl"
 mkdir -p "$out" "$data"
 W="$out/candidate.safetensors"
-[ -f "$W" ] || { cp "$weights" "$W"; cp "${weights%.safetensors}.json" "${W%.safetensors}.json"; }
+# The weights, their config and their card (the probes read the threshold off the card; the
+# rule's threshold is written into this copy, never into the weights given).
+for ext in .safetensors .json .card.json; do
+    [ -f "${W%.safetensors}$ext" ] || cp "${weights%.safetensors}$ext" "${W%.safetensors}$ext"
+done
 log() { echo "[score $(date -u +%H:%M:%S)] $*"; }
 
 build() {  # build PROFILE SEED: a corpus DATA/PROFILE, once
