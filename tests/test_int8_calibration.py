@@ -21,6 +21,7 @@ from wakefl.models.kws_cnn.quantize import (
     CALIBRATION_AUDIO,
     CALIBRATION_DIR,
     CALIBRATION_INDEX,
+    FLIPPED_LISTED,
     bundled_calibration,
     decision_agreement,
 )
@@ -42,6 +43,24 @@ def test_decision_agreement(fp32, int8, threshold, agree, below):
     assert got["agree"] == agree and got["windows"] == len(fp32)
     assert got["below_floor"] is below
     assert got["max_score_gap"] == pytest.approx(np.max(np.abs(np.subtract(fp32, int8))))
+    apart = [
+        i
+        for i, (a, b) in enumerate(zip(fp32, int8, strict=True))
+        if (a >= threshold) != (b >= threshold)
+    ]
+    assert sorted(f["window"] for f in got["flipped"]) == apart
+    assert all(
+        f["fp32"] == fp32[f["window"]] and f["int8"] == int8[f["window"]] for f in got["flipped"]
+    )
+
+
+def test_decision_agreement_lists_the_flips_nearest_the_threshold_first_and_few():
+    fp32 = np.array([0.9501, 0.99, 0.951] + [0.96] * 20 + [0.1])
+    int8 = np.array([0.94, 0.94, 0.94] + [0.94] * 20 + [0.1])
+    got = decision_agreement(fp32, int8, 0.95)
+    assert got["agree"] == 1 and len(got["flipped"]) == FLIPPED_LISTED
+    assert [f["window"] for f in got["flipped"][:2]] == [0, 2]
+    assert 1 not in [f["window"] for f in got["flipped"]]  # farthest from the threshold
 
 
 @pytest.mark.slow  # speech engines, exports and quantization

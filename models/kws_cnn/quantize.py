@@ -23,6 +23,9 @@ CALIBRATION_DIR = Path(__file__).resolve().parent / "pretrained"
 # Below this share of windows on which int8 and fp32 decide alike, `model export --int8`
 # warns: one decision in a hundred is what a device maker would notice in the field.
 AGREEMENT_FLOOR = 0.99
+# The agreement report lists this many of the windows int8 decides apart: enough to see
+# where they sit against the threshold, few enough that a broken export's report stays short.
+FLIPPED_LISTED = 8
 # How the activations' ranges are read off the calibration windows: their extremes
 # ("minmax", what exports use), or the 99.999th percentile of their histogram
 # ("percentile": one outlying activation cannot widen a step for all the others).
@@ -108,11 +111,16 @@ def bundled_stream(role: str, window: int, hop: int) -> tuple[np.ndarray, str]:
 
 def decision_agreement(fp32: np.ndarray, int8: np.ndarray, threshold: float) -> dict[str, Any]:
     """How often the int8 model decides as the fp32 model does at `threshold` (a window
-    fires when its score reaches it), over the same windows, and their largest score gap."""
+    fires when its score reaches it), over the same windows, and their largest score gap;
+    `flipped` lists the windows decided apart (index and both scores, at most
+    FLIPPED_LISTED of them, those nearest the threshold in fp32 first), which tells a
+    quantization error from fp32 scores that sit on the threshold."""
     a, b = np.asarray(fp32, np.float64), np.asarray(int8, np.float64)
     if a.shape != b.shape or a.size == 0:
         raise ConfigError(f"agreement needs scores of the same windows, got {a.shape}, {b.shape}")
-    agree = int(np.count_nonzero((a >= threshold) == (b >= threshold)))
+    apart = np.flatnonzero((a >= threshold) != (b >= threshold))
+    agree = int(a.size - apart.size)
+    nearest = apart[np.argsort(np.abs(a[apart] - threshold), kind="stable")][:FLIPPED_LISTED]
     return {
         "windows": int(a.size),
         "agree": agree,
@@ -120,6 +128,7 @@ def decision_agreement(fp32: np.ndarray, int8: np.ndarray, threshold: float) -> 
         "threshold": float(threshold),
         "max_score_gap": float(np.max(np.abs(a - b))),
         "below_floor": agree / a.size < AGREEMENT_FLOOR,
+        "flipped": [{"window": int(i), "fp32": float(a[i]), "int8": float(b[i])} for i in nearest],
     }
 
 

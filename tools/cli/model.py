@@ -347,6 +347,8 @@ def _print_export(result: dict[str, Any], untrained: bool, sidecar: Path) -> Non
             f"windows ({check['share']:.1%}) at threshold {check['threshold']:.4f}, largest "
             f"score gap {check['max_score_gap']:.3f} ({check['held_out']}, as a stream)"
         )
+        for flip in check["flipped"]:
+            print(f"    window {flip['window']}: fp32 {flip['fp32']:.4f}, int8 {flip['int8']:.4f}")
     if untrained:
         print("  untrained: it scores every sound near 0.5 and fires at random, on silence too")
     if result["shipped_threshold"] is None:
