@@ -51,6 +51,7 @@ from wakefl.tools.training.data import (
     narrow_to_speech_source,
 )
 from wakefl.tools.training.distillation import distill_loss, load_teacher
+from wakefl.tools.training.hard_negatives import has_pool, mine_pool, restore_pool
 from wakefl.tools.training.logit_margin import logit_margin_loss, positive_margin_loss
 from wakefl.tools.training.settings import (
     BALANCE_KEYS,
@@ -62,7 +63,7 @@ from wakefl.tools.training.settings import (
     distillation_in_range,
     gain_alpha_at,
 )
-from wakefl.tools.training.validation import better, score_batches, validate
+from wakefl.tools.training.validation import better, validate
 
 if TYPE_CHECKING:
     import torch
@@ -359,54 +360,7 @@ class _Run:
     running: float | None = None
     teacher: KwsCnn | None = None  # the frozen teacher model when distilling
     cache: Any = None  # window_cache.WindowCache when the run trains over one
-
-
-def _mine_pool(run: _Run, step: int) -> None:
-    """Renew the pool of hard negatives before `step` (tools/training/hard_negatives.py); the pool's
-    descriptors go into the run's state."""
-    from wakefl.tools.training.hard_negatives import mine
-
-    model, data, s = run.model, run.data, run.s
-    was = model.training
-    model.eval()
-    try:
-        desc = mine(
-            lambda w: score_batches(model, w),
-            data.train_streams,
-            data.neg,
-            data.window,
-            s.mine_candidates,
-            s.hard_pool,
-            s.seed,
-            step,
-        )
-    finally:
-        model.train(was)
-    _use_pool(run, desc)
-    run.info["hard_pool_step"] = step
-
-
-def _use_pool(run: _Run, desc: np.ndarray) -> None:
-    """Train on the pool these descriptors name, and keep them in the run's state."""
-    from wakefl.tools.training.hard_negatives import windows_of
-
-    data = run.data
-    data.hard = windows_of(desc, data.train_streams, data.neg, data.window)
-    run.info["hard_pool"] = desc.tolist()
-
-
-def _restore_pool(run: _Run) -> None:
-    """The pool a resumed run's checkpoint holds; refused when it names audio this corpus
-    lacks (a checkpoint made on another corpus)."""
-    from wakefl.tools.training.hard_negatives import fits
-
-    desc = np.asarray(run.info["hard_pool"], np.int64).reshape(-1, 3)
-    if not fits(desc, run.data.train_streams, len(run.data.neg), run.data.window):
-        raise ConfigError(
-            f"--resume: the hard-negative pool in {run.out} names audio this corpus lacks "
-            "(was the run made on another corpus?)"
-        )
-    _use_pool(run, desc)
+    cache_pool: np.ndarray | None = None  # the mined cache indices, when mining over a cache
 
 
 def _same_extras(info: dict[str, Any], out: Path, extra: Sequence[Path]) -> None:
@@ -433,7 +387,7 @@ def _train_segment(run: _Run, first: int, end: int) -> tuple[int, bool]:
     s, info = run.s, run.info
     step = first
     batches = (
-        (run.cache.batch(k, s) for k in range(first, min(end, s.total_steps)))
+        (run.cache.batch(k, s, run.cache_pool) for k in range(first, min(end, s.total_steps)))
         if run.cache is not None
         else batch_stream(run.data, first, s, workers=s.workers, end_step=end)
     )
@@ -569,12 +523,12 @@ def pretrain(
     if s.window_cache:
         run.cache = _window_cache(run, manifest, list(extra), progress)
     if s.hard_negative_share > 0 and info.get("hard_pool"):
-        _restore_pool(run)
+        restore_pool(run)
     model.train()
     stopped = False
     while step < s.total_steps and not stopped:
-        if s.hard_negative_share > 0 and (step % s.mine_every_steps == 0 or data.hard is None):
-            _mine_pool(run, step)
+        if s.hard_negative_share > 0 and (step % s.mine_every_steps == 0 or not has_pool(run)):
+            mine_pool(run, step)
         step, stopped = _train_segment(run, step, _segment_end(step, s))
     bar.close()
     write_atomic(out / STATE_INFO, (json.dumps(info, indent=1) + "\n").encode())

@@ -159,7 +159,8 @@ def _add_pretrain_augment_options(pre: argparse.ArgumentParser) -> None:
         default=0.0,
         metavar="SHARE",
         help="draw this share of the negatives from a pool of the highest-scoring training "
-        "negatives, mined again every --mine-every steps (0 = off)",
+        "negatives, mined again every --mine-every steps (0 = off); with --window-cache, "
+        "of the cache's rendered negatives, as augmented",
     )
     pre.add_argument("--mine-every", type=int, default=1500, metavar="STEPS")
     pre.add_argument(

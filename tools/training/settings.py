@@ -320,11 +320,8 @@ def settings_from_flags(args: argparse.Namespace) -> PretrainSettings:
     arch = model_config(args.arch, args.width)  # refused here, before any data is decoded
     if args.gain_ramp_samples != 0 and (arch.gain_norm != "log_agc" or args.gain_ramp_samples < 0):
         raise ConfigError("--gain-ramp-samples needs --arch v2,gain_norm=log_agc,... and N >= 0")
-    if args.window_cache is not None and (args.hard_negatives > 0 or args.cache_windows < 1):
-        raise ConfigError(
-            "--window-cache needs --cache-windows N >= 1 and no --hard-negatives (mining "
-            "scores raw windows)"
-        )
+    if args.window_cache is not None and args.cache_windows < 1:
+        raise ConfigError("--window-cache needs --cache-windows N >= 1")
     if not 0 <= args.workers <= 64:
         raise ConfigError(f"--workers must be in [0, 64], got {args.workers}")
     if args.device == "cuda":

@@ -7,7 +7,9 @@ a window, about as much as a training step of the small model: an ablation of fi
 variants would render the same windows five times. A cache renders them once (in chunks,
 each written atomically, so a killed render resumes where it stopped), and a run over it
 draws each batch from the cache by its step alone, so it stays a pure function of
-(seed, step). The spectrogram masks and warps still apply on the fly.
+(seed, step). The spectrogram masks and warps still apply on the fly. Hard-negative mining
+over a cache (tools/training/hard_negatives.py) scores its rendered negatives and draws a
+share of each batch's negatives from the highest-scoring ones.
 
 Layout: DIR/cache.json (what was rendered: the corpus, the augmentation settings, the
 frontend) and DIR/windows-NNNN.npz (log_mel [n, n_mels, frames] float16, labels [n])."""
@@ -130,18 +132,36 @@ class WindowCache:
             np.concatenate([p["labels"] for p in parts]).astype(np.int64),
         )
 
-    def batch(self, step: int, s: PretrainSettings) -> tuple[Any, Any]:
-        """The cached batch of `step`, drawn by step alone: the run's share of phrases, from
-        the windows rendered first early in the run (the context stage's ratio floor comes
-        down over the rendering, so this keeps its curriculum), from all of them after
-        the first half."""
+    def reached(self, step: int, s: PretrainSettings) -> int:
+        """How many windows, from the first rendered, a batch of `step` may draw from: the
+        windows rendered first early in the run (the context stage's ratio floor comes down
+        over the rendering, so this keeps its curriculum), all of them after the first
+        half."""
+        reach = min(1.0, 0.25 + 1.5 * step / max(1, s.total_steps))
+        return max(s.batch_size, int(reach * len(self.labels)))
+
+    def negatives(self, step: int, s: PretrainSettings) -> np.ndarray:
+        """The indices of the negative windows a batch of `step` may draw from (mining's
+        candidates)."""
+        return np.flatnonzero(self.labels[: self.reached(step, s)] == 0)
+
+    def batch(
+        self, step: int, s: PretrainSettings, pool: np.ndarray | None = None
+    ) -> tuple[Any, Any]:
+        """The cached batch of `step`, drawn by step alone: the run's share of phrases, the
+        rest negatives, `s.hard_negative_share` of them from `pool` (cache indices of mined
+        hard negatives) when one is given. The pool's draws come from a generator of their
+        own, so a run without one draws the batches it drew before mining existed."""
         import torch
 
         rng = np.random.default_rng([s.seed, 83, step])
-        reach = min(1.0, 0.25 + 1.5 * step / max(1, s.total_steps))
-        seen = self.labels[: max(s.batch_size, int(reach * len(self.labels)))]
+        seen = self.labels[: self.reached(step, s)]
         pos, neg = np.flatnonzero(seen == 1), np.flatnonzero(seen == 0)
         n_pos = max(1, int(round(s.batch_size * s.positive_share)))
         idx = np.concatenate([rng.choice(pos, n_pos), rng.choice(neg, s.batch_size - n_pos)])
+        if pool is not None and len(pool) and s.hard_negative_share > 0:
+            n_hard = int(round((s.batch_size - n_pos) * s.hard_negative_share))
+            hard = np.random.default_rng([s.seed, 89, step]).choice(pool, n_hard)
+            idx[n_pos : n_pos + n_hard] = hard
         x = torch.from_numpy(self.log_mel[idx].astype(np.float32))
         return x, torch.from_numpy(self.labels[idx])
