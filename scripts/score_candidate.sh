@@ -17,6 +17,9 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 py="$root/.venv/bin/python"
 wakefl="$root/.venv/bin/wakefl"
 mkdir -p "$out" "$data"
+# Reports record the paths they were given; run the steps that name files inside OUT from
+# OUT, so a committed report names its files, never this machine's folders.
+out="$(cd "$out" && pwd)"
 W="$out/candidate.safetensors"
 # The weights, their config and their card (the probes read the threshold off the card; the
 # rule's threshold is written into this copy, never into the weights given).
@@ -58,15 +61,17 @@ fi
     --near-rhymes "$out/near-rhymes.json"
 
 # (1) int8, and the phrase alone in four voices through `wakefl edge detect`.
-"$wakefl" model export --weights "$W" --int8 --out "$out/candidate-int8.onnx" --json \
-    > "$out/export.json"
+(cd "$out" && "$wakefl" model export --weights candidate.safetensors --int8 \
+    --out candidate-int8.onnx --json) > "$out/export.json"
 voices=()
 for v in espeak-ng:en-us espeak-ng:en-gb flite:slt flite:rms; do
-    engine=${v%%:*} voice=${v#*:} wav="$out/hey-nova-${v/:/-}.wav"
-    if [ "$engine" = espeak-ng ]; then espeak-ng -v "$voice" -w "$wav" "hey nova"
-    else flite -voice "$voice" -t "hey nova" -o "$wav"; fi
-    "$wakefl" edge detect --model "$out/candidate-int8.onnx" --json "$wav" \
-        > "$out/detect-${v/:/-}.json"
+    engine=${v%%:*} voice=${v#*:} wav="hey-nova-${v/:/-}.wav"
+    (
+        cd "$out"
+        if [ "$engine" = espeak-ng ]; then espeak-ng -v "$voice" -w "$wav" "hey nova"
+        else flite -voice "$voice" -t "hey nova" -o "$wav"; fi
+        "$wakefl" edge detect --model candidate-int8.onnx --json "$wav"
+    ) > "$out/detect-${v/:/-}.json"
     voices+=("$out/detect-${v/:/-}.json")
 done
 gate --export "$out/export.json" --voices "${voices[@]}"
