@@ -7,6 +7,12 @@
 # A step whose report is already in OUT is not run again, so a killed run continues.
 # About 2.5 hours on 2 cores with DATA built (41 minutes of validation and near-rhymes,
 # 77 minutes of test split), 35 minutes more to build DATA.
+# Two settings a rule may name, from the environment:
+#   SCORE_FA_PER_HOUR=0.25   the threshold at that rate (validation streams and near-rhyme
+#                            projection alike) in place of 0.5: a margin
+#   SCORE_TEST_STREAMS=pretrain-streams-second   the test split's streams from that add-on
+#                            alone (built with seed 0), in place of the main corpus's and
+#                            `pretrain-streams`': streams no earlier reading has scored
 set -euo pipefail
 if [ $# -ne 3 ]; then
     echo "usage: $0 WEIGHTS.safetensors DATA OUT" >&2
@@ -27,6 +33,12 @@ for ext in .safetensors .json .card.json; do
     [ -f "${W%.safetensors}$ext" ] || cp "${weights%.safetensors}$ext" "${W%.safetensors}$ext"
 done
 log() { echo "[score $(date -u +%H:%M:%S)] $*"; }
+fa=${SCORE_FA_PER_HOUR:-0.5}
+test_streams=${SCORE_TEST_STREAMS:-pretrain-streams}
+margin=() pooled=() only=() rates=(0.5 0.4 0.25 0.2)
+[ "$fa" = 0.5 ] || { margin=(--fa-per-hour "$fa"); pooled=(--pooled-fa-per-hour "$fa"); }
+case " ${rates[*]} " in *" $fa "*) ;; *) rates+=("$fa") ;; esac
+[ "$test_streams" = pretrain-streams ] || only=(--only-extra-streams)
 
 build() {  # build PROFILE SEED: a corpus DATA/PROFILE, once
     [ -f "$data/$1/manifest.csv" ] && return 0
@@ -47,18 +59,19 @@ gate() {  # gate [REPORT ARGS]: read the rule on what is there; stop when a part
 if [ ! -f "$out/val.json" ] || [ ! -f "$out/near-rhymes.json" ]; then
     log "validation streams and near-rhymes"
     "$py" -m wakefl.tools.bench.detection --weights "$W" --corpus "$data/pretrain" --split val \
-        --extra-streams "$data/pretrain-valstreams" --threads 1 --json "$out/val.json.tmp" &
+        --extra-streams "$data/pretrain-valstreams" "${pooled[@]}" --threads 1 \
+        --json "$out/val.json.tmp" &
     bench=$!
     "$py" -m wakefl.tools.probes.near_rhyme_rate --near-rhymes "$data/pretrain-nearrhymes" \
         --streams "$data/pretrain" --streams "$data/pretrain-valstreams" \
         --phrases "$data/pretrain" --model "candidate=$W" \
-        --fa-per-hour 0.5 0.4 0.25 0.2 --threads 1 --json "$out/near-rhymes.json.tmp"
+        --fa-per-hour "${rates[@]}" --threads 1 --json "$out/near-rhymes.json.tmp"
     wait "$bench"
     mv "$out/val.json.tmp" "$out/val.json"
     mv "$out/near-rhymes.json.tmp" "$out/near-rhymes.json"
 fi
 "$wakefl" model set-threshold --weights "$W" --from "$out/val.json" \
-    --near-rhymes "$out/near-rhymes.json"
+    --near-rhymes "$out/near-rhymes.json" "${margin[@]}"
 
 # (1) int8, and the phrase alone in four voices through `wakefl edge detect`.
 (cd "$out" && "$wakefl" model export --weights candidate.safetensors --int8 \
@@ -87,11 +100,12 @@ fi
 gate --export "$out/export.json" --voices "${voices[@]}" --acoustics "$out/acoustics.json"
 
 # (4) the 3-hour test split, read once.
-build pretrain-streams 0
+build "$test_streams" 0
 if [ ! -f "$out/test.json" ]; then
-    log "the 3-hour test split"
+    log "the 3-hour test split ($test_streams)"
     "$py" -m wakefl.tools.bench.detection --weights "$W" --corpus "$data/pretrain" \
-        --extra-streams "$data/pretrain-streams" --int8 --threads 2 --json "$out/test.json.tmp"
+        --extra-streams "$data/$test_streams" "${only[@]}" --int8 --threads 2 \
+        --json "$out/test.json.tmp"
     mv "$out/test.json.tmp" "$out/test.json"
 fi
 gate --export "$out/export.json" --voices "${voices[@]}" --acoustics "$out/acoustics.json" \

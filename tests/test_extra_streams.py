@@ -71,6 +71,15 @@ def test_the_streams_add_on_holds_new_streams_of_the_held_out_speakers_only(tmp_
     }
     assert not main_streams & {_digest(extra.parent / r.path) for r in rows}
     assert extra_stream_manifests(main.parent, [extra.parent]) == (extra,)
+    # The second test add-on: the same held-out speakers, streams no earlier build holds.
+    second = build_corpus(tmp_path / "second", 0, "pretrain-streams-second-micro", progress=False)
+    second_rows = read_manifest(second)
+    assert {(r.kind, r.split, r.label) for r in second_rows} == {("stream", "test", 0)}
+    second_said = {u.speaker for r in second_rows for u in read_transcript(second.parent / r.path)}
+    assert second_said and second_said <= held_out
+    seen = main_streams | {_digest(extra.parent / r.path) for r in rows}
+    assert not seen & {_digest(second.parent / r.path) for r in second_rows}
+    assert extra_stream_manifests(main.parent, [second.parent]) == (second,)
     # The validation twin: the same for the validation speakers, refused on the test split.
     val = build_corpus(tmp_path / "val", 0, "pretrain-valstreams-micro", progress=False)
     val_rows = read_manifest(val)
@@ -119,6 +128,17 @@ def test_extra_streams_join_the_held_out_streams_of_the_same_speakers(tmp_path) 
     # The clips stay the main corpus's; the loud add-on stream is what raises the scores.
     np.testing.assert_array_equal(both.pos, alone.pos)
     assert both.raw_streams[1].min() > alone.raw_streams[0].max()
+    # In place of the main corpus's own streams: the add-on's alone, the clips unchanged.
+    only = score_split(
+        scorer, tmp_path / "main" / "manifest.csv", "A", None, extra_streams=extra,
+        own_streams=False,
+    )  # fmt: skip
+    assert only.stream_hours == pytest.approx(30.0 / 3600)
+    assert only.stream_labels == ["extra/s.wav"]
+    np.testing.assert_array_equal(only.pos, alone.pos)
+    np.testing.assert_array_equal(only.raw_streams[0], both.raw_streams[1])
+    with pytest.raises(ConfigError, match="no add-on"):
+        score_split(scorer, tmp_path / "main" / "manifest.csv", "A", None, own_streams=False)
     with pytest.raises(ConfigError, match="not built with"):
         extra_stream_manifests(tmp_path / "main", [tmp_path / "other"])
     with pytest.raises(ConfigError, match="not a finished corpus build"):
@@ -146,6 +166,15 @@ def test_a_test_streams_add_on_is_refused_on_the_validation_split(tmp_path) -> N
     )
     with pytest.raises(ConfigError, match="holds no val streams"):
         run(args)
+
+
+def test_only_extra_streams_without_an_add_on_is_refused(tmp_path) -> None:
+    from wakefl.tools.bench.detection import main
+
+    _corpus(tmp_path / "main", 0, True, 20.0, 0.01)
+    with pytest.raises(ConfigError, match="--only-extra-streams"):
+        main(["--weights", str(tmp_path / "w.safetensors"), "--corpus", str(tmp_path / "main"),
+              "--only-extra-streams"])  # fmt: skip
 
 
 def _one_hour(peaks: list[float], pos: list[float]) -> SplitScores:

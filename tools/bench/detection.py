@@ -172,6 +172,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "smoothing": smoothing,
         "refractory_s": REFRACTORY_S,
         "extra_streams": [recorded_path(m.parent) for m in extra],
+        "own_streams": not (extra and getattr(args, "only_extra_streams", False)),
         "acoustics": recorded_path(args.acoustics) if getattr(args, "acoustics", None) else None,
     }
     with tempfile.TemporaryDirectory(prefix="wakefl-bench-det-") as tmp:
@@ -268,6 +269,8 @@ def _score_devices(
             split=args.split,
             extra_streams=extra,
             progress=f"{precision} {split}",
+            # The main corpus's own streams are left out only where add-ons replace them.
+            own_streams=not (extra and getattr(args, "only_extra_streams", False)),
         )
         for d in devices
     }
@@ -322,6 +325,13 @@ def _add_addon_arguments(p: argparse.ArgumentParser) -> None:
         help="also a `--profile pretrain-carrier` corpus folder: FRR on its phrases in running "
         "speech (beside the isolated phrases') and the share of its confusables in running "
         "speech accepted, at the shipped threshold",
+    )
+    p.add_argument(
+        "--only-extra-streams",
+        action="store_true",
+        help="score the --extra-streams add-ons' streams in place of the main corpus's own "
+        "(its clips are still scored): a reading on streams no earlier run has read, e.g. a "
+        "`pretrain-streams-second` build",
     )
     p.add_argument(
         "--extra-streams",
@@ -395,6 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if not 0 <= args.breakdown <= MAX_SPEAKERS:
         raise ConfigError(f"--breakdown takes 1-{MAX_SPEAKERS} speakers, got {args.breakdown}")
+    if args.only_extra_streams and not args.extra_streams:
+        raise ConfigError("--only-extra-streams scores the --extra-streams add-ons: give one")
     result = run(args)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")

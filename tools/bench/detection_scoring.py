@@ -210,9 +210,11 @@ def score_split(
     split: str = "test",
     extra_streams: tuple[Path, ...] = (),
     progress: str | None = None,
+    own_streams: bool = True,
 ) -> SplitScores:
     """Clip and stream scores of `device` in `split` of `manifest`; the streams of the same
-    device and split in each of `extra_streams` (add-on manifests) are scored beside its own.
+    device and split in each of `extra_streams` (add-on manifests) are scored beside its own,
+    or, with `own_streams` false, in place of its own (its clips are scored either way).
     With a `progress` label, a bar over the streams where stderr is a terminal, and one line
     on stderr when the device is done: a benchmark of hours of stream says where it is in a
     log file too."""
@@ -227,7 +229,11 @@ def score_split(
         raise ConfigError(f"{manifest}: device type {device} has no {split} clips")
     scores = clip_scores(scorer, clips, manifest, batch)
     labels = np.array([r.label for r in clips])
-    found = [(r.resolve(manifest), Path(r.path).name) for r in rows if r.kind == "stream"]
+    if not own_streams and not extra_streams:
+        raise ConfigError("streams only from add-ons, but no add-on was given")
+    found = [
+        (r.resolve(manifest), Path(r.path).name) for r in rows if r.kind == "stream" and own_streams
+    ]
     for m in extra_streams:
         found += [
             (r.resolve(m), f"{m.parent.name}/{r.path}")

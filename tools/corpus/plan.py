@@ -227,6 +227,16 @@ def _streams_addon(base: str, name: str, streams: int, split: str = "test") -> C
 # Two more hours per device type: three with the main corpus's hour.
 PROFILES["pretrain-streams"] = _streams_addon("pretrain", "pretrain-streams", 12)
 PROFILES["pretrain-streams-micro"] = _streams_addon("pretrain-micro", "pretrain-streams-micro", 2)
+# Three hours of test stream per device type with draws of their own (rooms, noise, who says
+# what when), by the same held-out speakers: `bench_detection --extra-streams DIR
+# --only-extra-streams` reads a threshold on streams that no earlier reading of the test
+# split has scored, once that split has shown which thresholds it punishes.
+PROFILES["pretrain-streams-second"] = replace(
+    _streams_addon("pretrain", "pretrain-streams-second", 18), draw_offset=140
+)
+PROFILES["pretrain-streams-second-micro"] = replace(
+    _streams_addon("pretrain-micro", "pretrain-streams-second-micro", 2), draw_offset=140
+)
 # Two more hours of validation stream per device type (the main corpus has 20 minutes): a
 # choice between models or thresholds at 0.5 FA/h that the test streams never see.
 PROFILES["pretrain-valstreams"] = _streams_addon("pretrain", "pretrain-valstreams", 12, split="val")
