@@ -72,7 +72,14 @@ def test_the_streams_add_on_holds_new_streams_of_the_held_out_speakers_only(tmp_
     assert not main_streams & {_digest(extra.parent / r.path) for r in rows}
     assert extra_stream_manifests(main.parent, [extra.parent]) == (extra,)
     # The second test add-on: the same held-out speakers, streams no earlier build holds.
-    second = build_corpus(tmp_path / "second", 0, "pretrain-streams-second-micro", progress=False)
+    from dataclasses import replace
+
+    from wakefl.tools.corpus.plan import PROFILES
+
+    # Its test-sized twin: the micro add-on with the second reading's draws.
+    twin = replace(PROFILES["pretrain-streams-micro"], name="pretrain-streams-second-micro",
+                   draw_offset=PROFILES["pretrain-streams-second"].draw_offset)  # fmt: skip
+    second = build_corpus(tmp_path / "second", 0, twin, progress=False)
     second_rows = read_manifest(second)
     assert {(r.kind, r.split, r.label) for r in second_rows} == {("stream", "test", 0)}
     second_said = {u.speaker for r in second_rows for u in read_transcript(second.parent / r.path)}

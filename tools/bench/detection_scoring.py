@@ -229,17 +229,8 @@ def score_split(
         raise ConfigError(f"{manifest}: device type {device} has no {split} clips")
     scores = clip_scores(scorer, clips, manifest, batch)
     labels = np.array([r.label for r in clips])
-    if not own_streams and not extra_streams:
-        raise ConfigError("streams only from add-ons, but no add-on was given")
-    found = [
-        (r.resolve(manifest), Path(r.path).name) for r in rows if r.kind == "stream" and own_streams
-    ]
-    for m in extra_streams:
-        found += [
-            (r.resolve(m), f"{m.parent.name}/{r.path}")
-            for r in read_manifest(m)
-            if r.kind == "stream" and r.split == split and r.device_type == device
-        ]
+    own = [r for r in rows if r.kind == "stream"] if own_streams else None
+    found = _stream_files(manifest, own, extra_streams, device, split)
     files = [f for f, _ in found]
     if not files:
         raise ConfigError(f"{manifest}: device type {device} has no {split} streams")
@@ -266,6 +257,25 @@ def score_split(
         stream_labels=[label for _, label in found],
         window_s=scorer.window_samples / scorer.sample_rate,
     )
+
+
+def _stream_files(
+    manifest: Path, own: list[Any] | None, extra_streams: tuple[Path, ...], device: str, split: str
+) -> list[tuple[Path, str]]:
+    """The streams to score, each with the label a report names it by: `manifest`'s own rows
+    (None: left out, where add-ons replace them), then each add-on's of `device` and `split`."""
+    from wakefl.sdk.manifest import read_manifest
+
+    if own is None and not extra_streams:
+        raise ConfigError("streams only from add-ons, but no add-on was given")
+    found = [(r.resolve(manifest), Path(r.path).name) for r in own or []]
+    for m in extra_streams:
+        found += [
+            (r.resolve(m), f"{m.parent.name}/{r.path}")
+            for r in read_manifest(m)
+            if r.kind == "stream" and r.split == split and r.device_type == device
+        ]
+    return found
 
 
 def stream_scores(
