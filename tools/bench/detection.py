@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "smoothing": smoothing,
         "refractory_s": REFRACTORY_S,
         "extra_streams": [recorded_path(m.parent) for m in extra],
-        "own_streams": not (extra and getattr(args, "only_extra_streams", False)),
+        "own_streams": not _replaces_own_streams(args, extra),
         "acoustics": recorded_path(args.acoustics) if getattr(args, "acoustics", None) else None,
     }
     with tempfile.TemporaryDirectory(prefix="wakefl-bench-det-") as tmp:
@@ -251,6 +251,13 @@ def carrier_at_conditions(
     return out
 
 
+def _replaces_own_streams(args: argparse.Namespace, extra: tuple[Path, ...]) -> bool:
+    """Whether add-on streams are scored in place of the main corpus's own: only where
+    `--only-extra-streams` asks for it and `extra` (the add-ons of this manifest) is not
+    empty, so the unseen-voices corpus always keeps its own streams."""
+    return bool(extra) and bool(getattr(args, "only_extra_streams", False))
+
+
 def _score_devices(
     scorer: Any,
     manifest: Path,
@@ -269,8 +276,7 @@ def _score_devices(
             split=args.split,
             extra_streams=extra,
             progress=f"{precision} {split}",
-            # The main corpus's own streams are left out only where add-ons replace them.
-            own_streams=not (extra and getattr(args, "only_extra_streams", False)),
+            own_streams=not _replaces_own_streams(args, extra),
         )
         for d in devices
     }
