@@ -90,7 +90,8 @@ class CorpusProfile:
     # "engines": the pretraining texts spoken by RHVoice, MBROLA and festival's other voices
     # (an add-on training corpus whose unseen split holds that add-on's held-out voices);
     # "gnuspeech": the same texts spoken by GnuSpeech's articulatory speakers (an add-on
-    # whose unseen split holds its small_child speakers).
+    # whose unseen split holds its small_child speakers); "flite": flite's voices alone,
+    # drawn away from the main corpus's held-out speakers (an add-on training corpus).
     voice_set: str = "basic"
     train_streams_per_device: int = 0
     val_streams_per_device: int = 0
@@ -309,7 +310,18 @@ PROFILES["pretrain-gnuspeech-micro"] = CorpusProfile(
     contents=("pos", "conf", "other", "bg", "pos_run"),
 )  # fmt: skip
 # The voice sets of the pretraining corpus and its add-ons (texts and splits of their own).
-PRETRAIN_VOICE_SETS = ("pretrain", "pico-other", "engines", "gnuspeech")
+PRETRAIN_VOICE_SETS = ("pretrain", "pico-other", "engines", "gnuspeech", "flite")
+
+
+# flite's speakers drawn anew, half of them `awb`, away from the main corpus's held-out ones
+# (tools/corpus/voices.py `flite_voices`), each with all 36 near-rhymes, saying the phrase or
+# one of them: 6,600 training clips. Build it with the main corpus's seed (tools/CORPUS.md).
+PROFILES["pretrain-flite"] = CorpusProfile(
+    "pretrain-flite", 240, 600, 40, 40, 0, 300.0, 36, 0, 32, "flite", contents=("pos", "conf"),
+    draw_offset=150,
+)  # fmt: skip
+PROFILES["pretrain-flite-micro"] = replace(PROFILES["pretrain-flite"], name="pretrain-flite-micro",
+    n_speakers=16, train_unit=4, val_clips=4, test_clips=4, rooms_per_device=4)  # fmt: skip
 
 
 # 3,300 training clips, as many as three fifths of the main corpus's confusable clips.
@@ -345,18 +357,11 @@ def _acoustics_addon(
     Per device type: `clips` (validation, test, unseen test), `streams` the same counts of
     negative streams, `rooms` image-source rooms (about a second each to simulate)."""
     return _addon(
-        base,
-        name,
-        val_clips=clips[0],
-        test_clips=clips[1],
-        unseen_speakers=PROFILES[base].unseen_speakers,
-        unseen_test_clips=clips[2],
-        val_streams_per_device=streams[0],
-        streams_per_device=streams[1],
-        unseen_streams_per_device=streams[2],
-        rooms_per_device=rooms,
-        draw_offset=60,
-    )
+        base, name, val_clips=clips[0], test_clips=clips[1],
+        unseen_speakers=PROFILES[base].unseen_speakers, unseen_test_clips=clips[2],
+        val_streams_per_device=streams[0], streams_per_device=streams[1],
+        unseen_streams_per_device=streams[2], rooms_per_device=rooms, draw_offset=60,
+    )  # fmt: skip
 
 
 # Per device type: 1 h of validation stream, 2 h of test stream (one false accept resolves
@@ -467,12 +472,8 @@ def confusables_for(phrase: str) -> tuple[str, ...]:
     words = phrase.split()
     out = list(words)
     if len(words) > 1:
-        out += [
-            " ".join(reversed(words)),
-            words[0] + " there",
-            "the " + words[-1],
-            words[0] + " no",
-        ]
+        recombined = [" ".join(reversed(words)), words[0] + " there", "the " + words[-1]]
+        out += [*recombined, words[0] + " no"]
     out += ["say " + words[-1] + " again"]
     return tuple(w for w in dict.fromkeys(out) if w.strip().lower() != phrase.strip().lower())
 
@@ -519,10 +520,8 @@ _VOWELS = "aeiou"
 def _first_vowel(word: str) -> int:
     """Index of the first vowel letter of `word` (a leading 'y' is a consonant, a later one
     a vowel); len(word) when it has none."""
-    for i, ch in enumerate(word):
-        if ch in _VOWELS or (ch == "y" and i > 0):
-            return i
-    return len(word)
+    m = re.search(r"[aeiou]|(?<=.)y", word)
+    return m.start() if m else len(word)
 
 
 def near_rhymes(phrase: str) -> tuple[str, ...]:

@@ -13,6 +13,7 @@ from wakefl.tools.corpus.gnuspeech import GNUSPEECH_TRAIN, GNUSPEECH_UNSEEN
 from wakefl.tools.corpus.plan import (
     OTHER_SPEECH,
     PRETRAIN_VOICE_SETS,
+    PROFILES,
     SPEAKER_SHARE,
     SPLITS,
     CorpusProfile,
@@ -39,6 +40,7 @@ from wakefl.tools.corpus.voices import (
     engine_voices,
     fleet_voice,
     fleet_voice_of,
+    flite_voices,
     other_take,
     pico_voices,
     pretrain_voices,
@@ -152,6 +154,10 @@ def make_pretrain_speakers(seed: int, profile: CorpusProfile, phrase: str) -> li
         )  # fmt: skip
     elif profile.voice_set == "gnuspeech":
         voices = [draw_gnuspeech_voice(rng, GNUSPEECH_TRAIN) for _ in range(profile.n_speakers)]
+    elif profile.voice_set == "flite":
+        held_out = make_pretrain_speakers(seed, PROFILES["pretrain"], phrase)
+        avoid = [s.voice for s in held_out if s.split != "train" and s.voice.engine == "flite"]
+        voices = flite_voices(rng, profile.n_speakers, avoid)
     else:
         voices = pretrain_voices(rng, profile.n_speakers)
     shares = {"train": 0.8, "val": 0.1, "test": 0.1}
