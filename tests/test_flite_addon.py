@@ -33,7 +33,7 @@ def test_its_speakers_are_flite_half_awb_and_away_from_the_held_out_ones(name: s
     held_out = [s.voice for s in main if s.split != "train" and s.voice.engine == "flite"]
     assert held_out
     assert not [s for s in speakers for h in held_out if _near(s.voice, h)]
-    # Every near-rhyme of the pool is said by someone, and each speaker has the whole pool.
+    # Each speaker has the whole pool of near-rhymes, "play nova" among them.
     pool = set(texts_for(addon, "hey nova")[0])
     assert "play nova" in pool
     assert all(set(s.confusables) == pool for s in speakers)
@@ -42,7 +42,7 @@ def test_its_speakers_are_flite_half_awb_and_away_from_the_held_out_ones(name: s
     assert {r.split for r in recipes} == {"train", "val", "test"}
 
 
-def test_the_main_corpus_draw_is_not_moved_by_the_add_on() -> None:
+def test_the_main_corpus_flite_speakers_keep_their_prosody_ranges() -> None:
     """The add-on's voice draw shares its helper with the main corpus's: the main corpus's
     flite speakers keep the prosody range they were drawn from."""
     main = [s.voice for s in make_speakers(0, PROFILES["pretrain"], "hey nova")]

@@ -78,9 +78,9 @@ def pretrain_voices(rng: np.random.Generator, n: int) -> list[Voice]:
 # The `pretrain-flite` add-on: flite's voices are the training family that the detector
 # misses most, and its `awb` voice said most of the held-out false accepts (MODEL_CARD.md),
 # so `awb` gets half of the add-on's speakers and the other three share the rest. A drawn
-# voice closer than this (rate, pitch) to a held-out speaker of the same flite voice is drawn
+# voice within this (rate, pitch) of a held-out speaker of the same flite voice is drawn
 # again: the add-on fills the voice space around the training speakers, never onto the
-# speakers that score the model (the main corpus's speakers are about 18 apart in both).
+# speakers that score the model.
 FLITE_AVOID_RADIUS = (8, 10)
 
 
