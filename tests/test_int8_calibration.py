@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import int8_needs_vnni
 
 from wakefl.edge_runtime import load_audio
 from wakefl.models.kws_cnn import quantize
@@ -118,6 +119,7 @@ def flite_rms(tmp_path_factory) -> Path:
     return path
 
 
+@int8_needs_vnni
 @pytest.mark.slow  # speech engines, exports and quantization
 def test_int8_export_keeps_the_voice_fp32_detects_and_reports_agreement(
     flite_rms, tmp_path, capsys
