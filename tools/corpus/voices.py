@@ -90,6 +90,12 @@ def _flite_voice(rng: np.random.Generator, name: str) -> Voice:
     return Voice("flite", name, "", int(rng.integers(70, 141)), f0)
 
 
+def _near(a: Voice, b: Voice) -> bool:
+    """Whether two flite speakers are the same voice within FLITE_AVOID_RADIUS."""
+    rate, pitch = FLITE_AVOID_RADIUS
+    return a.voice == b.voice and abs(a.rate - b.rate) <= rate and abs(a.pitch - b.pitch) <= pitch
+
+
 def flite_voices(rng: np.random.Generator, n: int, avoid: list[Voice]) -> list[Voice]:
     """`n` flite speakers, half of them `awb`, none within FLITE_AVOID_RADIUS of a voice in
     `avoid` (the held-out speakers); at most 200 draws per speaker."""
@@ -99,12 +105,7 @@ def flite_voices(rng: np.random.Generator, n: int, avoid: list[Voice]) -> list[V
     for name in names:
         for _ in range(200):
             v = _flite_voice(rng, name)
-            if not any(
-                a.voice == v.voice
-                and abs(a.rate - v.rate) <= FLITE_AVOID_RADIUS[0]
-                and abs(a.pitch - v.pitch) <= FLITE_AVOID_RADIUS[1]
-                for a in avoid
-            ):
+            if not any(_near(a, v) for a in avoid):
                 out.append(v)
                 break
         else:
