@@ -167,23 +167,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             & set(getattr(item, "fixturenames", ()))
         ):
             item.add_marker(pytest.mark.slow)
-
-
-def _cpu_has_vnni() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8")
-    except OSError:
-        return True
-    return "avx512_vnni" in flags or "avx_vnni" in flags or "x86" not in os.uname().machine
-
-
-# onnxruntime's u8s8 int8 kernels on x86 CPUs with AVX2 and no VNNI add pairs of products in
-# 16 bits and can saturate (onnxruntime's quantization docs), so the int8 export decides
-# unlike fp32 there (94 % agreement against 99 %+ with VNNI). A known defect of the int8
-# export on such CPUs, to fix in models/kws_cnn/quantize.py (reduce_range or u8u8), not a
-# pass: the tests that measure int8 agreement expect it to fail there.
-int8_needs_vnni = pytest.mark.xfail(
-    not _cpu_has_vnni(),
-    reason="int8 u8s8 saturation on AVX2 CPUs without VNNI (onnxruntime)",
-    strict=False,
-)

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from conftest import int8_needs_vnni
 from onnx import numpy_helper
 
 from wakefl.edge_runtime import OnnxScorer
@@ -36,7 +35,6 @@ def _activation_scales(path: Path) -> dict[str, float]:
     }
 
 
-@int8_needs_vnni
 @pytest.mark.slow  # three int8 exports
 def test_a_percentile_calibration_reads_other_ranges_and_stays_close_to_fp32(
     tiny_kws_model, tmp_path

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import int8_needs_vnni
 
 from wakefl.edge_runtime import OnnxScorer, load_audio
 from wakefl.edge_runtime.gain_norm import log_agc
@@ -86,7 +85,6 @@ def test_log_agc_takes_out_a_gain_that_changes_over_time(hey_nova_wav):
     assert log_change > 1.0 and agc_change < 0.5 * log_change
 
 
-@int8_needs_vnni
 def test_onnx_export_of_a_log_agc_model_equals_torch_fp32_and_int8(hey_nova_wav, tmp_path):
     model = _agc_model(0.7)
     wave = load_audio(hey_nova_wav, 16000)
