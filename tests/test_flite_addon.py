@@ -72,3 +72,16 @@ def test_the_micro_add_on_builds_flite_phrases_and_near_rhymes(tmp_path) -> None
         voices = {r["speaker"]: r for r in csv.DictReader(f)}
     assert {r.speaker for r in rows} <= set(voices)
     assert all("flite" in str(v) for v in voices.values())
+
+
+def test_the_near_rhyme_twin_has_the_same_speakers_saying_near_rhymes_only() -> None:
+    phrases, twin = PROFILES["pretrain-flite"], PROFILES["pretrain-flite-nearrhymes"]
+    assert make_speakers(0, twin, "hey nova") == make_speakers(0, phrases, "hey nova")
+    recipes = clip_recipes(0 + twin.draw_offset, twin)
+    assert {r.content for r in recipes} == {"conf"}
+    # Beside the add-on these voices say near-rhymes more often than the phrase.
+    both = recipes + clip_recipes(0 + phrases.draw_offset, phrases)
+    train = [r.content for r in both if r.split == "train"]
+    assert train.count("conf") > train.count("pos")
+    # Rendered anew: none of the other add-ons' rooms, noise and placements.
+    assert twin.draw_offset not in {p.draw_offset for p in PROFILES.values() if p is not twin}
