@@ -165,9 +165,8 @@ def test_int8_export_stores_weights_and_activations_as_uint8(tiny_kws_model, tmp
     path = export_onnx(tiny_kws_model, tmp_path / "m.onnx", int8=True)
     graph = onnx.load(str(path)).graph
     kinds = {t.name: t.data_type for t in graph.initializer}
-    zero_points = [n.input[2] for n in graph.node if n.op_type == "DequantizeLinear"]
-    assert len(zero_points) >= 4  # weights and activations of several convolutions
+    dequantized = [n for n in graph.node if n.op_type == "DequantizeLinear"]
+    assert len(dequantized) >= 4  # weights and activations of several convolutions
     # Biases stay int32 (they are added in the accumulator); nothing 8-bit is signed.
-    assert {kinds[z] for z in zero_points} == {TensorProto.UINT8, TensorProto.INT32}
-    weights = [n.input[0] for n in graph.node if n.op_type == "DequantizeLinear"]
-    assert any(kinds.get(w) == TensorProto.UINT8 for w in weights)  # stored weights too
+    assert {kinds[n.input[2]] for n in dequantized} == {TensorProto.UINT8, TensorProto.INT32}
+    assert any(kinds.get(n.input[0]) == TensorProto.UINT8 for n in dequantized)  # weights too
