@@ -264,7 +264,11 @@ def test_phrases_in_running_speech_are_reported_beside_isolated_ones(tmp_path) -
     import soundfile as sf
 
     from wakefl.tools.bench.detection_conditions import score_addon_clips
-    from wakefl.tools.bench.detection_report import carrier_lines, format_table
+    from wakefl.tools.bench.detection_report import (
+        carrier_at_condition_lines,
+        carrier_lines,
+        format_table,
+    )
 
     rng = np.random.default_rng(3)
     rows = ["path,label,device_type,state,speaker,split,duration_s,kind"]
@@ -307,6 +311,45 @@ def test_phrases_in_running_speech_are_reported_beside_isolated_ones(tmp_path) -
     assert set(at) == {"held-out speakers", "held-out acoustics"}
     assert at["held-out speakers"]["by_type"] == out
     assert at["held-out acoustics"]["by_type"]["A"]["frr_at_shipped_threshold"] == 1.0
+    table = carrier_at_condition_lines(at)
+    assert table[0].endswith(
+        "(0.5000), FRR / confusables accepted: A 0.500 / 0.250 | all 0.500 (2)"
+    )
+    assert table[1].startswith("\nfp32, phrases in running speech at held-out acoustics's")
+
+
+def test_earlier_reports_of_the_same_weights_give_the_carrier_its_thresholds(tmp_path) -> None:
+    import json
+
+    from wakefl.tools.bench.detection import conditions_from, main
+
+    speakers = {"held-out speakers": {"all types": {"threshold_at_0.5_fa_h": 0.97}}}
+    acoustics = {"held-out acoustics": {"all types": {"threshold_at_0.5_fa_h": 0.91}}}
+    reports = []
+    for i, (digest, conds) in enumerate((("d1", speakers), ("d1", acoustics), ("d2", speakers))):
+        reports.append(tmp_path / f"r{i}.json")
+        reports[-1].write_text(json.dumps({"weights_digest": digest, "conditions": conds}))
+    got = conditions_from(reports[:2], {"weights_digest": "d1"})
+    assert {k: v["all types"]["threshold_at_0.5_fa_h"] for k, v in got.items()} == {
+        "held-out speakers": 0.97,
+        "held-out acoustics": 0.91,
+    }
+    assert got["held-out acoustics"]["from_report"].endswith("r1.json")
+    # Another model's thresholds would read the carrier at another model's FA/h.
+    with pytest.raises(ConfigError, match="scored other weights"):
+        conditions_from(reports, {"weights_digest": "d1"})
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="not a readable JSON report"):
+        conditions_from([tmp_path / "bad.json"], {"weights_digest": "d1"})
+    (tmp_path / "none.json").write_text(
+        json.dumps({"weights_digest": "d1", "conditions": {"x": {"all types": {}}}})
+    )
+    with pytest.raises(ConfigError, match="no condition there has a threshold"):
+        conditions_from([tmp_path / "none.json"], {"weights_digest": "d1"})
+    # Without --carrier there is nothing to read at them.
+    argv = ["--weights", "w.safetensors", "--corpus", str(tmp_path), "--conditions-from"]
+    with pytest.raises(ConfigError, match="give --carrier"):
+        main([*argv, str(reports[0])])
 
 
 def test_held_out_conditions_pool_the_types_by_their_positives_and_stream_hours() -> None:

@@ -180,6 +180,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["shipped_threshold"] = shipped
         scorers = {k: OnnxScorer(p, threads=args.threads) for k, p in paths.items()}
         result.update(addon_phrases(args, scorers, shipped))
+        if args.conditions_from:
+            # Earlier readings of these weights fix the thresholds; the streams are not
+            # scored again.
+            result["conditions"] = conditions_from(args.conditions_from, result)
+            _at_conditions(args, scorers["fp32"], result)
+            return result
         for split, manifest in splits.items():
             devices = sorted(
                 {r.device_type for r in read_manifest(manifest) if r.split == args.split}
@@ -236,6 +242,33 @@ def _at_conditions(args: argparse.Namespace, scorer: Any, result: dict[str, Any]
         result["miss_breakdown"] = probe_breakdown(
             args.corpus, args.breakdown, scorer, result["shipped_threshold"], result["conditions"]
         )
+
+
+def conditions_from(reports: list[Path], result: dict[str, Any]) -> dict[str, Any]:
+    """The held-out conditions of earlier benchmark reports of the same weights, merged
+    (a later report's condition replaces an earlier one's of the same name), each named
+    with the report it came from: the thresholds at which `--carrier` reads its clips."""
+    out: dict[str, Any] = {}
+    for path in reports:
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ConfigError(
+                f"--conditions-from: {path} is not a readable JSON report: {exc}"
+            ) from None
+        if not isinstance(report, dict) or not isinstance(report.get("conditions"), dict):
+            raise ConfigError(f"--conditions-from: {path} holds no held-out `conditions`")
+        if report.get("weights_digest") != result["weights_digest"]:
+            raise ConfigError(
+                f"--conditions-from: {path} scored other weights (digest "
+                f"{report.get('weights_digest')}, these are {result['weights_digest']})"
+            )
+        for name, cond in report["conditions"].items():
+            if isinstance(cond, dict):
+                out[name] = {**cond, "from_report": recorded_path(path)}
+    if not condition_thresholds(out):
+        raise ConfigError("--conditions-from: no condition there has a threshold for 0.5 FA/h")
+    return out
 
 
 def carrier_at_conditions(
@@ -405,12 +438,28 @@ def main(argv: list[str] | None = None) -> int:
         "shipped threshold and each held-out condition's threshold for <= 0.5 FA/h",
     )
     _add_pooled_argument(p)
+    p.add_argument(
+        "--conditions-from",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="REPORT",
+        help="with --carrier: take the held-out conditions' thresholds for <= 0.5 FA/h from "
+        "these earlier --json reports of the same weights and score only the add-ons at "
+        "them, not the streams again (e.g. the phrase in running speech at the FA/h of a "
+        "3-hour reading)",
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--plots", type=Path, default=None, help="folder for DET curve PNGs")
     p.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
     args = p.parse_args(argv)
     if not 0 <= args.breakdown <= MAX_SPEAKERS:
         raise ConfigError(f"--breakdown takes 1-{MAX_SPEAKERS} speakers, got {args.breakdown}")
+    if args.conditions_from and (args.carrier is None or args.breakdown):
+        raise ConfigError(
+            "--conditions-from reads --carrier at earlier reports' thresholds: give "
+            "--carrier, and run --breakdown without it"
+        )
     if args.only_extra_streams and not args.extra_streams:
         raise ConfigError("--only-extra-streams scores the --extra-streams add-ons: give one")
     result = run(args)

@@ -17,6 +17,7 @@ def format_table(result: dict[str, Any]) -> str:
     lines += _voice_lines(result.get("fp32", {}))
     lines += _retimed_lines(result.get("retimed_phrases", {}))
     lines += carrier_lines(result.get("carrier_phrases", {}), result)
+    lines += carrier_at_condition_lines(result.get("carrier_phrases_at_0.5_fa_h", {}))
     lines += breakdown_lines(result.get("miss_breakdown"))
     lines += _event_lines(result.get("fp32", {}))
     for split, ag in result.get("int8_agreement", {}).items():
@@ -124,6 +125,29 @@ def carrier_lines(by_precision: dict[str, Any], result: dict[str, Any]) -> list[
         lines.append(
             f"\n{precision}, phrases in running speech, FRR at the shipped threshold (clips): "
             + " | ".join(cells)
+        )
+    return lines
+
+
+def carrier_at_condition_lines(by_condition: dict[str, Any]) -> list[str]:
+    """fp32, the phrase in running speech at each held-out condition's one threshold for
+    <= 0.5 FA/h: per device type and over all types (weighted by their clips), FRR and the
+    share of confusables accepted."""
+    lines = []
+    for name, at in by_condition.items():
+        rows = at["by_type"]
+        cells = [
+            f"{d} {_share(r['frr_at_shipped_threshold'])}"
+            + (f" / {_share(r['fa_share_at_shipped_threshold'])}" if "negatives" in r else "")
+            for d, r in rows.items()
+        ]
+        pos = sum(r["positives"] for r in rows.values())
+        frr = sum(r["frr_at_shipped_threshold"] * r["positives"] for r in rows.values()) / pos
+        lines.append(
+            f"\nfp32, phrases in running speech at {name}'s threshold for 0.5 FA/h "
+            f"({at['threshold']:.4f}), FRR / confusables accepted: "
+            + " | ".join(cells)
+            + f" | all {frr:.3f} ({pos})"
         )
     return lines
 
