@@ -183,3 +183,32 @@ def test_a_threshold_outside_zero_to_one_is_refused_before_anything_is_read(bad,
     with pytest.raises(SystemExit) as exc:
         main([*args, "--threshold", "0.9", bad])
     assert exc.value.code == 2 and "--threshold" in capsys.readouterr().err
+
+
+def test_near_rhyme_corpora_of_other_seeds_pool_as_other_speakers(tmp_path) -> None:
+    from wakefl.tools.probes.near_rhyme_rate import near_rhyme_corpora, pooled_near_rhymes
+
+    # Two builds reuse the speaker name spk001 for two voices: pooled, they are two.
+    one = {"A": _streams([0.999, 0.2])}
+    two = {"A": _streams([0.2, 0.2, 0.999]), "B": _streams([0.999], "spk002")}
+    pooled = pooled_near_rhymes([one, two], ["nr1", "nr2"])
+    assert pooled["A"].said == 5 and len(pooled["A"].scores.raw_streams) == 2
+    assert pooled["A"].scores.stream_hours == pytest.approx(2 * 600 * HOP / 3600)
+    ordinary = OrdinaryStreams({"A": 10, "B": 10}, {"A": 1.0, "B": 1.0}, {"A": 0.3, "B": 0.3})
+    r = report(pooled, ordinary, [0.9], [0.5])
+    assert r["speakers"] == 3 and r["near_rhymes_said"] == {"A": 5, "B": 1}
+    assert r["at"]["0.9000"]["A"]["events"] == 2
+    assert r["at"]["0.9000"]["all types"]["speakers"] == 3
+    assert pooled_near_rhymes([one], ["nr1"]) == one
+    # Builds are told apart by their seed: the same seed twice is the same speakers.
+    folders = []
+    for name, seed in (("s1", 1), ("s2", 2), ("again", 1)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "manifest.csv").write_text("path\n")
+        (tmp_path / name / "corpus.json").write_text(json.dumps({"seed": seed}))
+        folders.append(tmp_path / name)
+    assert near_rhyme_corpora(folders[:2]) == [f / "manifest.csv" for f in folders[:2]]
+    with pytest.raises(ConfigError, match="same seed"):
+        near_rhyme_corpora(folders)
+    with pytest.raises(ConfigError, match="holds no manifest.csv"):
+        near_rhyme_corpora([tmp_path / "none"])

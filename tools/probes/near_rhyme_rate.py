@@ -8,7 +8,8 @@ near-rhymes, said again and again. In a pretraining corpus each speaker has 8 of
 on about 430 speaker-near-rhyme pairs of 54 speakers, and a threshold set on their few
 highest moments is a draw of speakers. A corpus built with `--profile pretrain-nearrhymes`
 (and a seed of its own) has about 200 other speakers, each with every near-rhyme of the
-pool: thousands of pairs, none of them a training speaker's.
+pool: thousands of pairs, none of them a training speaker's. Builds of other seeds add
+other speakers: `--near-rhymes` repeated pools them.
 
 For each model:
 - at each threshold (the model's card threshold, or LABEL=WEIGHTS@T, and `--threshold`):
@@ -28,7 +29,7 @@ The projection counts near-rhymes only: what else the ordinary streams hold is l
 (the listed false accepts of the pretraining corpus's streams are near-rhymes).
 
     python -m wakefl.tools.probes.near_rhyme_rate --near-rhymes NEARRHYMES \\
-        --streams PRETRAIN --streams PRETRAIN-VALSTREAMS \\
+        [--near-rhymes NEARRHYMES-SEED2] --streams PRETRAIN --streams PRETRAIN-VALSTREAMS \\
         --model full=pretrained:full [--model cand=run/last.safetensors@0.98] \\
         [--threshold 0.99] [--fa-per-hour 0.5 0.25] [--phrases PRETRAIN] [--threads 2] \\
         [--json rate.json]
@@ -41,7 +42,7 @@ import json
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -285,6 +286,58 @@ def score_near_rhymes(
     return per
 
 
+def near_rhyme_corpora(folders: Sequence[Path]) -> list[Path]:
+    """The manifests of the `--near-rhymes` corpora, checked to be builds of different
+    seeds: one seed given twice would count its speakers twice."""
+    from wakefl.tools.corpus.build import read_corpus_info
+
+    seeds: dict[Any, Path] = {}
+    for folder in folders:
+        if not (folder / "manifest.csv").exists():
+            raise ConfigError(f"--near-rhymes: {folder} holds no manifest.csv")
+        info = read_corpus_info(folder)
+        seed = info.get("seed") if isinstance(info, dict) else None
+        if len(folders) > 1 and seed is None:
+            raise ConfigError(f"--near-rhymes: {folder} has no corpus.json seed to tell it apart")
+        if seed in seeds and len(folders) > 1:
+            raise ConfigError(
+                f"--near-rhymes: {folder} and {seeds[seed]} are builds of the same seed "
+                f"({seed}): their speakers are the same"
+            )
+        seeds[seed] = folder
+    return [f / "manifest.csv" for f in folders]
+
+
+def pooled_near_rhymes(
+    parts: Sequence[Mapping[str, NearRhymeStreams]], tags: Sequence[str]
+) -> dict[str, NearRhymeStreams]:
+    """Several near-rhyme corpora's scored streams as one, per device type. Each corpus's
+    speakers are named with its tag, since builds of other seeds reuse speaker names for
+    other voices."""
+    if len(parts) == 1:
+        return dict(parts[0])
+    out: dict[str, NearRhymeStreams] = {}
+    for d in sorted({d for part in parts for d in part}):
+        mine = [(tag, part[d]) for tag, part in zip(tags, parts, strict=True) if d in part]
+        first = mine[0][1].scores
+        scores = SplitScores(
+            first.pos,
+            first.neg,
+            [r for _, ns in mine for r in ns.scores.raw_streams],
+            sum(ns.scores.stream_hours for _, ns in mine),
+            hop_s=first.hop_s,
+            smoothing=first.smoothing,
+            window_s=first.window_s,
+        )
+        transcripts = [
+            [replace(u, speaker=f"{tag}/{u.speaker}") for u in t]
+            for tag, ns in mine
+            for t in ns.transcripts
+        ]
+        out[d] = NearRhymeStreams(scores, transcripts)
+    return out
+
+
 def phrase_scores(scorer: Any, manifest: Path) -> dict[str, np.ndarray]:
     """The scores of each device type's validation wake-phrase clips in `manifest`."""
     from wakefl.sdk.manifest import read_manifest
@@ -361,6 +414,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from wakefl.recorded_paths import recorded_path
 
     results: dict[str, Any] = {}
+    near_rhymes = near_rhyme_corpora(args.near_rhymes)
     # The ordinary streams' counts depend on the window only: read once per window length.
     ordinary_by_window: dict[float, OrdinaryStreams] = {}
     for label, (weights, given) in args.model:
@@ -372,7 +426,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 manifests = [m / "manifest.csv" for m in args.streams]
                 ordinary_by_window[window_s] = ordinary_near_rhymes(manifests, window_s)
             ordinary = ordinary_by_window[window_s]
-            per = score_near_rhymes(scorer, args.near_rhymes / "manifest.csv", label)
+            per = pooled_near_rhymes(
+                [score_near_rhymes(scorer, m, label) for m in near_rhymes],
+                [m.parent.name for m in near_rhymes],
+            )
             phrases = None
             if args.phrases is not None:
                 phrases = phrase_scores(scorer, args.phrases / "manifest.csv")
@@ -416,7 +473,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--near-rhymes", type=Path, required=True, help="a pretrain-nearrhymes corpus")
+    p.add_argument(
+        "--near-rhymes",
+        type=Path,
+        action="append",
+        required=True,
+        help="a pretrain-nearrhymes corpus (repeat with builds of other seeds: more speakers)",
+    )
     p.add_argument(
         "--streams",
         type=Path,
