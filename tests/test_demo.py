@@ -247,3 +247,63 @@ def test_the_demo_refuses_an_add_on_of_its_own_beside_no_val_streams(tmp_path):
         args.func(args)
     args = parser.parse_args(["demo", "--no-val-streams"])
     assert args.no_val_streams and args.val_streams is None
+
+
+def test_two_runs_wanting_one_corpus_build_it_once_over_a_killed_builds_remains(
+    tmp_path, monkeypatch, capsys
+):
+    import threading
+
+    from wakefl.tools.fleet.demo import DemoSettings, corpus_folder, corpus_manifest
+
+    monkeypatch.setenv("WAKEFL_CACHE", str(tmp_path))
+    out = corpus_folder("fleet-micro", 0)
+    # A build killed half way: files, no corpus.json, no completion mark.
+    (out / "clips").mkdir(parents=True)
+    (out / "clips" / "half.wav").write_bytes(b"RIFF")
+    st = DemoSettings(profile="fleet-micro", seed=0)
+    got: list = []
+    runs = [threading.Thread(target=lambda: got.append(corpus_manifest(st))) for _ in range(2)]
+    for t in runs:
+        t.start()
+    for t in runs:
+        t.join(timeout=600)
+    said = capsys.readouterr().out
+    assert got == [out / "manifest.csv"] * 2 and (out / ".complete").is_file()
+    assert not (out / "clips" / "half.wav").exists()
+    assert said.count("removing an unfinished build") == 1
+    assert said.count("building the fleet-micro corpus") == 1
+    assert said.count("reusing the fleet-micro corpus") == 1
+    assert "waiting for it" in said
+
+
+def test_a_cache_folder_lock_waits_bounded_and_dies_with_its_holder(tmp_path):
+    from wakefl.cache_lock import folder_lock, lock_path
+    from wakefl.errors import WakeflError
+
+    folder = tmp_path / "corpus" / "x-seed0"
+    told: list[str] = []
+    with (
+        folder_lock(folder),
+        pytest.raises(WakeflError, match="held .* for over"),
+        folder_lock(folder, wait_s=0.3, on_wait=told.append, poll_s=0.05),
+    ):
+        pass
+    assert len(told) == 1 and "waiting" in told[0]
+    # A holder killed without releasing it: the kernel frees the lock.
+    code = (
+        "import fcntl, os, sys, time\n"
+        f"fd = os.open({str(lock_path(folder))!r}, os.O_RDWR)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\nprint('held', flush=True)\ntime.sleep(60)\n"
+    )
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(WakeflError), folder_lock(folder, wait_s=0.2, poll_s=0.05):
+            pass
+        holder.kill()
+        holder.wait(timeout=30)
+        with folder_lock(folder, wait_s=10, poll_s=0.05):
+            pass
+    finally:
+        holder.kill()

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from wakefl.cache_location import cache_root
+from wakefl.cache_lock import folder_lock
 from wakefl.errors import WakeflError
 from wakefl.recorded_paths import recorded_path
 
@@ -157,12 +158,16 @@ def corpus_manifest(st: DemoSettings) -> Path:
     out = corpus_folder(st.profile, st.seed)
     manifest = out / "manifest.csv"
     done = out / ".complete"
-    if manifest.is_file() and done.is_file():
-        _say(f"reusing the {st.profile} corpus in {out}")
-        return manifest
-    _say(f"building the {st.profile} corpus in {out} (once; later runs reuse it)")
-    manifest = build_corpus(out, seed=st.seed, profile=st.profile, progress=True)
-    done.write_text("ok\n")
+    with folder_lock(out, on_wait=_say):
+        if manifest.is_file() and done.is_file():
+            _say(f"reusing the {st.profile} corpus in {out}")
+            return manifest
+        if out.exists():  # no other run builds it (the lock): a killed build's remains
+            _say(f"removing an unfinished build in {out}")
+            shutil.rmtree(out)
+        _say(f"building the {st.profile} corpus in {out} (once; later runs reuse it)")
+        manifest = build_corpus(out, seed=st.seed, profile=st.profile, progress=True)
+        done.write_text("ok\n")
     return manifest
 
 
