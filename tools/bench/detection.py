@@ -32,6 +32,10 @@ the held-out speakers (the corpus's test split) and the unseen-voices corpus (or
   speakers (the training simulator), held-out acoustics and unseen voices, each with FRR at
   the shipped threshold, FRR at <= 0.5 FA/h (one threshold for all types), FA/h at the
   shipped threshold and its resolution (one false accept in the condition's stream hours).
+- with `--carrier DIR --conditions-from REPORT...`, the running-speech add-on alone, at the
+  shipped threshold and at the held-out conditions' thresholds for <= 0.5 FA/h of earlier
+  `--json` reports of the same weights: phrases in running speech at the FA/h of a 3-hour
+  reading, without scoring its streams again.
 - with `--breakdown N`, where the misses come from: the context probe's recordings
   (tools/probes/context_probe.py) of N held-out speakers of the corpus's recipe, scored with
   the same streaming rule, FRR by background kind (quiet, babble, one talker, TV, music,
