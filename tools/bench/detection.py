@@ -168,17 +168,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     extra = extra_stream_manifests(args.corpus, args.extra_streams or [], args.split)
     detectors = args.detectors or [(HOP_S, SMOOTHING)]
     (hop_s, smoothing), others = detectors[0], detectors[1:]
-    result: dict[str, Any] = {
-        "model": args.pretrained or recorded_path(args.weights),
-        "weights_digest": _weights_digest(args),
-        "corpus": recorded_path(args.corpus),
-        "hop_s": hop_s,
-        "smoothing": smoothing,
-        "refractory_s": REFRACTORY_S,
-        "extra_streams": [recorded_path(m.parent) for m in extra],
-        "own_streams": not _replaces_own_streams(args, extra),
-        "acoustics": recorded_path(args.acoustics) if getattr(args, "acoustics", None) else None,
-    }
+    result = _header(args, extra, hop_s, smoothing)
     with tempfile.TemporaryDirectory(prefix="wakefl-bench-det-") as tmp:
         paths, shipped, _ = _export(args, Path(tmp))
         result["shipped_threshold"] = shipped
@@ -223,6 +213,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["conditions"] = held_out_conditions(result.get("fp32", {}))
         _at_conditions(args, scorers["fp32"], result)
     return result
+
+
+def _header(
+    args: argparse.Namespace, extra: tuple[Path, ...], hop_s: float, smoothing: int
+) -> dict[str, Any]:
+    """What a report scored: the model, its digest, the corpora and the detector."""
+    return {
+        "model": args.pretrained or recorded_path(args.weights),
+        "weights_digest": _weights_digest(args),
+        "corpus": recorded_path(args.corpus),
+        "hop_s": hop_s,
+        "smoothing": smoothing,
+        "refractory_s": REFRACTORY_S,
+        "extra_streams": [recorded_path(m.parent) for m in extra],
+        "own_streams": not _replaces_own_streams(args, extra),
+        "acoustics": recorded_path(args.acoustics) if getattr(args, "acoustics", None) else None,
+    }
 
 
 def _pooled_points(per: dict[str, SplitScores], targets: list[float] | None) -> dict[str, Any]:
@@ -370,6 +377,17 @@ def _add_addon_arguments(p: argparse.ArgumentParser) -> None:
         "speech accepted, at the shipped threshold",
     )
     p.add_argument(
+        "--conditions-from",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="REPORT",
+        help="with --carrier: take the held-out conditions' thresholds for <= 0.5 FA/h from "
+        "these earlier --json reports of the same weights and score only the add-ons at "
+        "them, not the streams again (e.g. the phrase in running speech at the FA/h of a "
+        "3-hour reading)",
+    )
+    p.add_argument(
         "--only-extra-streams",
         action="store_true",
         help="score the --extra-streams add-ons' streams in place of the main corpus's own "
@@ -395,6 +413,19 @@ def _add_addon_arguments(p: argparse.ArgumentParser) -> None:
         "pretrain-acoustics`: the held-out speakers and unseen voices through the second "
         "acoustic simulation, reported as their own conditions",
     )
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    """What argparse cannot say: settings that need or exclude each other."""
+    if not 0 <= args.breakdown <= MAX_SPEAKERS:
+        raise ConfigError(f"--breakdown takes 1-{MAX_SPEAKERS} speakers, got {args.breakdown}")
+    if args.conditions_from and (args.carrier is None or args.breakdown):
+        raise ConfigError(
+            "--conditions-from reads --carrier at earlier reports' thresholds: give "
+            "--carrier, and run --breakdown without it"
+        )
+    if args.only_extra_streams and not args.extra_streams:
+        raise ConfigError("--only-extra-streams scores the --extra-streams add-ons: give one")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -442,30 +473,11 @@ def main(argv: list[str] | None = None) -> int:
         "shipped threshold and each held-out condition's threshold for <= 0.5 FA/h",
     )
     _add_pooled_argument(p)
-    p.add_argument(
-        "--conditions-from",
-        type=Path,
-        nargs="+",
-        default=None,
-        metavar="REPORT",
-        help="with --carrier: take the held-out conditions' thresholds for <= 0.5 FA/h from "
-        "these earlier --json reports of the same weights and score only the add-ons at "
-        "them, not the streams again (e.g. the phrase in running speech at the FA/h of a "
-        "3-hour reading)",
-    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--plots", type=Path, default=None, help="folder for DET curve PNGs")
     p.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")
     args = p.parse_args(argv)
-    if not 0 <= args.breakdown <= MAX_SPEAKERS:
-        raise ConfigError(f"--breakdown takes 1-{MAX_SPEAKERS} speakers, got {args.breakdown}")
-    if args.conditions_from and (args.carrier is None or args.breakdown):
-        raise ConfigError(
-            "--conditions-from reads --carrier at earlier reports' thresholds: give "
-            "--carrier, and run --breakdown without it"
-        )
-    if args.only_extra_streams and not args.extra_streams:
-        raise ConfigError("--only-extra-streams scores the --extra-streams add-ons: give one")
+    _check_arguments(args)
     result = run(args)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1) + "\n")
