@@ -11,6 +11,7 @@ and can hang on shutdown. Any standard broker works through its URL instead.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import pwd
@@ -64,10 +65,27 @@ def die_with_parent() -> Callable[[], None]:
     return preexec
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports on 127.0.0.1: every socket stays bound until all are
+    chosen, so the system cannot hand out one port twice (brokers started together)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
+
+
+def accepting(port: int) -> bool:
+    """Whether something already accepts connections on 127.0.0.1:`port`."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            return True
+    except OSError:
+        return False
 
 
 def run_as_user() -> pwd.struct_passwd | None:
@@ -192,6 +210,13 @@ class ManagedBroker:
     def start(self, timeout: float = 10.0) -> ManagedBroker:
         if self.running:
             return self
+        # Readiness below is "the port accepts": with another process already there, this
+        # broker would fail to bind and its clients would talk to that process instead.
+        if accepting(self.port):
+            raise ConfigError(
+                f"127.0.0.1:{self.port} is already taken by another process; stop it or "
+                "give the broker another port"
+            )
         if self.conf_file is None:
             self._write_conf()
         else:

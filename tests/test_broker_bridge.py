@@ -23,7 +23,7 @@ from wakefl.protocol import topics
 from wakefl.sdk.mqtt_link import MqttLink, PublishError, wait_until
 from wakefl.sdk.selffl.registry import make_strategy
 from wakefl.server.aggregation_server import AggregationServer, ServerConfig
-from wakefl.server.broker import ManagedBroker, free_port
+from wakefl.server.broker import ManagedBroker, free_ports
 from wakefl.tools.fleet.provision_bridge import Edge, provision_bridged
 
 pytestmark = pytest.mark.slow  # three brokers and a CA per broker
@@ -44,8 +44,13 @@ def bridged_topology() -> Iterator[dict[str, Any]]:
     # pytest's 0700 tmp_path).
     state = Path(tempfile.mkdtemp(prefix="wakefl-bridge-"))
     state.chmod(0o711)
-    edges = [Edge(name, free_port(), devices) for name, devices in EDGES.items()]
-    out = provision_bridged(state, FLEET, free_port(), edges)
+    # Distinct ports: a port handed out twice started one broker on another's port.
+    core_port, *edge_ports = free_ports(1 + len(EDGES))
+    edges = [
+        Edge(name, port, devices)
+        for (name, devices), port in zip(EDGES.items(), edge_ports, strict=True)
+    ]
+    out = provision_bridged(state, FLEET, core_port, edges)
     brokers = []
     try:
         for name, info in [("core", out["core"]), *out["edges"].items()]:

@@ -94,3 +94,29 @@ def test_the_broker_never_delivers_the_server_a_message_over_its_limit(tmp_path)
 def test_a_link_with_a_limit_beyond_mqtts_own_announces_mqtts_largest(mqtt_broker):
     link = MqttLink(mqtt_broker.url, "big", clean_start=True, max_payload=512 << 20).connect(10)
     link.close()
+
+
+def test_a_broker_refuses_a_port_another_process_holds(tmp_path) -> None:
+    """Readiness is "the port accepts": on a port already taken, the broker would fail to
+    bind while its clients talked to the other process. It refuses to start instead, and
+    ports handed out together are distinct."""
+    import socket
+
+    from wakefl.server.broker import free_ports
+
+    ports = free_ports(16)
+    assert len(set(ports)) == 16
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        taken = other.getsockname()[1]
+        broker = ManagedBroker(tmp_path / "run", port=taken)
+        with pytest.raises(ConfigError, match=f"127.0.0.1:{taken} is already taken"):
+            broker.start()
+        assert not broker.running
+    # Once the port is free again the same broker starts and serves.
+    broker.start()
+    try:
+        assert broker.running
+    finally:
+        broker.stop()

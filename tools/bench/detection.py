@@ -174,7 +174,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         result["shipped_threshold"] = shipped
         scorers = {k: OnnxScorer(p, threads=args.threads) for k, p in paths.items()}
         result.update(addon_phrases(args, scorers, shipped))
-        if args.conditions_from:
+        if getattr(args, "conditions_from", None):
             # Earlier readings of these weights fix the thresholds; the streams are not
             # scored again.
             result["conditions"] = conditions_from(args.conditions_from, result)
