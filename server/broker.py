@@ -235,11 +235,9 @@ class ManagedBroker:
             if self.proc.poll() is not None:
                 tail = (self.state_dir / "mosquitto.log").read_text(errors="replace")[-2000:]
                 raise ConfigError(f"mosquitto exited with {self.proc.returncode}:\n{tail}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return self
-            except OSError:
-                time.sleep(0.02)
+            if accepting(self.port):
+                return self
+            time.sleep(0.02)
         self.stop()
         raise ConfigError(f"mosquitto did not listen on 127.0.0.1:{self.port} within {timeout} s")
 

@@ -291,15 +291,16 @@ def near_rhyme_corpora(folders: Sequence[Path]) -> list[Path]:
     seeds: one seed given twice would count its speakers twice."""
     from wakefl.tools.corpus.build import read_corpus_info
 
-    seeds: dict[Any, Path] = {}
     for folder in folders:
         if not (folder / "manifest.csv").exists():
             raise ConfigError(f"--near-rhymes: {folder} holds no manifest.csv")
+    seeds: dict[Any, Path] = {}
+    for folder in folders if len(folders) > 1 else ():
         info = read_corpus_info(folder)
         seed = info.get("seed") if isinstance(info, dict) else None
-        if len(folders) > 1 and seed is None:
+        if seed is None:
             raise ConfigError(f"--near-rhymes: {folder} has no corpus.json seed to tell it apart")
-        if seed in seeds and len(folders) > 1:
+        if seed in seeds:
             raise ConfigError(
                 f"--near-rhymes: {folder} and {seeds[seed]} are builds of the same seed "
                 f"({seed}): their speakers are the same"
