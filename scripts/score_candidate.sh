@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Score a candidate `full` by the rule it ships by (models/kws_cnn/pretrained/MODEL_CARD.md),
-# part by part, stopping at the first part that fails:
+# Score a candidate `full` (or `small`, SCORE_BARS below) by the rule it ships by
+# (models/kws_cnn/pretrained/MODEL_CARD.md), part by part, stopping at the first part that fails:
 #   scripts/score_candidate.sh WEIGHTS.safetensors DATA OUT
 # DATA holds (or gets, built with the seeds the rule names) the corpora the parts read;
 # OUT gets a copy of the weights, its card with the rule's threshold, and every report.
@@ -13,6 +13,8 @@
 #   SCORE_TEST_STREAMS=pretrain-streams-second   the test split's streams from that add-on
 #                            alone (built with seed 0), in place of the main corpus's and
 #                            `pretrain-streams`': streams no earlier reading has scored
+#   SCORE_BARS=small-step8   whose figures the bars are (candidate_rule --bars): a
+#                            candidate `small` against the step-8 `small`
 set -euo pipefail
 if [ $# -ne 3 ]; then
     echo "usage: $0 WEIGHTS.safetensors DATA OUT" >&2
@@ -52,6 +54,7 @@ build pretrain-nearrhymes 1
 gate() {  # gate [REPORT ARGS]: read the rule on what is there; stop when a part fails
     "$py" -m wakefl.tools.evaluation.candidate_rule --card "${W%.safetensors}.card.json" \
         --val "$out/val.json" --near-rhymes "$out/near-rhymes.json" "$@" \
+        --bars "${SCORE_BARS:-step29-full}" \
         --json "$out/rule.json" || { log "the rule stops here (rule.json)"; exit 1; }
 }
 

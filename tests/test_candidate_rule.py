@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from wakefl.tools.evaluation.candidate_rule import Bars, main, read_rule
+from wakefl.tools.evaluation.candidate_rule import SMALL_STEP8, Bars, main, read_rule
 
 THR = 0.9845
 
@@ -155,3 +155,25 @@ def test_the_command_prints_each_part_and_exits_by_the_rule(tmp_path: Path, caps
     assert main([*args, "--voices", *map(str, voices[1:])]) == 0
     files["val"].write_text("{not json")
     assert main(args) == 2
+
+
+def test_the_small_bars_are_step_8s_and_the_command_chooses_them(tmp_path: Path) -> None:
+    reports = _set(_reports(), "export/int8_agreement/agree", 104)  # step 8's own count
+    assert not read_rule(reports)[0].passed  # full's 99 %
+    assert read_rule(reports, SMALL_STEP8)[0].passed
+    worse = _set(reports, "export/int8_agreement/agree", 103)
+    assert not read_rule(worse, SMALL_STEP8)[0].passed
+    args = []
+    for key in ("card", "val", "near_rhymes", "export"):
+        path = tmp_path / f"{key}.json"
+        path.write_text(json.dumps(reports[key]))
+        args += [f"--{key.replace('_', '-')}", str(path)]
+    voices = []
+    for i, v in enumerate(reports["voices"]):
+        voices.append(tmp_path / f"voice{i}.json")
+        voices[-1].write_text(json.dumps(v))
+    args += ["--voices", *map(str, voices)]
+    assert main(args) == 1
+    assert main([*args, "--bars", "small-step8"]) == 0
+    with pytest.raises(SystemExit):
+        main([*args, "--bars", "step7-small"])
