@@ -136,19 +136,29 @@ def test_missing_reports_end_the_reading_and_a_report_at_another_threshold_is_re
         read_rule(_set(_reports(), "card/threshold", float("nan")))
 
 
-def test_the_command_prints_each_part_and_exits_by_the_rule(tmp_path: Path, capsys) -> None:
+def _write(
+    tmp_path: Path, reports: dict[str, Any]
+) -> tuple[dict[str, Path], list[Path], list[str]]:
+    """The reports as files: one per report, one per voice, and the command's arguments for
+    the card, validation, near-rhyme and export reports."""
     files = {}
-    for key, value in _set(_reports(), "voices/0/events", []).items():
+    for key, value in reports.items():
         if key == "voices":
             continue
         files[key] = tmp_path / f"{key}.json"
         files[key].write_text(json.dumps(value))
     voices = []
-    for i, v in enumerate(_set(_reports(), "voices/0/events", [])["voices"]):
+    for i, v in enumerate(reports["voices"]):
         voices.append(tmp_path / f"voice{i}.json")
         voices[-1].write_text(json.dumps(v))
-    args = ["--card", str(files["card"]), "--val", str(files["val"])]
-    args += ["--near-rhymes", str(files["near_rhymes"]), "--export", str(files["export"])]
+    args = []
+    for key in ("card", "val", "near_rhymes", "export"):
+        args += [f"--{key.replace('_', '-')}", str(files[key])]
+    return files, voices, args
+
+
+def test_the_command_prints_each_part_and_exits_by_the_rule(tmp_path: Path, capsys) -> None:
+    files, voices, args = _write(tmp_path, _set(_reports(), "voices/0/events", []))
     assert main([*args, "--voices", *map(str, voices), "--json", str(tmp_path / "r.json")]) == 1
     assert "int8: FAILS" in capsys.readouterr().out
     assert json.loads((tmp_path / "r.json").read_text())[0]["passed"] is False
@@ -163,15 +173,7 @@ def test_the_small_bars_are_step_8s_and_the_command_chooses_them(tmp_path: Path)
     assert read_rule(reports, SMALL_STEP8)[0].passed
     worse = _set(reports, "export/int8_agreement/agree", 103)
     assert not read_rule(worse, SMALL_STEP8)[0].passed
-    args = []
-    for key in ("card", "val", "near_rhymes", "export"):
-        path = tmp_path / f"{key}.json"
-        path.write_text(json.dumps(reports[key]))
-        args += [f"--{key.replace('_', '-')}", str(path)]
-    voices = []
-    for i, v in enumerate(reports["voices"]):
-        voices.append(tmp_path / f"voice{i}.json")
-        voices[-1].write_text(json.dumps(v))
+    _, voices, args = _write(tmp_path, reports)
     args += ["--voices", *map(str, voices)]
     assert main(args) == 1
     assert main([*args, "--bars", "small-step8"]) == 0
