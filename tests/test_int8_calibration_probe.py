@@ -16,6 +16,7 @@ from onnx import numpy_helper
 from wakefl.edge_runtime import OnnxScorer
 from wakefl.errors import ConfigError
 from wakefl.models.kws_cnn import export_onnx
+from wakefl.models.kws_cnn.pretrained import pretrained_card
 from wakefl.models.kws_cnn.quantize import (
     CALIBRATION_METHODS,
     quantize_int8,
@@ -79,7 +80,10 @@ def test_the_probe_counts_what_int8_changes_the_same_every_run(
     args += ["--model", "small=pretrained:small", "--model", "strict=pretrained:small@0.999"]
     assert int8_calibration.main([*args, "--json", str(tmp_path / "a.json")]) == 0
     out = capsys.readouterr().out
-    assert "| small (0.9954," in out and "| shipped-stream, percentile |" in out
+    assert (
+        f"| small ({pretrained_card('small')['threshold']:.4f}," in out
+        and "| shipped-stream, percentile |" in out
+    )
     result = json.loads((tmp_path / "a.json").read_text())
     assert result["models"]["small"]["weights"].endswith("small.safetensors")
     for model in result["models"].values():
