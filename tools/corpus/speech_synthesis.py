@@ -2,17 +2,21 @@
 festival, RHVoice and MBROLA (Debian packages; RHVoice and MBROLA from the contrib and
 non-free components) and SVOX Pico (the `py-nanotts` wheel, its voices inside).
 
-Every engine is deterministic for a given voice, settings and text; the cache key is a hash
-of exactly those (and the engine's version), so a cached render equals a fresh one.
+Every engine is deterministic for a given voice, settings and text (Pico once its working
+memory is pinned to fresh pages, `_pin_fresh_pico_memory`); the cache key is a hash of exactly
+those (and the engine's version), so a cached render equals a fresh one.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import hashlib
 import io
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Iterable
@@ -124,7 +128,8 @@ def engine_version(engine: str) -> str:
             ) from None
         from importlib.metadata import version
 
-        return f"py-nanotts {version('py-nanotts')}"
+        # The suffix keeps renders made before the memory was pinned out of the cache.
+        return f"py-nanotts {version('py-nanotts')}, fresh memory"
     if engine in ("rhvoice", "mbrola"):
         return _debian_engine_version(engine)
     if engine == "gnuspeech":
@@ -252,8 +257,30 @@ def _run_festival(voice: Voice, text: str) -> tuple[np.ndarray, int]:
     return wave, sr
 
 
+# py-nanotts mallocs Pico's 2.5 MB working memory afresh for every utterance, and Pico reads
+# some of it before writing it. glibc serves a block that size by mmap (zeroed pages) until
+# one is freed; then it raises its mmap threshold and serves the next ones from the heap,
+# holding what earlier utterances left there. The same text then rendered differently (up to
+# 99 LSB) with what the process had rendered before, so two builds of one corpus differed.
+# A fixed threshold under the block's size keeps every block a fresh mmap.
+_PICO_MMAP_THRESHOLD = 1 << 20
+_M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+
+
+@lru_cache(maxsize=1)
+def _pin_fresh_pico_memory() -> None:
+    libc_name = ctypes.util.find_library("c") if sys.platform.startswith("linux") else None
+    mallopt = getattr(ctypes.CDLL(libc_name), "mallopt", None) if libc_name else None
+    if mallopt is None or mallopt(_M_MMAP_THRESHOLD, _PICO_MMAP_THRESHOLD) != 1:
+        raise ConfigError(
+            "the Pico engine renders reproducibly only with glibc's malloc (mallopt "
+            "M_MMAP_THRESHOLD); this platform has none"
+        )
+
+
 def _run_pico(voice: Voice, text: str) -> tuple[np.ndarray, int]:
     engine_version("pico")
+    _pin_fresh_pico_memory()
     import py_nanotts
 
     if voice.voice not in PICO_VOICES + PICO_OTHER_VOICES:
