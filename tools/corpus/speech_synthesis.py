@@ -3,7 +3,7 @@ festival, RHVoice and MBROLA (Debian packages; RHVoice and MBROLA from the contr
 non-free components) and SVOX Pico (the `py-nanotts` wheel, its voices inside).
 
 Every engine is deterministic for a given voice, settings and text (Pico once its working
-memory is pinned to fresh pages, `_pin_fresh_pico_memory`); the cache key is a hash of exactly
+memory comes fresh, `_fresh_pico_memory`); the cache key is a hash of exactly
 those (and the engine's version), so a cached render equals a fresh one.
 """
 
@@ -19,11 +19,13 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import soundfile as sf
@@ -258,37 +260,52 @@ def _run_festival(voice: Voice, text: str) -> tuple[np.ndarray, int]:
 
 
 # py-nanotts mallocs Pico's 2.5 MB working memory afresh for every utterance, and Pico reads
-# some of it before writing it. glibc serves a block that size by mmap (zeroed pages) until
-# one is freed; then it raises its mmap threshold and serves the next ones from the heap,
-# holding what earlier utterances left there. The same text then rendered differently (up to
-# 99 LSB) with what the process had rendered before, so two builds of one corpus differed.
-# A fixed threshold under the block's size keeps every block a fresh mmap.
-_PICO_MMAP_THRESHOLD = 1 << 20
-_M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+# some of it before writing it. A new process's first blocks are fresh (zeroed) pages; later
+# ones are heap memory holding what earlier utterances, arrays or tensors left there. The
+# same text then rendered differently (up to 99 LSB) with what the process had done before,
+# so two builds of one corpus differed. While Pico renders, glibc's M_PERTURB fills every
+# block malloc hands out with 0xff ^ 0xff = 0, what a fresh page holds; outside the render
+# it is off again, so nothing else pays for the fill.
+_M_PERTURB = -6  # glibc's malloc.h
+_ZEROED_ALLOCATIONS = 0xFF
+_PICO_RENDER = threading.Lock()  # py-nanotts holds the GIL while it renders: nothing is lost
 
 
 @lru_cache(maxsize=1)
-def _pin_fresh_pico_memory() -> None:
+def _mallopt() -> Any:
     libc_name = ctypes.util.find_library("c") if sys.platform.startswith("linux") else None
     mallopt = getattr(ctypes.CDLL(libc_name), "mallopt", None) if libc_name else None
-    if mallopt is None or mallopt(_M_MMAP_THRESHOLD, _PICO_MMAP_THRESHOLD) != 1:
+    if mallopt is None:
         raise ConfigError(
-            "the Pico engine renders reproducibly only with glibc's malloc (mallopt "
-            "M_MMAP_THRESHOLD); this platform has none"
+            "the Pico engine renders reproducibly only with glibc's malloc (mallopt); "
+            "this platform has none"
         )
+    return mallopt
+
+
+@contextmanager
+def _fresh_pico_memory() -> Iterator[None]:
+    mallopt = _mallopt()
+    with _PICO_RENDER:
+        if mallopt(_M_PERTURB, _ZEROED_ALLOCATIONS) != 1:
+            raise ConfigError("glibc refused M_PERTURB, which Pico renders reproducibly with")
+        try:
+            yield
+        finally:
+            mallopt(_M_PERTURB, 0)
 
 
 def _run_pico(voice: Voice, text: str) -> tuple[np.ndarray, int]:
     engine_version("pico")
-    _pin_fresh_pico_memory()
     import py_nanotts
 
     if voice.voice not in PICO_VOICES + PICO_OTHER_VOICES:
         known = ", ".join(PICO_VOICES + PICO_OTHER_VOICES)
         raise ConfigError(f"unknown Pico voice {voice.voice!r}; choose one of {known}")
-    pcm = py_nanotts.NanoTTS().speak(
-        text, voice=voice.voice, speed=voice.rate / 100.0, pitch=voice.pitch / 100.0
-    )
+    with _fresh_pico_memory():
+        pcm = py_nanotts.NanoTTS().speak(
+            text, voice=voice.voice, speed=voice.rate / 100.0, pitch=voice.pitch / 100.0
+        )
     return np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0, SAMPLE_RATE
 
 
