@@ -2,8 +2,8 @@
 festival, RHVoice and MBROLA (Debian packages; RHVoice and MBROLA from the contrib and
 non-free components) and SVOX Pico (the `py-nanotts` wheel, its voices inside).
 
-Every engine is deterministic for a given voice, settings and text (Pico once its working
-memory comes fresh, `_fresh_pico_memory`); the cache key is a hash of exactly
+Every engine is deterministic for a given voice, settings and text (Pico once the memory it
+reads before writing comes zeroed, `_fresh_pico_memory`); the cache key is a hash of exactly
 those (and the engine's version), so a cached render equals a fresh one.
 """
 
@@ -130,7 +130,7 @@ def engine_version(engine: str) -> str:
             ) from None
         from importlib.metadata import version
 
-        # The suffix keeps renders made before the memory was pinned out of the cache.
+        # The suffix keeps renders made before Pico's memory came zeroed out of the cache.
         return f"py-nanotts {version('py-nanotts')}, fresh memory"
     if engine in ("rhvoice", "mbrola"):
         return _debian_engine_version(engine)
