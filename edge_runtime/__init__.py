@@ -2,6 +2,7 @@
 detection, with numpy and onnxruntime as the only third-party dependencies."""
 
 from .audio_input import load_audio, resample, to_float32
+from .gate_rule import Gate
 from .onnx_scorer import OnnxScorer
 from .streaming_detector import (
     FALLBACK_THRESHOLD,
@@ -18,6 +19,7 @@ __all__ = [
     "FALLBACK_THRESHOLD",
     "Detection",
     "DetectionResult",
+    "Gate",
     "OnnxScorer",
     "StreamingDetector",
     "WindowScorer",

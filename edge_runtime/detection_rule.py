@@ -95,14 +95,30 @@ class FiringState:
     def __post_init__(self) -> None:
         self._recent = deque(maxlen=self.smoothing)
 
-    def step(self, raw: float) -> tuple[float, bool]:
-        """The smoothed posterior of this hop, and whether the detector fires on it."""
+    def step(self, raw: float, may_fire: bool = True) -> tuple[float, bool]:
+        """The smoothed posterior of this hop, and whether the detector fires on it
+        (never where `may_fire` is false: a two-stage detector's closed hops, gate_rule.py)."""
         self._recent.append(float(raw))
         s = smoothed_posterior(self._recent)
-        fired = s >= self.threshold and (
-            self._last is None or self._hop - self._last >= self.refractory
+        fired = (
+            may_fire
+            and s >= self.threshold
+            and (self._last is None or self._hop - self._last >= self.refractory)
         )
         if fired:
             self._last = self._hop
         self._hop += 1
         return s, fired
+
+    @property
+    def hops(self) -> int:
+        """Posteriors stepped so far."""
+        return self._hop
+
+    def restate(self, back: int, raw: float) -> None:
+        """Replaces the posterior `back` hops before the next one (1 = the latest) that was
+        taken as 0 when it was stepped: a two-stage detector scores a skipped window once
+        its gate opens. Hops already stepped do not fire again."""
+        if not 1 <= back <= len(self._recent):
+            raise IndexError(f"no posterior {back} hops back (holding {len(self._recent)})")
+        self._recent[len(self._recent) - back] = float(raw)

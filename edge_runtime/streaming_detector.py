@@ -7,6 +7,7 @@ so the events do not depend on how the stream was chunked."""
 from __future__ import annotations
 
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -24,6 +25,7 @@ from .detection_rule import (
     hop_samples,
     refractory_hops,
 )
+from .gate_rule import Gate, GateState
 from .log_mel import StreamingLogMel
 
 log = logging.getLogger("wakefl.edge")
@@ -81,7 +83,9 @@ class DetectionResult:
 
 class StreamingDetector:
     """`threshold` None (the default) runs at the model's shipped threshold, from its ONNX
-    metadata, or at 0.5 when it carries none (logged); `threshold_source` says which."""
+    metadata, or at 0.5 when it carries none (logged); `threshold_source` says which.
+    With a `gate` (gate_rule.py), the gate's model scores every window and `scorer` only
+    those near where the gate passed: `main_windows` of `windows` so far."""
 
     def __init__(
         self,
@@ -91,8 +95,10 @@ class StreamingDetector:
         smoothing: int = DEFAULT_SMOOTHING,
         refractory_s: float = DEFAULT_REFRACTORY_S,
         max_batch: int = 16,
+        gate: Gate | None = None,
     ) -> None:
         self.scorer = scorer
+        self.gate = gate
         self.sample_rate = int(scorer.sample_rate)
         self.window_samples = int(scorer.window_samples)
         self.hop_samples = hop_samples(hop_s, self.sample_rate)
@@ -125,7 +131,21 @@ class StreamingDetector:
             if log_mel is not None and self.hop_samples % log_mel.spec.hop_length == 0
             else None
         )
+        if gate is not None:
+            self._check_gate(gate)
         self.reset()
+
+    def _check_gate(self, gate: Gate) -> None:
+        g = gate.scorer
+        if (getattr(g, "sample_rate", None), getattr(g, "window_samples", None)) != (
+            self.sample_rate,
+            self.window_samples,
+        ):
+            raise ConfigError("the gate's model must take the same windows as the main model")
+        if self._frames is not None:
+            spec = getattr(getattr(g, "log_mel", None), "spec", None)
+            if spec != self._frames.log_mel.spec:
+                raise ConfigError("the gate's model must take the main model's log-mel input")
 
     def reset(self) -> None:
         """Forgets the stream: buffered audio, posterior history and the refractory state."""
@@ -134,8 +154,24 @@ class StreamingDetector:
         self._total = 0
         self._next_end = self.window_samples
         self._rule = FiringState(self.threshold, self.smoothing, self.refractory_hops)
+        # (window end, posterior, smoothed, fired) of the windows stepped in this `feed`.
+        self._stepped: list[tuple[int, float, float, bool]] = []
         if self._frames is not None:
             self._frames.reset()
+        if self.gate is not None:
+            self._gate = GateState(self.gate.threshold, self.gate.hold, self.smoothing)
+            # The inputs of the windows the main model may still have to score.
+            self._kept: deque[np.ndarray] = deque(maxlen=self.smoothing - 1)
+
+    @property
+    def windows(self) -> int:
+        """Windows scored so far (by the gate's model, with a gate)."""
+        return self._rule.hops
+
+    @property
+    def main_windows(self) -> int:
+        """Windows the main model scored so far: all of them without a gate."""
+        return self._gate.scored if self.gate is not None else self._rule.hops
 
     @property
     def samples_seen(self) -> int:
@@ -145,16 +181,52 @@ class StreamingDetector:
         """Feeds a chunk (int16 or float32, any length); returns the detections it caused."""
         return self.feed(chunk)[1]
 
-    def _score(self, ends: list[int]) -> np.ndarray:
-        """Posteriors of the windows ending at `ends` (stream samples)."""
+    def _inputs(self, ends: list[int]) -> np.ndarray:
+        """The model inputs of the windows ending at `ends` (stream samples): log-mel
+        features for a log-mel-input model, else the audio windows (copied)."""
         windows = [
             self._buf[e - self.window_samples - self._buf_start : e - self._buf_start] for e in ends
         ]
         if self._frames is None:
-            return self.scorer.score(np.stack(windows))
+            return np.stack(windows)
         index = [(e - self.window_samples) // self.hop_samples for e in ends]
-        feats = np.stack([self._frames.window(w, k) for w, k in zip(windows, index, strict=True)])
-        return self.scorer.score_features(feats)  # type: ignore[attr-defined]
+        return np.stack([self._frames.window(w, k) for w, k in zip(windows, index, strict=True)])
+
+    def _run(self, scorer: object, inputs: np.ndarray) -> np.ndarray:
+        """Posteriors of `inputs`, checked: one finite score each."""
+        method = "score" if self._frames is None else "score_features"
+        raw = np.asarray(getattr(scorer, method)(inputs), dtype=np.float64).reshape(-1)
+        if raw.shape[0] != len(inputs):
+            raise ConfigError(f"scorer returned {raw.shape[0]} scores for {len(inputs)} windows")
+        if not np.all(np.isfinite(raw)):
+            raise AudioError(f"non-finite posterior at {self._total / self.sample_rate:.2f} s")
+        return raw
+
+    def _score(self, ends: list[int]) -> np.ndarray:
+        """Posteriors of the windows ending at `ends` (stream samples)."""
+        return self._run(self.scorer, self._inputs(ends))
+
+    def _gated(self, ends: list[int]) -> None:
+        """Steps each window, the main model scored where the gate opened and the skipped
+        windows it now needs restated in the firing rule. Each window is stepped before the
+        next is looked at: a later window's gate may restate it."""
+        inputs = self._inputs(ends)
+        gate = self._run(self.gate.scorer, inputs)  # type: ignore[union-attr]
+        for k, end in enumerate(ends):
+            is_open, back = self._gate.step(float(gate[k]))
+            raw = 0.0
+            if is_open:
+                kept = [self._kept[len(self._kept) - b] for b in back]
+                scores = self._run(self.scorer, np.stack([*kept, inputs[k]]))
+                for b, r in zip(back, scores[:-1], strict=True):
+                    self._rule.restate(b, float(r))
+                raw = float(scores[-1])
+            self._kept.append(inputs[k])
+            self._fire(end, raw, is_open)
+
+    def _fire(self, end: int, raw: float, may_fire: bool) -> None:
+        s, fired = self._rule.step(raw, may_fire)
+        self._stepped.append((end, raw, s, fired))
 
     def feed(self, chunk: np.ndarray) -> tuple[list[tuple[float, float, float]], list[Detection]]:
         """Like `push`, also returning (time_s, raw, smoothed) for every scored window."""
@@ -166,21 +238,20 @@ class StreamingDetector:
         while self._next_end <= self._total:
             ends.append(self._next_end)
             self._next_end += self.hop_samples
-        posteriors: list[tuple[float, float, float]] = []
-        events: list[Detection] = []
+        self._stepped = []
         for i in range(0, len(ends), self.max_batch):
             batch = ends[i : i + self.max_batch]
-            raw = np.asarray(self._score(batch), dtype=np.float64).reshape(-1)
-            if raw.shape[0] != len(batch):
-                raise ConfigError(f"scorer returned {raw.shape[0]} scores for {len(batch)} windows")
-            for end, r in zip(batch, raw, strict=True):
-                if not np.isfinite(r):
-                    raise AudioError(f"non-finite posterior at {end / self.sample_rate:.2f} s")
-                s, fired = self._rule.step(float(r))
-                t = end / self.sample_rate
-                posteriors.append((t, float(r), s))
-                if fired:
-                    events.append(Detection(time_s=t, score=s))
+            if self.gate is not None:
+                self._gated(batch)
+                continue
+            for end, r in zip(batch, self._score(batch), strict=True):
+                self._fire(end, float(r), True)
+        posteriors = [(end / self.sample_rate, r, s) for end, r, s, _ in self._stepped]
+        events = [
+            Detection(time_s=end / self.sample_rate, score=s)
+            for end, _, s, fired in self._stepped
+            if fired
+        ]
         # Keep only what the next window needs.
         drop = self._next_end - self.window_samples - self._buf_start
         if drop > 0:
@@ -197,10 +268,12 @@ def detect_audio(
     smoothing: int = DEFAULT_SMOOTHING,
     refractory_s: float = DEFAULT_REFRACTORY_S,
     max_batch: int = 16,
+    gate: Gate | None = None,
 ) -> DetectionResult:
     """Posteriors and events over a whole array at the scorer's sample rate. Audio shorter
-    than one window is left-padded with silence so it is scored once. `threshold` as in
-    `StreamingDetector`; the result's `extra` holds the threshold used and its source."""
+    than one window is left-padded with silence so it is scored once. `threshold` and
+    `gate` as in `StreamingDetector`; the result's `extra` holds the threshold used, its
+    source and how many windows the main model scored."""
     x = to_float32(audio)
     if x.size == 0:
         raise AudioError("no audio samples to score")
@@ -211,6 +284,7 @@ def detect_audio(
         smoothing=smoothing,
         refractory_s=refractory_s,
         max_batch=max_batch,
+        gate=gate,
     )
     pad = max(0, det.window_samples - x.size)
     if pad:
@@ -227,7 +301,11 @@ def detect_audio(
         events=events,
         duration_s=(x.size - pad) / det.sample_rate,
         sample_rate=det.sample_rate,
-        extra={"threshold": det.threshold, "threshold_source": det.threshold_source},
+        extra={
+            "threshold": det.threshold,
+            "threshold_source": det.threshold_source,
+            "main_windows": det.main_windows,
+        },
     )
 
 

@@ -13,6 +13,9 @@ the held-out speakers (the corpus's test split) and the unseen-voices corpus (or
   fp32 at the shipped threshold, on every stream window and clip;
 - with `--detectors 0.1:3 0.2:1`, the same figures for other streaming detector settings
   (hop and smoothing), from the same scores;
+- with `--gate-pretrained small` (or `--gate-weights W`), the same figures for the
+  two-stage detector (edge_runtime/gate_rule.py) at each of `--gate-thresholds`, and the
+  share of stream windows the main model scores there (what sets its edge cost);
 - with `--retimed DIR`, FRR at the shipped threshold on the wake-phrase clips of a corpus
   built with `--profile pretrain-timing` (the held-out speakers' phrases with "hey"
   shortened and the pause after it cut out; tools/CORPUS.md), of the same `--split`.
@@ -66,6 +69,7 @@ from wakefl.edge_runtime.detection_rule import (
 from wakefl.edge_runtime.detection_rule import (
     DEFAULT_SMOOTHING as SMOOTHING,
 )
+from wakefl.edge_runtime.gate_rule import GATE_HOLD
 from wakefl.errors import ConfigError
 from wakefl.recorded_paths import recorded_path
 from wakefl.tools.bench.detection_conditions import (
@@ -83,6 +87,7 @@ from wakefl.tools.bench.detection_scoring import (
     SplitScores,
     agreement,
     det_points,
+    gated_split,
     is_fa_target,
     pooled_operating_point,
     pooled_target_key,
@@ -118,7 +123,7 @@ def fa_rate(text: str) -> float:
 
 
 def _export(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, Path], float | None, Any]:
-    from wakefl.models.kws_cnn import export_onnx, load_model
+    from wakefl.models.kws_cnn import load_model
     from wakefl.models.kws_cnn.pretrained import card_beside, load_pretrained, pretrained_card
 
     if args.pretrained:
@@ -126,7 +131,31 @@ def _export(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, Path], float
     else:
         model = load_model(args.weights)
         card = card_beside(args.weights) or {}
-    paths = {"fp32": export_onnx(model, tmp / "model.onnx")}
+    thr = card.get("threshold")
+    return (
+        _export_model(args, model, tmp / "model"),
+        (float(thr) if isinstance(thr, int | float) else None),
+        model,
+    )
+
+
+def _export_gate(args: argparse.Namespace, tmp: Path) -> dict[str, Path] | None:
+    """The gate's model exported as the main model is (None without a gate)."""
+    from wakefl.models.kws_cnn import load_model
+    from wakefl.models.kws_cnn.pretrained import load_pretrained
+
+    # getattr: callers that build their own arguments (studies, tests) may name no gate.
+    if getattr(args, "gate_pretrained", None):
+        return _export_model(args, load_pretrained(args.gate_pretrained), tmp / "gate")
+    if getattr(args, "gate_weights", None):
+        return _export_model(args, load_model(args.gate_weights), tmp / "gate")
+    return None
+
+
+def _export_model(args: argparse.Namespace, model: Any, stem: Path) -> dict[str, Path]:
+    from wakefl.models.kws_cnn import export_onnx
+
+    paths = {"fp32": export_onnx(model, stem.with_suffix(".onnx"))}
     if args.int8:
         # Calibrate on real corpus audio: a few test clips of each device type.
         from wakefl.sdk.dataset import load_clip
@@ -145,10 +174,9 @@ def _export(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, Path], float
             ]
         )
         paths["int8"] = export_onnx(
-            model, tmp / "model-int8.onnx", int8=True, calibration_windows=calib
+            model, Path(f"{stem}-int8.onnx"), int8=True, calibration_windows=calib
         )
-    thr = card.get("threshold")
-    return paths, (float(thr) if isinstance(thr, int | float) else None), model
+    return paths
 
 
 def _weights_digest(args: argparse.Namespace) -> str:
@@ -173,6 +201,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         paths, shipped, _ = _export(args, Path(tmp))
         result["shipped_threshold"] = shipped
         scorers = {k: OnnxScorer(p, threads=args.threads) for k, p in paths.items()}
+        gate_paths = _export_gate(args, Path(tmp))
+        gates = {k: OnnxScorer(p, threads=args.threads) for k, p in (gate_paths or {}).items()}
         result.update(addon_phrases(args, scorers, shipped))
         if getattr(args, "conditions_from", None):
             # Earlier readings of these weights fix the thresholds; the streams are not
@@ -196,6 +226,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 rows["_seconds"] = round(time.perf_counter() - t0, 1)
                 result.setdefault(precision, {})[split] = rows
                 _other_detectors(result, others, scored, shipped, (precision, split))
+                if gates:
+                    gate = _score_devices(
+                        gates[precision], manifest, devices, args, more, "gate", split
+                    )
+                    _gated(args, result, per, gate, shipped, (precision, split))
                 curves.update({f"{precision} {d}": det_points(sc) for d, sc in per.items()})
                 if precision == "fp32":
                     fp32 = per
@@ -336,14 +371,70 @@ def _other_detectors(
     """The same scores through other detector settings, into result["detectors"]."""
     precision, split = where
     for h, m in others:
-        rows: dict[str, Any] = {
-            d: summarize(sc.detector(h, m), shipped) for d, sc in scored.items()
-        }
+        per = {d: sc.detector(h, m) for d, sc in scored.items()}
+        rows: dict[str, Any] = {d: summarize(sc, shipped) for d, sc in per.items()}
+        # The pooled point too: detector settings are compared at one FA/h for all types.
+        rows.update(_pooled_points(per, None))
         rows["_seconds"] = result[precision][split]["_seconds"]
         label = f"hop {h} s, smoothing {m}"
         result.setdefault("detectors", {}).setdefault(label, {}).setdefault(precision, {})[
             split
         ] = rows
+
+
+def _gated(
+    args: argparse.Namespace,
+    result: dict[str, Any],
+    per: dict[str, SplitScores],
+    gate: dict[str, SplitScores],
+    shipped: float | None,
+    where: tuple[str, str],
+) -> None:
+    """The main detector's scores through the two-stage detector at each gate threshold,
+    into result["gated"]: the figures and the share of stream windows the main model scores."""
+    precision, split = where
+    for g in args.gate_thresholds:
+        rows: dict[str, Any] = {}
+        through: dict[str, SplitScores] = {}
+        for d, sc in per.items():
+            gated_sc, share = gated_split(
+                sc, gate[d].detector(sc.hop_s, sc.smoothing), g, args.gate_hold
+            )
+            through[d] = gated_sc
+            rows[d] = {**summarize(gated_sc, shipped), "main_window_share": share}
+        rows.update(_pooled_points(through, None))
+        hours = [sc.stream_hours for sc in per.values()]
+        shares = [rows[d]["main_window_share"] for d in per]
+        rows["_main_window_share"] = float(np.average(shares, weights=hours))
+        result.setdefault("gated", {}).setdefault(
+            f"gate {g}, hold {args.gate_hold}", {}
+        ).setdefault(precision, {})[split] = rows
+
+
+def _add_gate_arguments(p: argparse.ArgumentParser) -> None:
+    gate = p.add_mutually_exclusive_group()
+    gate.add_argument(
+        "--gate-pretrained",
+        choices=("full", "small"),
+        default=None,
+        help="also the two-stage detector with this model as the gate (edge_runtime/gate_rule.py)",
+    )
+    gate.add_argument("--gate-weights", type=Path, default=None, help="the gate as a checkpoint")
+    p.add_argument(
+        "--gate-thresholds",
+        type=float,
+        nargs="+",
+        default=[0.05, 0.1, 0.2, 0.3, 0.5],
+        metavar="G",
+        help="the gate's thresholds to read (default 0.05 0.1 0.2 0.3 0.5)",
+    )
+    p.add_argument(
+        "--gate-hold",
+        type=int,
+        default=GATE_HOLD,
+        metavar="HOPS",
+        help=f"hops the gate stays open after it passed (default {GATE_HOLD})",
+    )
 
 
 def _add_pooled_argument(p: argparse.ArgumentParser) -> None:
@@ -424,6 +515,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
             "--conditions-from reads --carrier at earlier reports' thresholds: give "
             "--carrier, and run --breakdown without it"
         )
+    if any(not 0.0 <= g <= 1.0 for g in args.gate_thresholds) or args.gate_hold < 0:
+        raise ConfigError("gate thresholds lie in [0, 1] and the gate's hold is >= 0 hops")
     if args.only_extra_streams and not args.extra_streams:
         raise ConfigError("--only-extra-streams scores the --extra-streams add-ons: give one")
 
@@ -473,6 +566,7 @@ def main(argv: list[str] | None = None) -> int:
         "shipped threshold and each held-out condition's threshold for <= 0.5 FA/h",
     )
     _add_pooled_argument(p)
+    _add_gate_arguments(p)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--plots", type=Path, default=None, help="folder for DET curve PNGs")
     p.add_argument("--json", type=Path, default=None, help="also write the figures as JSON here")

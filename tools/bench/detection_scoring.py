@@ -31,6 +31,7 @@ from wakefl.edge_runtime.detection_rule import (
     smoothed,
     stream_windows,
 )
+from wakefl.edge_runtime.gate_rule import gate_open, gated_raw, main_scored, shut_closed
 from wakefl.errors import ConfigError
 from wakefl.progress_bars import bar_disabled
 from wakefl.sdk.manifest import SAMPLE_RATE
@@ -59,14 +60,21 @@ class SplitScores:
     # their corpus folder, since their file names repeat the main corpus's.
     stream_labels: list[str] | None = None
     window_s: float = 1.5
+    # A two-stage detector's open hops per stream (gate_rule.py; None: one stage, all open).
+    stream_open: list[np.ndarray] | None = None
 
     @property
     def streams(self) -> list[np.ndarray]:
-        return [smoothed(r, self.smoothing) for r in self.raw_streams]
+        out = [smoothed(r, self.smoothing) for r in self.raw_streams]
+        if self.stream_open is None:
+            return out
+        return [shut_closed(s, o) for s, o in zip(out, self.stream_open, strict=True)]
 
     def detector(self, hop_s: float, smoothing: int) -> SplitScores:
         """The same scores seen by a detector at `hop_s` (a multiple of this one's: its
         window ends are every k-th of these) and `smoothing`."""
+        if self.stream_open is not None:
+            raise ConfigError("a two-stage detector's scores are for its own hop and smoothing")
         step = hop_s / self.hop_s
         if step < 1 or abs(step - round(step)) > 1e-6:
             raise ConfigError(f"hop {hop_s} s is not a multiple of the scored hop {self.hop_s} s")
@@ -191,6 +199,29 @@ def det_points(sc: SplitScores, n: int = 60) -> list[tuple[float, float]]:
     return [
         (stream_events(sc, float(t)) / sc.stream_hours, float(np.mean(sc.pos < t))) for t in thrs
     ]
+
+
+def gated_split(
+    main: SplitScores, gate: SplitScores, gate_threshold: float, hold: int
+) -> tuple[SplitScores, float]:
+    """`main`'s scores seen through the two-stage detector with `gate`'s model as its gate
+    (gate_rule.py; both at the same hop), and the share of stream windows the main model
+    scores there. A clip is one window: accepted where the gate passes and `main` does."""
+    raws, opens, scored, total = [], [], 0, 0
+    for r, g in zip(main.raw_streams, gate.raw_streams, strict=True):
+        op = gate_open(g, gate_threshold, hold)
+        sc = main_scored(op, main.smoothing)
+        raws.append(gated_raw(r, sc))
+        opens.append(op)
+        scored, total = scored + int(sc.sum()), total + sc.size
+    gated = replace(
+        main,
+        pos=np.where(gate.pos >= gate_threshold, main.pos, 0.0),
+        neg=np.where(gate.neg >= gate_threshold, main.neg, 0.0),
+        raw_streams=raws,
+        stream_open=opens,
+    )
+    return gated, scored / max(1, total)
 
 
 def clip_scores(scorer: Any, clips: list[Any], manifest: Path, batch: int) -> np.ndarray:

@@ -30,6 +30,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from wakefl.edge_runtime.gate_rule import DEFAULT_GATE_THRESHOLD  # noqa: E402
+
 SENTENCES = (
     "hey nova",
     "turn on the kitchen lights",
@@ -111,15 +113,23 @@ def delay_streams(sample_rate: int, workdir: Path) -> list[tuple[np.ndarray, int
 
 
 def detection_delay(
-    scorer: Any, streams: list, threshold: float, hop_s: float, smoothing: int
+    scorer: Any,
+    streams: list,
+    threshold: float,
+    hop_s: float,
+    smoothing: int,
+    gate: Any = None,
 ) -> dict[str, Any]:
     """Share of the phrases detected and the delay from the end of the phrase's speech to
-    the detection event, streaming 10 ms chunks through the detector at (hop, smoothing)."""
+    the detection event, streaming 10 ms chunks through the detector at (hop, smoothing)
+    (two-stage with a `gate`)."""
     from wakefl.edge_runtime import StreamingDetector
 
     delays = []
     for stream, start, end in streams:
-        det = StreamingDetector(scorer, hop_s=hop_s, threshold=threshold, smoothing=smoothing)
+        det = StreamingDetector(
+            scorer, hop_s=hop_s, threshold=threshold, smoothing=smoothing, gate=gate
+        )
         chunk = int(0.01 * scorer.sample_rate)
         events = [e for i in range(0, stream.size, chunk) for e in det.push(stream[i : i + chunk])]
         hits = [e.time_s for e in events if e.time_s * scorer.sample_rate >= start]
@@ -150,10 +160,12 @@ def latency_ms(fn, windows: np.ndarray, n: int, label: str) -> dict[str, float]:
     return {"median_ms": float(np.median(ms)), "p95_ms": float(np.percentile(ms, 95))}
 
 
-def stream_cost(scorer, audio: np.ndarray, hop_s: float, chunk_s: float = 0.01) -> dict:
+def stream_cost(
+    scorer, audio: np.ndarray, hop_s: float, chunk_s: float = 0.01, gate: Any = None
+) -> dict:
     from wakefl.edge_runtime import StreamingDetector
 
-    det = StreamingDetector(scorer, hop_s=hop_s)
+    det = StreamingDetector(scorer, hop_s=hop_s, gate=gate)
     pcm = np.round(audio * 32767).astype(np.int16)
     chunk = int(chunk_s * scorer.sample_rate)
     wall0, cpu0 = time.perf_counter(), time.process_time()
@@ -161,7 +173,10 @@ def stream_cost(scorer, audio: np.ndarray, hop_s: float, chunk_s: float = 0.01) 
         det.push(pcm[i : i + chunk])
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     dur = audio.size / scorer.sample_rate
-    return {"audio_s": dur, "real_time_factor": wall / dur, "cpu_share_of_one_core": cpu / dur}
+    out = {"audio_s": dur, "real_time_factor": wall / dur, "cpu_share_of_one_core": cpu / dur}
+    if gate is not None:
+        out["main_window_share"] = det.main_windows / max(1, det.windows)
+    return out
 
 
 def _print_summary(res: dict, width: float, hop: float) -> None:
@@ -179,7 +194,17 @@ def _print_summary(res: dict, width: float, hop: float) -> None:
     for ref in ("onnx_int8_wave_stft", "onnx_int8_wave_dft"):
         ratio = st["onnx_int8"]["cpu_share_of_one_core"] / st[ref]["cpu_share_of_one_core"]
         print(f"  int8 streaming CPU against {ref}: {ratio:.2f}x")
-    for d in res.get("detection_delay", []):
+    if "onnx_int8_two_stage" in st:
+        two = st["onnx_int8_two_stage"]
+        ratio = two["cpu_share_of_one_core"] / st["onnx_int8"]["cpu_share_of_one_core"]
+        print(
+            f"  two-stage against int8 alone: {ratio:.2f}x, the main model on "
+            f"{100 * two['main_window_share']:.1f} % of the windows"
+        )
+    delays = [("int8", d) for d in res.get("detection_delay", [])]
+    if "detection_delay_two_stage" in res:
+        delays.append(("two-stage int8", res["detection_delay_two_stage"]))
+    for label, d in delays:
         med = d["delay_median_ms"]
         figures = (
             f"delay median {med:.0f} ms, p90 {d['delay_p90_ms']:.0f} ms, "
@@ -188,7 +213,7 @@ def _print_summary(res: dict, width: float, hop: float) -> None:
             else "no detection"
         )
         print(
-            f"  int8 detection at hop {d['hop_s']} s, smoothing {d['smoothing']}: "
+            f"  {label} detection at hop {d['hop_s']} s, smoothing {d['smoothing']}: "
             f"{d['detected']}/{d['phrases']} phrases detected, {figures}"
         )
     a = res["int8_vs_fp32"]
@@ -224,7 +249,7 @@ def _measure(model: Any, args: argparse.Namespace, tmp: Path, res: dict) -> None
     from wakefl.models.kws_cnn import export_onnx, save_model
 
     cfg = model.cfg
-    audio = bench_audio(args.stream_s, cfg.sample_rate, tmp)
+    audio = _stream_audio(args, cfg.sample_rate, tmp)
     hop = int(args.hop * cfg.sample_rate)
     windows = np.stack(
         [
@@ -263,17 +288,56 @@ def _measure(model: Any, args: argparse.Namespace, tmp: Path, res: dict) -> None
             for f, p in refs.items()
         },
     }
+    gate = _gate(args, windows, tmp)
+    if gate is not None:
+        # The gate's model alone, then the two detectors over the same audio.
+        res["streaming"]["onnx_int8_gate_alone"] = stream_cost(gate.scorer, audio, args.hop)
+        res["streaming"]["onnx_int8_two_stage"] = stream_cost(s8, audio, args.hop, gate=gate)
+    _delays(args, s8, gate, tmp, res)
+    res["int8_vs_fp32"] = _agreement(s32, s8, windows, args.weights is not None)
+
+
+def _stream_audio(args: argparse.Namespace, sample_rate: int, tmp: Path) -> np.ndarray:
+    """What is streamed: `--stream-wav`'s first `--stream-s` seconds, or espeak-ng's sentences."""
+    if args.stream_wav is None:
+        return bench_audio(args.stream_s, sample_rate, tmp)
+    from wakefl.edge_runtime import load_audio
+
+    return load_audio(args.stream_wav, sample_rate)[: int(args.stream_s * sample_rate)]
+
+
+def _delays(args: argparse.Namespace, s8: Any, gate: Any, tmp: Path, res: dict) -> None:
+    """Detection delays at the card's threshold, for trained weights with a card."""
     from wakefl.models.kws_cnn.pretrained import card_beside
 
     card = None if args.weights is None else card_beside(args.weights)
-    if card is not None:
-        print("[bench] detection delay", file=sys.stderr)
-        streams = delay_streams(cfg.sample_rate, tmp)
-        res["detection_delay"] = [
-            detection_delay(s8, streams, float(card["threshold"]), hop, smoothing)
-            for hop, smoothing in DELAY_CONFIGS
-        ]
-    res["int8_vs_fp32"] = _agreement(s32, s8, windows, args.weights is not None)
+    if card is None:
+        return
+    print("[bench] detection delay", file=sys.stderr)
+    streams = delay_streams(s8.sample_rate, tmp)
+    thr = float(card["threshold"])
+    res["detection_delay"] = [
+        detection_delay(s8, streams, thr, hop, smoothing) for hop, smoothing in DELAY_CONFIGS
+    ]
+    if gate is not None:
+        hop, smoothing = DELAY_CONFIGS[0]
+        res["detection_delay_two_stage"] = detection_delay(
+            s8, streams, thr, hop, smoothing, gate=gate
+        )
+
+
+def _gate(args: argparse.Namespace, windows: np.ndarray, tmp: Path) -> Any:
+    """The two-stage detector's gate: `--gate-weights` exported to int8 (None without)."""
+    if args.gate_weights is None:
+        return None
+    from wakefl.edge_runtime import Gate, OnnxScorer
+    from wakefl.models.kws_cnn import export_onnx, load_model
+
+    calib = windows[:: max(1, len(windows) // 32)][:32]
+    path = export_onnx(
+        load_model(args.gate_weights), tmp / "gate_int8.onnx", int8=True, calibration_windows=calib
+    )
+    return Gate(OnnxScorer(path, threads=1), args.gate_threshold)
 
 
 def _agreement(s32: Any, s8: Any, windows: np.ndarray, trained: bool) -> dict[str, Any]:
@@ -325,7 +389,7 @@ def compare_layouts(archs: list[str], width: float, hop: float, rounds: int = 40
     ]
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--width", type=float, default=1.0)
@@ -333,8 +397,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iterations", type=int, default=200, help="timed windows per runtime")
     ap.add_argument("--stream-s", type=float, default=60.0, help="seconds of streamed audio")
     ap.add_argument("--hop", type=float, default=0.1, help="detector hop (default 0.1 s)")
+    ap.add_argument(
+        "--stream-wav",
+        type=Path,
+        default=None,
+        help="stream this recording (its first --stream-s seconds) instead of the espeak-ng "
+        "sentences, e.g. a corpus's negative stream",
+    )
+    ap.add_argument(
+        "--gate-weights",
+        type=Path,
+        default=None,
+        help="also the two-stage detector with this model as its gate (int8 both): its "
+        "streaming cost, the share of windows the main model scores, its detection delay",
+    )
+    ap.add_argument(
+        "--gate-threshold",
+        type=float,
+        default=DEFAULT_GATE_THRESHOLD,
+        help=f"the gate's threshold (default {DEFAULT_GATE_THRESHOLD})",
+    )
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--layouts", nargs="+", metavar="ARCH", help="compare these layouts' int8 cost")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
     args = ap.parse_args(argv)
     if args.layouts and args.weights is not None:
         ap.error("--layouts times untrained layouts at --width; it takes no --weights")

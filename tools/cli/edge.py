@@ -7,6 +7,8 @@ import argparse
 import json
 from pathlib import Path
 
+from wakefl.edge_runtime.gate_rule import DEFAULT_GATE_THRESHOLD
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("edge", help="streaming wake-word detection with onnxruntime")
@@ -36,6 +38,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=1.0,
         help="seconds after a detection during which no other fires (default 1.0)",
     )
+    d.add_argument(
+        "--gate",
+        type=Path,
+        default=None,
+        metavar="FILE.onnx",
+        help="a cheaper model (e.g. `small`'s export) that scores every window: --model then "
+        "scores only the windows near where it reached --gate-threshold, and fires only "
+        "there (the two-stage detector: a fraction of --model's cost)",
+    )
+    d.add_argument(
+        "--gate-threshold",
+        type=float,
+        default=DEFAULT_GATE_THRESHOLD,
+        help=f"the gate's posterior that opens it (default {DEFAULT_GATE_THRESHOLD})",
+    )
     d.add_argument("--threads", type=int, default=1, help="onnxruntime intra-op threads")
     d.add_argument(
         "--posteriors", action="store_true", help="include every window's posterior in the JSON"
@@ -45,9 +62,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _detect(args: argparse.Namespace) -> int:
-    from wakefl.edge_runtime import OnnxScorer, detect_file
+    from wakefl.edge_runtime import Gate, OnnxScorer, detect_file
 
     scorer = OnnxScorer(args.model, threads=args.threads)
+    gate = None
+    if args.gate is not None:
+        gate = Gate(OnnxScorer(args.gate, threads=args.threads), args.gate_threshold)
     res = detect_file(
         scorer,
         args.audio,
@@ -55,6 +75,7 @@ def _detect(args: argparse.Namespace) -> int:
         threshold=args.threshold,
         smoothing=args.smoothing,
         refractory_s=args.refractory,
+        gate=gate,
     )
     out = {
         "audio": str(args.audio),
@@ -67,6 +88,12 @@ def _detect(args: argparse.Namespace) -> int:
         "hop_s": args.hop,
         "events": [{"time_s": round(e.time_s, 4), "score": e.score} for e in res.events],
     }
+    if gate is not None:
+        out["gate"] = {
+            "model": str(args.gate),
+            "threshold": gate.threshold,
+            "main_windows": res.extra["main_windows"],
+        }
     if args.posteriors:
         out["posteriors"] = [
             {"time_s": round(float(t), 4), "raw": float(r), "score": float(s)}
@@ -80,6 +107,10 @@ def _detect(args: argparse.Namespace) -> int:
             f"{len(out['events'])} detection(s) at threshold {out['threshold']:.4f} "
             f"({out['threshold_source']})"
         )
+        if gate is not None:
+            print(
+                f"  gate {args.gate}: --model scored {res.extra['main_windows']} of {out['windows']} windows"
+            )
         for e in out["events"]:
             print(f"  {e['time_s']:9.2f} s  score {e['score']:.3f}")
     return 0
