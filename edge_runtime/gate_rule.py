@@ -15,8 +15,8 @@ At an open hop the smoothed posterior is the one-stage detector's, exactly, so t
 two-stage detector fires on a subset of the moments the main model alone would, never
 more often (its refractory periods start from its own events, and each of its events maps
 to a different event of the main model alone). What it costs in missed phrases is where
-the gate stayed shut while the main model would have fired: a benchmark reads that
-(tools/bench/detection.py, `--gate-weights`)."""
+the gate stayed shut while the main model would have fired: the detection benchmark reads
+that (tools/bench/detection.py, `--gate-pretrained small`)."""
 
 from __future__ import annotations
 

@@ -96,6 +96,10 @@ from wakefl.tools.bench.detection_scoring import (
 )
 from wakefl.tools.probes.context_probe import MAX_SPEAKERS
 
+# The gate thresholds the two-stage detector's shipped one was chosen from, on validation
+# (edge_runtime/gate_rule.py, DEFAULT_GATE_THRESHOLD).
+GATE_THRESHOLDS_READ = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5)
+
 # The peers benchmark reads these from here.
 
 
@@ -424,9 +428,11 @@ def _add_gate_arguments(p: argparse.ArgumentParser) -> None:
         "--gate-thresholds",
         type=float,
         nargs="+",
-        default=[0.05, 0.1, 0.2, 0.3, 0.5],
+        default=list(GATE_THRESHOLDS_READ),
         metavar="G",
-        help="the gate's thresholds to read (default 0.05 0.1 0.2 0.3 0.5)",
+        help="the gate's thresholds to read (default: "
+        + " ".join(str(g) for g in GATE_THRESHOLDS_READ)
+        + ", those the shipped gate threshold was chosen from)",
     )
     p.add_argument(
         "--gate-hold",
