@@ -97,7 +97,11 @@ class GateState:
     # The hop up to which (exclusive) the main model has scored every hop it needs.
     _scored_to: int = field(init=False, default=0)
     scored: int = field(init=False, default=0)  # windows the main model scored
-    hops: int = field(init=False, default=0)
+
+    @property
+    def hops(self) -> int:
+        """Windows the gate has scored."""
+        return self._hop
 
     def step(self, gate_raw: float) -> tuple[bool, list[int]]:
         """(open, back): `back` lists the earlier hops to score now, oldest first, as
@@ -113,5 +117,4 @@ class GateState:
             self._scored_to = t + 1
             self.scored += len(back) + 1
         self._hop += 1
-        self.hops += 1
         return is_open, back

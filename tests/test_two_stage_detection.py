@@ -108,9 +108,9 @@ def speech(hey_nova_wav) -> np.ndarray:
 
 def _offline_events(main_raw, gate_raw, threshold, gate_threshold, hold, smoothing, refractory):
     opened = gate_open(gate_raw, gate_threshold, hold)
-    raw = gated_raw(main_raw, main_scored(opened, smoothing))
-    scores = shut_closed(smoothed(raw, smoothing), opened)
-    return event_indices(scores, threshold, refractory), int(main_scored(opened, smoothing).sum())
+    scored = main_scored(opened, smoothing)
+    scores = shut_closed(smoothed(gated_raw(main_raw, scored), smoothing), opened)
+    return event_indices(scores, threshold, refractory), int(scored.sum())
 
 
 def test_streaming_two_stage_detector_is_the_rule_on_both_models_scores(
@@ -240,29 +240,16 @@ def test_two_stage_detector_fires_only_where_its_gate_is_open():
 
 
 @pytest.mark.slow
-def test_benchmark_reports_the_two_stage_detector_beside_the_main_one(pretrain_micro_corpus):
-    import argparse
+def test_benchmark_reports_the_two_stage_detector_beside_the_main_one(
+    pretrain_micro_corpus, tmp_path
+):
+    from wakefl.tools.bench.detection import main as bench
 
-    from wakefl.tools.bench.detection import run
-
-    args = argparse.Namespace(
-        pretrained="small",
-        weights=None,
-        corpus=pretrain_micro_corpus.parent,
-        int8=False,
-        split="test",
-        max_stream_seconds=None,
-        detectors=None,
-        retimed=None,
-        extra_streams=None,
-        acoustics=None,
-        threads=1,
-        plots=None,
-        gate_pretrained="small",
-        gate_thresholds=[0.0, 0.9],
-        gate_hold=2,
-    )
-    result = run(args)
+    out = tmp_path / "gated.json"
+    argv = ["--pretrained", "small", "--corpus", str(pretrain_micro_corpus.parent)]
+    argv += ["--gate-pretrained", "small", "--gate-thresholds", "0.0", "0.9", "--threads", "1"]
+    assert bench([*argv, "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
     main = result["fp32"]["held-out speakers"]
     shut = result["gated"]["gate 0.9, hold 2"]["fp32"]["held-out speakers"]
     same = result["gated"]["gate 0.0, hold 2"]["fp32"]["held-out speakers"]

@@ -148,7 +148,7 @@ def _export_gate(args: argparse.Namespace, tmp: Path) -> dict[str, Path] | None:
     from wakefl.models.kws_cnn import load_model
     from wakefl.models.kws_cnn.pretrained import load_pretrained
 
-    # getattr: callers that build their own arguments (studies, tests) may name no gate.
+    # getattr: tests that build their own Namespace name no gate, as for the add-ons.
     if getattr(args, "gate_pretrained", None):
         return _export_model(args, load_pretrained(args.gate_pretrained), tmp / "gate")
     if getattr(args, "gate_weights", None):

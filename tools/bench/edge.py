@@ -224,13 +224,19 @@ def _print_summary(res: dict, width: float, hop: float) -> None:
     )
 
 
+def _calibration(windows: np.ndarray) -> np.ndarray:
+    """Up to 32 of the streamed windows, spread over the audio: what each int8 export of
+    this benchmark calibrates on."""
+    return windows[:: max(1, len(windows) // 32)][:32]
+
+
 def _int8_exports(model: Any, windows: np.ndarray, tmp: Path) -> tuple[Path, dict[str, Path]]:
     """The int8 export, and the references: the same int8 model taking the waveform, its
     STFT as onnxruntime's STFT operator (the export before log-mel input) or as a DFT
     convolution."""
     from wakefl.models.kws_cnn import export_onnx
 
-    calib = windows[:: max(1, len(windows) // 32)][:32]
+    calib = _calibration(windows)
     int8 = export_onnx(model, tmp / "model_int8.onnx", int8=True, calibration_windows=calib)
     refs = {
         f: export_onnx(
@@ -333,9 +339,11 @@ def _gate(args: argparse.Namespace, windows: np.ndarray, tmp: Path) -> Any:
     from wakefl.edge_runtime import Gate, OnnxScorer
     from wakefl.models.kws_cnn import export_onnx, load_model
 
-    calib = windows[:: max(1, len(windows) // 32)][:32]
     path = export_onnx(
-        load_model(args.gate_weights), tmp / "gate_int8.onnx", int8=True, calibration_windows=calib
+        load_model(args.gate_weights),
+        tmp / "gate_int8.onnx",
+        int8=True,
+        calibration_windows=_calibration(windows),
     )
     return Gate(OnnxScorer(path, threads=1), args.gate_threshold)
 
